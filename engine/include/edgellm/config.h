@@ -1,0 +1,63 @@
+// The model configuration the engine runs, read from a HuggingFace config.json.
+// One forward pass serves every supported family; the differences between
+// families are the flags below (gemma.cpp's approach), never per-model code.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace edgellm {
+
+enum class Activation { silu, gelu_tanh };
+
+struct RopeScaling {
+  enum class Type { none, linear, llama3 };
+  Type type = Type::none;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;   // llama3 only
+  float high_freq_factor = 4.0f;  // llama3 only
+  int original_max_position = 8192;
+};
+
+// Per-layer attention shape: Gemma 3 interleaves sliding-window layers (local
+// RoPE base) with global layers; Llama-family layers are all global.
+struct LayerSpec {
+  int sliding_window = 0;  // 0 = attend to every earlier position
+  float rope_theta = 10000.0f;
+  bool rope_scaled = true;  // whether rope_scaling applies to this layer
+};
+
+struct ModelConfig {
+  std::string architecture;  // e.g. "LlamaForCausalLM"
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  int max_position_embeddings = 0;
+  float rms_norm_eps = 1e-6f;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  Activation hidden_act = Activation::silu;
+
+  bool attention_bias = false;  // Qwen2: q/k/v projections carry a bias
+  bool qk_norm = false;         // Qwen3, Gemma 3: RMSNorm over each head of q and k
+  bool sandwich_norms = false;  // Gemma 3: extra norms after attention and after the MLP
+  bool norm_adds_one = false;   // Gemma: RMSNorm applies (1 + w); folded in at load time
+  float embedding_scale = 1.0f;  // Gemma: sqrt(hidden), rounded to bf16 as HF does
+  float query_scale = 0.0f;      // multiplies q·k; 1/sqrt(head_dim) unless configured
+  float final_logit_softcap = 0.0f;  // 0 = off
+  float attn_logit_softcap = 0.0f;   // 0 = off
+
+  std::vector<LayerSpec> layers;
+  int bos_token_id = -1;
+  std::vector<int> eos_token_ids;
+};
+
+// Parses and validates config.json; throws Error naming the file and field.
+ModelConfig load_model_config(const std::filesystem::path& config_json);
+
+}  // namespace edgellm

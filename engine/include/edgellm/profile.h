@@ -1,0 +1,81 @@
+// Per-phase and per-kernel timing. Costs one predictable branch per zone when
+// off: Scope reads the clock only when the profiler is enabled.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string_view>
+
+namespace edgellm {
+
+enum class Zone : int {
+  setup,
+  prefill,
+  decode,
+  embed,
+  norm,
+  qkv_proj,
+  qk_norm,
+  rope,
+  attention,
+  o_proj,
+  gate_up_proj,
+  activation,
+  down_proj,
+  residual,
+  lm_head,
+  count
+};
+
+std::string_view zone_name(Zone zone);
+bool is_phase(Zone zone);  // setup / prefill / decode: wall-clock totals, not kernels
+
+struct ZoneStats {
+  double seconds = 0;
+  uint64_t calls = 0;
+  double bytes = 0;  // bytes the kernel had to read or write (for GB/s)
+  double flops = 0;  // floating-point operations (for GFLOP/s)
+};
+
+class Profiler {
+ public:
+  bool enabled() const { return enabled_; }
+  void enable(bool on) { enabled_ = on; }
+  void reset() { stats_ = {}; }
+  const ZoneStats& stats(Zone zone) const { return stats_[static_cast<int>(zone)]; }
+  void add(Zone zone, double seconds, double bytes, double flops) {
+    ZoneStats& s = stats_[static_cast<int>(zone)];
+    s.seconds += seconds;
+    s.calls += 1;
+    s.bytes += bytes;
+    s.flops += flops;
+  }
+
+  class Scope {
+   public:
+    Scope(Profiler& p, Zone zone, double bytes = 0, double flops = 0)
+        : p_(p.enabled_ ? &p : nullptr), zone_(zone), bytes_(bytes), flops_(flops) {
+      if (p_) start_ = std::chrono::steady_clock::now();
+    }
+    ~Scope() {
+      if (p_)
+        p_->add(zone_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
+                bytes_, flops_);
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Profiler* p_;
+    Zone zone_;
+    double bytes_, flops_;
+    std::chrono::steady_clock::time_point start_;
+  };
+
+ private:
+  bool enabled_ = false;
+  std::array<ZoneStats, static_cast<int>(Zone::count)> stats_{};
+};
+
+}  // namespace edgellm

@@ -1,0 +1,79 @@
+// Tokenizer interpreting HuggingFace tokenizer.json (byte-level BPE as in
+// GPT-2/SmolLM2/Llama 3, and SentencePiece-style BPE with byte fallback as in
+// Gemma), plus the chat templates of the supported models.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace edgellm {
+
+class Tokenizer {
+ public:
+  // Reads <model_dir>/tokenizer.json (and tokenizer_config.json when present).
+  static Tokenizer load(const std::filesystem::path& model_dir);
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // Ids equal to HF `tokenizer(text, add_special_tokens=...)["input_ids"]`.
+  // Special/added tokens written in the text are matched as tokens.
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
+  // Equal to HF `tokenizer.decode(ids, skip_special_tokens=...)`.
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+
+  int32_t token_to_id(std::string_view token) const;  // -1 when absent
+  size_t vocab_size() const;
+  bool is_special(int32_t id) const;
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  friend class StreamDecoder;
+};
+
+// Turns a stream of ids into text pieces as they arrive, holding back bytes
+// until they form complete UTF-8 characters.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true);
+  std::string push(int32_t id);  // text that became printable with this id
+  std::string flush();           // whatever is left (invalid bytes as U+FFFD)
+
+ private:
+  const Tokenizer* tokenizer_;
+  bool skip_special_;
+  std::vector<int32_t> ids_;
+  size_t emitted_ = 0;  // bytes of decode(ids_) already returned
+};
+
+struct ChatMessage {
+  std::string role;  // "system" | "user" | "assistant"
+  std::string content;
+};
+
+// The chat template from tokenizer_config.json, recognised by its markers
+// (ChatML, Gemma turns, Llama 3 headers) and rendered natively; the text it
+// renders equals HF apply_chat_template(..., tokenize=False).
+class ChatTemplate {
+ public:
+  static ChatTemplate load(const std::filesystem::path& model_dir);
+  bool available() const { return style_ != Style::none; }
+  std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  const std::string& name() const { return name_; }
+
+ private:
+  enum class Style { none, chatml, gemma, llama3 };
+  Style style_ = Style::none;
+  std::string name_ = "none";
+  std::string default_system_;  // ChatML: the system prompt the template inserts
+  std::string bos_token_;
+};
+
+}  // namespace edgellm

@@ -1,0 +1,102 @@
+// Scalar reference kernels: the algorithmic ground truth for the optimized
+// paths and the fallback on CPUs without a SIMD path. Plain loops, fp32 math.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "edgellm/bf16.h"
+#include "kernels/kernels.h"
+
+namespace edgellm::kernels::ref {
+
+void matmul(const PackedMatrix& w, const float* x, size_t n, float* y) {
+  // The scalar layout is plain row-major bf16.
+  for (size_t t = 0; t < n; ++t) {
+    for (size_t r = 0; r < w.rows; ++r) {
+      const uint16_t* row = w.data.data() + r * w.cols;
+      float acc = 0.0f;
+      for (size_t c = 0; c < w.cols; ++c) acc += bf16_to_float(row[c]) * x[t * w.cols + c];
+      y[t * w.rows + r] = acc + (w.bias ? w.bias[r] : 0.0f);
+    }
+  }
+}
+
+void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y) {
+  double ss = 0.0;
+  for (size_t i = 0; i < dim; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(dim)) + eps);
+  for (size_t i = 0; i < dim; ++i) y[i] = x[i] * inv * weight[i];
+}
+
+void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin) {
+  const size_t half = head_dim / 2;
+  for (size_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (size_t i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cos[i] - b * sin[i];
+      v[i + half] = b * cos[i] + a * sin[i];
+    }
+  }
+}
+
+void silu_mul(const float* gate, const float* up, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float inner = kSqrt2OverPi * (g + 0.044715f * g * g * g);
+    out[i] = 0.5f * g * (1.0f + std::tanh(inner)) * up[i];
+  }
+}
+
+void add(float* acc, const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += x[i];
+}
+
+void attention(const AttentionArgs& a) {
+  const size_t group = a.n_heads / a.n_kv_heads;
+  std::vector<float> scores(a.start + a.n);
+  for (size_t t = 0; t < a.n; ++t) {
+    const size_t pos = a.start + t;
+    const size_t first = (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
+    for (size_t h = 0; h < a.n_heads; ++h) {
+      const float* q = a.q + (t * a.n_heads + h) * a.head_dim;
+      const size_t kvh = h / group;
+      const float* k = a.k_cache + kvh * a.cache_stride * a.head_dim;
+      const float* v = a.v_cache + kvh * a.cache_stride * a.head_dim;
+      float max_score = -INFINITY;
+      for (size_t p = first; p <= pos; ++p) {
+        float s = 0.0f;
+        for (size_t d = 0; d < a.head_dim; ++d) s += q[d] * k[p * a.head_dim + d];
+        s *= a.scale;
+        if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+        scores[p] = s;
+        max_score = std::max(max_score, s);
+      }
+      float sum = 0.0f;
+      for (size_t p = first; p <= pos; ++p) sum += (scores[p] = std::exp(scores[p] - max_score));
+      float* o = a.out + (t * a.n_heads + h) * a.head_dim;
+      std::fill(o, o + a.head_dim, 0.0f);
+      for (size_t p = first; p <= pos; ++p) {
+        const float w = scores[p] / sum;
+        for (size_t d = 0; d < a.head_dim; ++d) o[d] += w * v[p * a.head_dim + d];
+      }
+    }
+  }
+}
+
+void top_k(const float* x, size_t n, size_t k, int32_t* out_indices) {
+  k = std::min(k, n);
+  std::vector<int32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
+                    [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+  std::copy_n(idx.begin(), k, out_indices);
+}
+
+}  // namespace edgellm::kernels::ref

@@ -1,0 +1,148 @@
+#include "models/weights.h"
+
+#include <cmath>
+#include <string>
+
+#include "edgellm/bf16.h"
+#include "edgellm/error.h"
+
+namespace edgellm {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+class TensorSource {
+ public:
+  explicit TensorSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+
+  const TensorView* optional(const std::string& name, std::vector<int64_t> shape) const {
+    const TensorView* t = ckpt_.find(name);
+    if (!t) return nullptr;
+    check(t->shape == shape, t->file + ": tensor '" + name + "' has shape " + shape_str(t->shape) +
+                                 " but config.json implies " + shape_str(shape));
+    return t;
+  }
+  const TensorView& required(const std::string& name, std::vector<int64_t> shape) const {
+    const TensorView* t = optional(name, shape);
+    check(t != nullptr, "checkpoint: tensor '" + name + "' is missing (expected shape " +
+                            shape_str(shape) + ")");
+    return *t;
+  }
+
+ private:
+  const Checkpoint& ckpt_;
+};
+
+float element(const TensorView& t, size_t i) {
+  switch (t.dtype) {
+    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::f32: return static_cast<const float*>(t.data)[i];
+  }
+  return 0.0f;
+}
+
+// Appends a tensor's values as bf16 (the engine's weight dtype), rejecting
+// non-finite values: safetensors has no checksum, and a flipped exponent bit
+// in a corrupted file usually shows up as inf/NaN.
+void append_bf16(const TensorView& t, std::vector<uint16_t>& out) {
+  const size_t n = static_cast<size_t>(t.numel());
+  const size_t base = out.size();
+  out.resize(base + n);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = element(t, i);
+    check(std::isfinite(v), t.file + ": tensor '" + t.name + "' holds a non-finite value at index " +
+                                std::to_string(i) + " (corrupt file?)");
+    out[base + i] = t.dtype == DType::bf16 ? static_cast<const uint16_t*>(t.data)[i] : float_to_bf16(v);
+  }
+}
+
+std::vector<float> to_float(const TensorView& t, float add) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = element(t, i) + add;
+    check(std::isfinite(out[i]), t.file + ": tensor '" + t.name + "' holds a non-finite value");
+  }
+  return out;
+}
+
+kernels::PackedMatrix pack(std::initializer_list<const TensorView*> parts, size_t& bytes) {
+  std::vector<uint16_t> rows;
+  size_t n_rows = 0, cols = static_cast<size_t>(parts.begin()[0]->shape[1]);
+  for (const TensorView* t : parts) {
+    append_bf16(*t, rows);
+    n_rows += static_cast<size_t>(t->shape[0]);
+  }
+  bytes += rows.size() * sizeof(uint16_t);
+  return kernels::pack_matrix(rows.data(), n_rows, cols);
+}
+
+}  // namespace
+
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c) {
+  TensorSource src(ckpt);
+  ModelWeights w;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, D = c.head_dim;
+  const int64_t q_rows = c.num_heads * D, kv_rows = c.num_kv_heads * D;
+  const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
+
+  const TensorView& embed = src.required("model.embed_tokens.weight", {V, H});
+  if (embed.dtype == DType::bf16) {
+    w.embed = static_cast<const uint16_t*>(embed.data);
+  } else {
+    append_bf16(embed, w.embed_owned);
+    w.embed = w.embed_owned.data();
+  }
+
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights L;
+    L.attn_norm = to_float(src.required(p + "input_layernorm.weight", {H}), norm_add);
+    L.qkv = pack({&src.required(p + "self_attn.q_proj.weight", {q_rows, H}),
+                  &src.required(p + "self_attn.k_proj.weight", {kv_rows, H}),
+                  &src.required(p + "self_attn.v_proj.weight", {kv_rows, H})},
+                 w.decode_bytes);
+    if (c.attention_bias) {
+      for (const char* b : {"q_proj.bias", "k_proj.bias", "v_proj.bias"}) {
+        const bool is_q = b[0] == 'q';
+        auto v = to_float(src.required(p + "self_attn." + b, {is_q ? q_rows : kv_rows}), 0.0f);
+        L.qkv_bias.insert(L.qkv_bias.end(), v.begin(), v.end());
+      }
+    }
+    if (c.qk_norm) {
+      L.q_norm = to_float(src.required(p + "self_attn.q_norm.weight", {D}), norm_add);
+      L.k_norm = to_float(src.required(p + "self_attn.k_norm.weight", {D}), norm_add);
+    }
+    L.o_proj = pack({&src.required(p + "self_attn.o_proj.weight", {H, q_rows})}, w.decode_bytes);
+    if (c.sandwich_norms) {
+      // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the MLP.
+      L.post_attn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
+      L.ffn_norm = to_float(src.required(p + "pre_feedforward_layernorm.weight", {H}), norm_add);
+      L.post_ffn_norm = to_float(src.required(p + "post_feedforward_layernorm.weight", {H}), norm_add);
+    } else {
+      // Llama family: post_attention_layernorm is the norm before the MLP.
+      L.ffn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
+    }
+    L.gate_up = pack({&src.required(p + "mlp.gate_proj.weight", {I, H}),
+                      &src.required(p + "mlp.up_proj.weight", {I, H})},
+                     w.decode_bytes);
+    L.down = pack({&src.required(p + "mlp.down_proj.weight", {H, I})}, w.decode_bytes);
+    w.layers.push_back(std::move(L));
+  }
+  for (auto& L : w.layers)
+    if (!L.qkv_bias.empty()) L.qkv.bias = L.qkv_bias.data();
+
+  w.final_norm = to_float(src.required("model.norm.weight", {H}), norm_add);
+  const TensorView* head = src.optional("lm_head.weight", {V, H});
+  check(head || c.tie_word_embeddings,
+        "checkpoint: tensor 'lm_head.weight' is missing and config.json does not tie word embeddings");
+  w.lm_head = pack({head && !c.tie_word_embeddings ? head : &embed}, w.decode_bytes);
+  return w;
+}
+
+}  // namespace edgellm

@@ -1,0 +1,12 @@
+// `make profile`: the per-phase and per-kernel breakdown of one run.
+#pragma once
+
+#include <cstddef>
+
+#include "edgellm/session.h"
+
+namespace edgellm {
+
+void print_profile(Session& session, size_t prompt_tokens, int decode_steps);
+
+}  // namespace edgellm

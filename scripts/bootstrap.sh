@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up: Debian packages for the C++ build and a pinned .venv.
+# Quiet when everything is present; prints progress when it installs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(g++ make cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libgtest-dev
+  libcli11-dev clang-format util-linux)
+PYTHON=${PYTHON:-python3}
+STAMP=.bootstrap-stamp
+want_stamp="$(cat requirements.txt scripts/bootstrap.sh | sha256sum | cut -c1-16)"
+
+missing_apt=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing_apt+=("$p")
+done
+if ((${#missing_apt[@]})); then
+  if [[ $(id -u) -eq 0 ]]; then
+    echo "[bootstrap] installing Debian packages: ${missing_apt[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing_apt[@]}" >/dev/null
+  else
+    echo "[bootstrap] missing Debian packages; run as root: apt-get install ${missing_apt[*]}" >&2
+    exit 1
+  fi
+fi
+
+if [[ -x .venv/bin/python && -f $STAMP && "$(cat $STAMP)" == "$want_stamp" ]]; then
+  exit 0
+fi
+if [[ ! -x .venv/bin/python ]]; then
+  echo "[bootstrap] creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+echo "[bootstrap] installing pinned Python packages (requirements.txt)"
+.venv/bin/pip install --disable-pip-version-check -q -r requirements.txt 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" || true
+.venv/bin/python -c "import torch, transformers, tokenizers, safetensors, gguf, nanobind" \
+  || { echo "[bootstrap] Python packages failed to import" >&2; exit 1; }
+echo "$want_stamp" > $STAMP
+echo "[bootstrap] done"
