@@ -17,19 +17,27 @@ namespace edgellm::kernels {
 
 enum class Isa { scalar, avx2 };
 std::string_view isa_name(Isa isa);
-Isa detect_isa();        // best ISA this CPU supports (cpuid)
-Isa active_isa();        // detect_isa() unless overridden
-void set_isa(Isa isa);   // tests and EDGELLM_ISA=scalar|avx2
+Isa detect_isa();       // best ISA this CPU supports (cpuid)
+Isa active_isa();       // detect_isa() unless overridden
+void set_isa(Isa isa);  // tests and EDGELLM_ISA=scalar|avx2; clamped to detect_isa()
 
 // A bf16 weight matrix W[rows][cols], laid out once at setup for the matmul of
-// the ISA active at packing time. `data` owns the packed copy.
+// the ISA active at packing time. `data` owns the packed copy; the layout
+// starts at data[offset] (the AVX2 layout pads `data` to start on a 64-byte
+// boundary). Isa::scalar is plain row-major; Isa::avx2 is row panels, see
+// kernels/avx2.h. matmul() follows `isa`, whatever the active ISA is now.
 struct PackedMatrix {
   size_t rows = 0, cols = 0;
   Isa isa = Isa::scalar;
   std::vector<uint16_t> data;
+  size_t offset = 0;
   const float* bias = nullptr;  // optional [rows], not owned
 };
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols);
+// Packs for a given ISA (tests, benchmarks); one the CPU lacks falls back to detect_isa().
+PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols, Isa isa);
+// Row r of W as fp32, whatever the layout (tied embeddings, tests).
+void unpack_row(const PackedMatrix& w, size_t r, float* out);
 
 // y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n. n == 1 is decode's GEMV.
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);

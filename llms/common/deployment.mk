@@ -1,6 +1,8 @@
 # Shared make logic of every deployment. A deployment's Makefile sets
 #   DEPLOYMENT   folder name under llms/ (the binary is $(DEPLOYMENT)_inference)
 #   STORE_MODELS checkpoints to fetch into the model store for the default MODEL
+#   FETCH_CMD    (optional) how to bring them; default: scripts/fetch_model.py
+#   MODEL        (optional) default --model choice; default: instruct
 # and includes this file. Targets that use the CPU take one exclusive lock so
 # concurrent runs do not distort each other's timings.
 SHELL := /bin/bash
@@ -13,6 +15,7 @@ RUNNER_ADAPTER := $(DEPLOYMENT).verify_adapter
 LOCK := /tmp/edgellm-cpu.lock
 LOCKED := flock -x -w 1800 $(LOCK)
 
+FETCH_CMD ?= $(PY) $(REPO_ROOT)/scripts/fetch_model.py $(STORE_MODELS)
 N_TOKENS ?= 100
 PROMPT ?=
 MODEL ?= instruct
@@ -42,9 +45,10 @@ help:
 compile:
 	@$(MAKE) --no-print-directory -C $(REPO_ROOT) build
 
+# A MODEL that is a path is the user's own checkpoint: nothing to fetch.
 fetch:
 	@$(MAKE) --no-print-directory -C $(REPO_ROOT) bootstrap
-	@$(PY) $(REPO_ROOT)/scripts/fetch_model.py $(STORE_MODELS)
+	@$(if $(findstring /,$(MODEL)),true,$(FETCH_CMD))
 
 run: compile fetch
 	@$(LOCKED) $(BIN) $(RUN_ARGS) --n-tokens $(N_TOKENS)

@@ -9,6 +9,7 @@
 
 #include "edgellm/error.h"
 #include "edgellm/session.h"
+#include "chat_repl.h"
 #include "profile_report.h"
 
 namespace edgellm {
@@ -26,6 +27,7 @@ struct Options {
   int max_context = 4096;
   bool raw = false;
   bool profile = false;
+  bool chat = false;
   SamplerOptions sampling;
 };
 
@@ -39,9 +41,6 @@ std::vector<int32_t> prompt_tokens(const Session& session, const std::string& pr
   return session.tokenizer().encode(prompt, /*add_special_tokens=*/true);
 }
 
-bool is_eos(const ModelConfig& config, int32_t token) {
-  return std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), token) != config.eos_token_ids.end();
-}
 
 int run(const Deployment& deployment, const Options& opt) {
   // ---- setup: ONE-TIME, outside the timed region ---------------------------
@@ -53,6 +52,11 @@ int run(const Deployment& deployment, const Options& opt) {
   so.profile = opt.profile;
   session.setup(resolve_model(deployment, opt.model), so);
   const double setup_ms = ms_since(setup_start);
+  if (opt.chat) {
+    Sampler sampler(opt.sampling);
+    run_chat(session, sampler, opt.n_tokens, opt.raw, std::cin, std::cout);
+    return 0;
+  }
   const std::vector<int32_t> prompt = prompt_tokens(session, opt.prompt, opt.raw);
   check(prompt.size() < static_cast<size_t>(session.max_context()),
         "prompt of " + std::to_string(prompt.size()) + " tokens does not fit the context of " +
@@ -68,7 +72,7 @@ int run(const Deployment& deployment, const Options& opt) {
   int generated = 1, decode_steps = 0;
   std::cout << stream.push(next) << std::flush;
   const auto decode_start = Clock::now();
-  for (int pos = static_cast<int>(prompt.size()); generated < n_tokens && !is_eos(session.config(), next); ++pos) {
+  for (int pos = static_cast<int>(prompt.size()); generated < n_tokens && !session.config().is_eos(next); ++pos) {
     next = sampler.sample(session.decode_step(next, pos));
     ++decode_steps;
     ++generated;
@@ -79,7 +83,7 @@ int run(const Deployment& deployment, const Options& opt) {
 
   std::cout << stream.flush() << "\n\n";
   std::printf("prompt tokens:    %zu\n", prompt.size());
-  std::printf("generated tokens: %d%s\n", generated, is_eos(session.config(), next) ? " (stopped at EOS)" : "");
+  std::printf("generated tokens: %d%s\n", generated, session.config().is_eos(next) ? " (stopped at EOS)" : "");
   std::printf("setup:            %.1f ms (untimed: load, pack, allocate; %d threads)\n", setup_ms, session.threads());
   std::printf("TTFT (prefill):   %.1f ms\n", ttft_ms);
   std::printf("TPS (decode):     %.2f tokens/s (%d steps, %.2f ms/token)\n",
@@ -123,6 +127,7 @@ int run_inference_main(const Deployment& deployment, int argc, char** argv) {
   app.add_option("--threads", opt.threads, "worker threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--max-context", opt.max_context, "KV cache positions")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_flag("--raw", opt.raw, "feed the prompt as raw text, without the chat template");
+  app.add_flag("--chat", opt.chat, "interactive chat REPL (Ctrl-D quits); --n-tokens caps each reply");
   app.add_flag("--profile", opt.profile, "print the per-phase and per-kernel time breakdown");
   app.add_option("--temperature", opt.sampling.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", opt.sampling.top_k, "sample among the k most likely (0 = off)")->check(CLI::NonNegativeNumber);

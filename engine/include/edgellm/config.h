@@ -55,6 +55,12 @@ struct ModelConfig {
   std::vector<LayerSpec> layers;
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
+
+  bool is_eos(int token) const {
+    for (int id : eos_token_ids)
+      if (id == token) return true;
+    return false;
+  }
 };
 
 // Parses and validates config.json; throws Error naming the file and field.

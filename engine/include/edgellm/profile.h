@@ -38,14 +38,26 @@ struct ZoneStats {
   double flops = 0;  // floating-point operations (for GFLOP/s)
 };
 
+// Kernel zones are attributed to the phase that ran them, so decode's
+// bandwidth-bound GEMVs and prefill's compute-bound GEMMs are judged apart.
+enum class Phase : int { prefill, decode, count };
+
 class Profiler {
  public:
   bool enabled() const { return enabled_; }
   void enable(bool on) { enabled_ = on; }
   void reset() { stats_ = {}; }
-  const ZoneStats& stats(Zone zone) const { return stats_[static_cast<int>(zone)]; }
+  void set_phase(Phase phase) { phase_ = static_cast<int>(phase); }
+  const ZoneStats& stats(Zone zone, Phase phase) const {
+    return stats_[static_cast<int>(phase)][static_cast<int>(zone)];
+  }
+  // Phase zones (setup / prefill / decode) are recorded under their own phase.
+  const ZoneStats& stats(Zone zone) const {
+    return stats(zone, zone == Zone::decode ? Phase::decode : Phase::prefill);
+  }
   void add(Zone zone, double seconds, double bytes, double flops) {
-    ZoneStats& s = stats_[static_cast<int>(zone)];
+    const int phase = zone == Zone::decode ? 1 : (zone == Zone::prefill || zone == Zone::setup) ? 0 : phase_;
+    ZoneStats& s = stats_[phase][static_cast<int>(zone)];
     s.seconds += seconds;
     s.calls += 1;
     s.bytes += bytes;
@@ -75,7 +87,8 @@ class Profiler {
 
  private:
   bool enabled_ = false;
-  std::array<ZoneStats, static_cast<int>(Zone::count)> stats_{};
+  int phase_ = 0;
+  std::array<std::array<ZoneStats, static_cast<int>(Zone::count)>, static_cast<int>(Phase::count)> stats_{};
 };
 
 }  // namespace edgellm

@@ -39,7 +39,9 @@ class Tokenizer {
 };
 
 // Turns a stream of ids into text pieces as they arrive, holding back bytes
-// until they form complete UTF-8 characters.
+// until they form complete UTF-8 characters. Concatenating every push() and
+// the final flush() gives the decode of all ids (before transformers'
+// clean_up_tokenization_spaces, which cannot be applied to a stream).
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true);
@@ -47,10 +49,14 @@ class StreamDecoder {
   std::string flush();           // whatever is left (invalid bytes as U+FFFD)
 
  private:
+  // HF DecodeStream: only a window of recent ids is re-decoded per push; the
+  // id before the new text stays in it so decoders that treat the first token
+  // specially (Metaspace, Strip) see the same context as a full decode.
   const Tokenizer* tokenizer_;
   bool skip_special_;
-  std::vector<int32_t> ids_;
-  size_t emitted_ = 0;  // bytes of decode(ids_) already returned
+  std::vector<int32_t> ids_;  // the window
+  std::string prefix_;        // decode of ids_[0, prefix_index_) already returned
+  size_t prefix_index_ = 0;
 };
 
 struct ChatMessage {
@@ -69,11 +75,20 @@ class ChatTemplate {
   const std::string& name() const { return name_; }
 
  private:
-  enum class Style { none, chatml, gemma, llama3 };
+  // `unrecognised`: a template we cannot render natively; render() throws.
+  enum class Style { none, chatml, gemma, llama3, unrecognised };
   Style style_ = Style::none;
   std::string name_ = "none";
   std::string default_system_;  // ChatML: the system prompt the template inserts
   std::string bos_token_;
+  std::string source_;          // where the template came from, for error messages
+  bool system_supported_ = true;  // Gemma 2 templates reject a system message
+  bool check_alternation_ = false;  // Gemma: roles must alternate user/model
+  // Llama 3.1+: the system header's preamble lines.
+  std::string knowledge_line_;  // "Cutting Knowledge Date: December 2023\n"
+  std::string date_prefix_;     // "Today Date: "
+  std::string fixed_date_;      // the template's date when it does not ask for today's
+  bool date_today_ = false;     // strftime_now("%d %b %Y")
 };
 
 }  // namespace edgellm

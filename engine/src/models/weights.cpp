@@ -56,8 +56,9 @@ void append_bf16(const TensorView& t, std::vector<uint16_t>& out) {
   out.resize(base + n);
   for (size_t i = 0; i < n; ++i) {
     const float v = element(t, i);
-    check(std::isfinite(v), t.file + ": tensor '" + t.name + "' holds a non-finite value at index " +
-                                std::to_string(i) + " (corrupt file?)");
+    if (!std::isfinite(v))  // not check(): the message must not be built per element
+      throw Error(t.file + ": tensor '" + t.name + "' holds a non-finite value at index " +
+                  std::to_string(i) + " (corrupt file?)");
     out[base + i] = t.dtype == DType::bf16 ? static_cast<const uint16_t*>(t.data)[i] : float_to_bf16(v);
   }
 }
@@ -66,7 +67,7 @@ std::vector<float> to_float(const TensorView& t, float add) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < out.size(); ++i) {
     out[i] = element(t, i) + add;
-    check(std::isfinite(out[i]), t.file + ": tensor '" + t.name + "' holds a non-finite value");
+    if (!std::isfinite(out[i])) throw Error(t.file + ": tensor '" + t.name + "' holds a non-finite value");
   }
   return out;
 }

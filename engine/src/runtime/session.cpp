@@ -88,26 +88,29 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
 
 std::span<const float> Session::prefill(std::span<const int32_t> tokens, int start_pos,
                                         PrefillCapture* capture) {
-  check(state_ != nullptr, "Session::prefill called before setup()");
-  check(!tokens.empty(), "prefill needs at least one token");
-  check(start_pos >= 0, "prefill start position must be >= 0");
-  check(static_cast<size_t>(start_pos) + tokens.size() <= static_cast<size_t>(state_->max_context),
-        "prompt of " + std::to_string(tokens.size()) + " tokens at position " + std::to_string(start_pos) +
-            " exceeds the context of " + std::to_string(state_->max_context) + " tokens");
+  // Plain ifs, not check(): these run per call and must not build messages on success.
+  if (!state_) throw Error("Session::prefill called before setup()");
+  if (tokens.empty()) throw Error("prefill needs at least one token");
+  if (start_pos < 0 || static_cast<size_t>(start_pos) + tokens.size() > static_cast<size_t>(state_->max_context))
+    throw Error("prompt of " + std::to_string(tokens.size()) + " tokens at position " + std::to_string(start_pos) +
+                " exceeds the context of " + std::to_string(state_->max_context) + " tokens");
   for (int32_t t : tokens)
-    check(t >= 0 && t < state_->config.vocab_size, "token id " + std::to_string(t) + " is outside the vocabulary");
+    if (t < 0 || t >= state_->config.vocab_size)
+      throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
+  state_->profiler.set_phase(Phase::prefill);
   Profiler::Scope z(state_->profiler, Zone::prefill);
   state_->model->forward(tokens.data(), tokens.size(), static_cast<size_t>(start_pos), state_->logits.data(), capture);
   return state_->logits;
 }
 
 std::span<const float> Session::decode_step(int32_t token, int pos) {
-  check(state_ != nullptr, "Session::decode_step called before setup()");
-  check(pos >= 0 && pos < state_->max_context,
-        "decode position " + std::to_string(pos) + " is outside the context of " +
-            std::to_string(state_->max_context) + " tokens");
-  check(token >= 0 && token < state_->config.vocab_size,
-        "token id " + std::to_string(token) + " is outside the vocabulary");
+  if (!state_) throw Error("Session::decode_step called before setup()");
+  if (pos < 0 || pos >= state_->max_context)
+    throw Error("decode position " + std::to_string(pos) + " is outside the context of " +
+                std::to_string(state_->max_context) + " tokens");
+  if (token < 0 || token >= state_->config.vocab_size)
+    throw Error("token id " + std::to_string(token) + " is outside the vocabulary");
+  state_->profiler.set_phase(Phase::decode);
   Profiler::Scope z(state_->profiler, Zone::decode);
   state_->model->forward(&token, 1, static_cast<size_t>(pos), state_->logits.data(), nullptr);
   return state_->logits;

@@ -1,0 +1,270 @@
+// Rough throughput of the hot kernels against this machine's own ceilings,
+// measured in the same run: memory read bandwidth for the decode GEMV, FMA
+// peak for the prefill GEMM, and the thread pool's per-op cost. Prints one
+// line per measurement; numbers drift on shared machines, ratios hold.
+//
+//   kernel_bench [--threads N] [--quick]
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "edgellm/bf16.h"
+#include "edgellm/thread_pool.h"
+#include "kernels/kernels.h"
+
+using namespace edgellm;
+using namespace edgellm::kernels;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Median wall time of fn over `reps` runs after one warm-up run.
+template <typename Fn>
+double median_time(int reps, Fn&& fn) {
+  fn();
+  std::vector<double> t(static_cast<size_t>(reps));
+  for (auto& s : t) {
+    const auto t0 = Clock::now();
+    fn();
+    s = seconds_since(t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// --- ceilings -----------------------------------------------------------------
+
+__attribute__((target("avx2"))) float sum_avx2(const float* p, size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+  }
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return out[0] + out[7];
+}
+
+// Read bandwidth over `bytes` of memory, split across the pool.
+double read_bandwidth(size_t bytes, ThreadPool& pool) {
+  std::vector<float> buf(bytes / sizeof(float), 1.0f);
+  const size_t parts = static_cast<size_t>(pool.size()), blocks = buf.size() / 32;
+  std::vector<float> sink(parts);
+  const double t = median_time(9, [&] {
+    pool.parallel_for(parts, [&](size_t p) {
+      const size_t b = blocks * p / parts, e = blocks * (p + 1) / parts;
+      sink[p] += sum_avx2(buf.data() + b * 32, (e - b) * 32);
+    });
+  });
+  return static_cast<double>(bytes) / t / 1e9;
+}
+
+// Peak fp32 FMA throughput per thread: 10 independent chains cover the
+// 4-cycle latency on 2 ports.
+__attribute__((target("avx2,fma"))) float fma_loop(long iters) {
+  __m256 a[10];
+  for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i));
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (long it = 0; it < iters; ++it)
+    for (auto& v : a) v = _mm256_fmadd_ps(v, m, c);
+  float s = 0;
+  for (auto& v : a) s += _mm256_cvtss_f32(v);
+  return s;
+}
+
+double fma_peak_gflops(ThreadPool& pool) {
+  constexpr long kIters = 20'000'000;
+  std::vector<float> sink(static_cast<size_t>(pool.size()));
+  const double t = median_time(3, [&] {
+    pool.parallel_for(static_cast<size_t>(pool.size()),
+                      [&](size_t i) { sink[i] += fma_loop(kIters); });
+  });
+  return pool.size() * kIters * 10.0 * 16.0 / t / 1e9;
+}
+
+// --- kernels ------------------------------------------------------------------
+
+struct MatmulResult {
+  double seconds, gflops, gbytes;
+};
+
+MatmulResult bench_matmul(size_t n, size_t rows, size_t cols, Isa isa, ThreadPool& pool, int reps) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> w(rows * cols);
+  for (auto& e : w) e = float_to_bf16(dist(rng));
+  const PackedMatrix m = pack_matrix(w.data(), rows, cols, isa);
+  std::vector<float> x(n * cols), y(n * rows);
+  for (auto& e : x) e = dist(rng);
+  const double t = median_time(reps, [&] { matmul(m, x.data(), n, y.data(), pool); });
+  return {t, 2.0 * n * rows * cols / t / 1e9, 2.0 * rows * cols / t / 1e9};
+}
+
+// GEMV streaming from DRAM: cycles through enough distinct copies of the
+// matrix (> 1 GiB together) that none is still cached, as decode does when
+// the model is larger than the last-level cache.
+double bench_gemv_cold(size_t rows, size_t cols, Isa isa, ThreadPool& pool, size_t copies) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> w(rows * cols);
+  for (auto& e : w) e = float_to_bf16(dist(rng));
+  std::vector<PackedMatrix> ms;
+  for (size_t i = 0; i < copies; ++i) ms.push_back(pack_matrix(w.data(), rows, cols, isa));
+  std::vector<float> x(cols), y(rows);
+  for (auto& e : x) e = dist(rng);
+  for (const auto& m : ms) matmul(m, x.data(), 1, y.data(), pool);
+  const auto t0 = Clock::now();
+  for (int pass = 0; pass < 3; ++pass)
+    for (const auto& m : ms) matmul(m, x.data(), 1, y.data(), pool);
+  const double t = seconds_since(t0) / (3.0 * copies);
+  return 2.0 * rows * cols / t / 1e9;
+}
+
+double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t hd,
+                       ThreadPool& pool) {
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const size_t stride = start + n;
+  std::vector<float> q(n * heads * hd), k(kv * stride * hd), v(kv * stride * hd), out(q.size());
+  for (auto* vec : {&q, &k, &v})
+    for (auto& e : *vec) e = dist(rng);
+  AttentionArgs a;
+  a.q = q.data();
+  a.k_cache = k.data();
+  a.v_cache = v.data();
+  a.out = out.data();
+  a.n = n;
+  a.start = start;
+  a.n_heads = heads;
+  a.n_kv_heads = kv;
+  a.head_dim = hd;
+  a.cache_stride = stride;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  return median_time(21, [&] { attention(a, pool); });
+}
+
+// Per-op cost of the pool. "empty": two trivial items (the caller may well
+// run both before the worker looks). "rendezvous": each of two items waits
+// until the other has started, so both threads must take part: the round
+// trip a decode op pays when it really runs on two cores.
+void bench_pool(ThreadPool& pool) {
+  constexpr int kOps = 20000;
+  std::atomic<int> sink{0};
+  auto empty = [&](size_t i) { sink.fetch_add(static_cast<int>(i), std::memory_order_relaxed); };
+  for (int i = 0; i < 1000; ++i) pool.parallel_for(2, empty);
+  auto t0 = Clock::now();
+  for (int i = 0; i < kOps; ++i) pool.parallel_for(2, empty);
+  const double empty_us = seconds_since(t0) / kOps * 1e6;
+
+  double rendezvous_us = 0.0;
+  if (pool.size() >= 2) {
+    std::atomic<int> arrived{0};
+    int target = 0;
+    auto meet = [&](size_t) {
+      arrived.fetch_add(1, std::memory_order_acq_rel);
+      while (arrived.load(std::memory_order_acquire) < target) {
+      }
+    };
+    t0 = Clock::now();
+    for (int i = 0; i < kOps; ++i) {
+      target += 2;
+      pool.parallel_for(2, meet);
+    }
+    rendezvous_us = seconds_since(t0) / kOps * 1e6;
+  }
+  std::printf("pool  %d threads: parallel_for(2) empty %.3f us/op, both threads %.3f us/op\n",
+              pool.size(), empty_us, rendezvous_us);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 0;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else {
+      std::fprintf(stderr, "usage: kernel_bench [--threads N] [--quick]\n");
+      return 2;
+    }
+  }
+  ThreadPool pool(threads);
+  ThreadPool one(1);
+  const Isa isa = active_isa();
+  std::printf("isa %s, %d threads\n", std::string(isa_name(isa)).c_str(), pool.size());
+  // The ceilings below are measured with AVX2 loops.
+  if (detect_isa() != Isa::avx2) {
+    std::printf("no AVX2 on this CPU: nothing to measure against\n");
+    return 0;
+  }
+
+  const int reps = quick ? 5 : 21;
+  bench_pool(pool);
+
+  const double peak1 = fma_peak_gflops(one), peak = fma_peak_gflops(pool);
+  std::printf("ceiling  FMA peak fp32: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n", peak1,
+              peak, pool.size());
+  const size_t gemv_bytes = 49152ull * 576 * 2;
+  const double bw_l = read_bandwidth(gemv_bytes, pool);
+  const double bw_big = read_bandwidth(size_t{1} << 30, pool);
+  std::printf(
+      "ceiling  read bandwidth: %.1f GB/s over %.0f MB (the GEMV's size), %.1f GB/s over 1 GiB\n",
+      bw_l, gemv_bytes / 1e6, bw_big);
+
+  struct Shape {
+    const char* what;
+    size_t n, rows, cols;
+  };
+  const Shape gemvs[] = {{"lm_head smollm2", 1, 49152, 576},
+                         {"gate_up smollm2", 1, 3072, 576},
+                         {"down smollm2", 1, 576, 1536},
+                         {"qkv smollm2", 1, 960, 576}};
+  for (const Shape& s : gemvs) {
+    const MatmulResult r = bench_matmul(s.n, s.rows, s.cols, isa, pool, reps);
+    std::printf("gemv  %-16s %6zux%-5zu %8.1f us  %6.1f GB/s (%.0f%% of read bw)\n", s.what, s.rows,
+                s.cols, r.seconds * 1e6, r.gbytes,
+                100.0 * r.gbytes / (s.rows * s.cols * 2 > (64u << 20) ? bw_big : bw_l));
+  }
+  const double cold = bench_gemv_cold(49152, 576, isa, pool, quick ? 6 : 20);
+  std::printf("gemv  lm_head smollm2 from DRAM (%d copies): %6.1f GB/s (%.0f%% of 1 GiB read bw)\n",
+              quick ? 6 : 20, cold, 100.0 * cold / bw_big);
+  const Shape gemms[] = {{"gate smollm2", 128, 1536, 576},
+                         {"down smollm2", 128, 576, 1536},
+                         {"gate_up smollm2", 128, 3072, 576},
+                         {"llama down", 128, 2048, 8192}};
+  for (const Shape& s : gemms) {
+    if (quick && s.cols > 4096) continue;
+    const MatmulResult r = bench_matmul(s.n, s.rows, s.cols, isa, pool, quick ? 3 : 7);
+    const MatmulResult r1 = bench_matmul(s.n, s.rows, s.cols, isa, one, quick ? 3 : 7);
+    std::printf(
+        "gemm  %-16s n=%zu %5zux%-5zu %8.1f us  %6.1f GFLOP/s (%.0f%% of peak); 1 thread %.1f "
+        "GFLOP/s (%.0f%%)\n",
+        s.what, s.n, s.rows, s.cols, r.seconds * 1e6, r.gflops, 100.0 * r.gflops / peak, r1.gflops,
+        100.0 * r1.gflops / peak1);
+  }
+
+  std::printf("attn  decode smollm2 (9/3 x 64) at 1024 keys: %.1f us\n",
+              bench_attention(1, 1023, 9, 3, 64, pool) * 1e6);
+  std::printf("attn  decode gemma3 (4/1 x 256) at 1024 keys: %.1f us\n",
+              bench_attention(1, 1023, 4, 1, 256, pool) * 1e6);
+  const double tp = bench_attention(128, 0, 9, 3, 64, pool);
+  std::printf("attn  prefill smollm2 128 tokens: %.1f us (%.1f GFLOP/s causal)\n", tp * 1e6,
+              4.0 * 9 * 64 * (128.0 * 129 / 2) / tp / 1e9);
+  return 0;
+}

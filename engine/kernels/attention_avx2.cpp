@@ -1,0 +1,243 @@
+// Causal GQA attention for AVX2+FMA, flash style: keys are visited in blocks
+// with an online softmax (running max m, running sum l, unnormalised output
+// o), so no score matrix is materialised and K/V blocks are reused from L1 by
+// every query row that shares them.
+//
+// Work item = (kv head, tile of query tokens, key split). A tile's rows are
+// its tokens x the query heads of the kv head's group, so one K/V block read
+// serves group x tokens rows. Prefill has many tiles; decode (n == 1) has one
+// tile per kv head, too few for the pool, so its keys are split and the
+// partial (m, l, o) combined afterwards (flash-decoding).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/avx2.h"
+#include "kernels/vec_avx2.h"
+
+namespace edgellm::kernels::avx2 {
+
+namespace {
+
+constexpr size_t kMaxBlockKeys = 128;
+// A key split below this many keys costs more in combining than it saves.
+constexpr size_t kMinSplitKeys = 128;
+// Query rows per tile (tokens x group heads), about; bounds the o scratch.
+constexpr size_t kTileRows = 32;
+
+struct Plan {
+  size_t group = 0;        // query heads per kv head
+  size_t tile_tokens = 0;  // query tokens per tile
+  size_t q_tiles = 0;
+  size_t splits = 0;  // key splits per tile
+  size_t block = 0;   // keys per block: K and V blocks together ~32 KiB
+};
+
+inline size_t first_key(const AttentionArgs& a, size_t pos) {
+  return (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
+}
+
+// scores[j] = q . k_j for j in [0, count), keys `hd` floats apart.
+void dot_keys(const float* q, const float* k, size_t count, size_t hd, float* scores) {
+  size_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    __m256 acc[8];
+    for (auto& v : acc) v = _mm256_setzero_ps();
+    const float* kj = k + j * hd;
+    for (size_t d = 0; d < hd; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      for (size_t u = 0; u < 8; ++u)
+        acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + u * hd + d), acc[u]);
+    }
+    _mm256_storeu_ps(scores + j, hsum8(acc));
+  }
+  for (; j < count; ++j) {
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t d = 0; d < hd; d += 8)
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + j * hd + d), acc);
+    scores[j] = hsum(acc);
+  }
+}
+
+// o[0 .. 8*NV) = o * alpha + sum_j p[j] * v_j[0 .. 8*NV), v rows `hd` apart.
+template <int NV>
+void accumulate_pv(float* o, float alpha, const float* p, const float* v, size_t count, size_t hd) {
+  __m256 acc[NV];
+  const __m256 va = _mm256_set1_ps(alpha);
+  for (int i = 0; i < NV; ++i) acc[i] = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * i), va);
+  for (size_t j = 0; j < count; ++j) {
+    const __m256 pj = _mm256_broadcast_ss(p + j);
+    const float* vj = v + j * hd;
+    for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+  }
+  for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
+}
+
+using PvFn = void (*)(float*, float, const float*, const float*, size_t, size_t);
+constexpr PvFn kPv[9] = {nullptr,          accumulate_pv<1>, accumulate_pv<2>,
+                         accumulate_pv<3>, accumulate_pv<4>, accumulate_pv<5>,
+                         accumulate_pv<6>, accumulate_pv<7>, accumulate_pv<8>};
+
+// Runs the online softmax for query tokens [t0, t1) of kv head `kvh` over keys
+// [kb, ke), updating per-row state m[rows], l[rows], o[rows][hd] (row =
+// (t - t0) * group + g). The caller initialises the state.
+void attend_tile(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t t0, size_t t1,
+                 size_t kb, size_t ke, float* m, float* l, float* o) {
+  const size_t hd = a.head_dim, group = plan.group;
+  const float* k_base = a.k_cache + kvh * a.cache_stride * hd;
+  const float* v_base = a.v_cache + kvh * a.cache_stride * hd;
+  // Keys any row of the tile sees: rows are ordered by position.
+  const size_t lo = std::max(kb, first_key(a, a.start + t0));
+  const size_t hi = std::min(ke, a.start + t1);
+  alignas(32) float s[kMaxBlockKeys];
+  for (size_t p0 = lo; p0 < hi; p0 += plan.block) {
+    const size_t p1 = std::min(hi, p0 + plan.block);
+    for (size_t t = t0; t < t1; ++t) {
+      const size_t pos = a.start + t;
+      // This row's keys within the block: [j0, j1) relative to p0.
+      const size_t r_lo = std::max(p0, first_key(a, pos)), r_hi = std::min(p1, pos + 1);
+      if (r_lo >= r_hi) continue;
+      const size_t j0 = r_lo - p0, j1 = r_hi - p0;
+      // Vector range over s, widened to whole vectors; lanes outside [j0, j1) are -inf.
+      const size_t v0 = j0 / 8 * 8, v1 = std::min((j1 + 7) / 8 * 8, kMaxBlockKeys);
+      for (size_t g = 0; g < group; ++g) {
+        const size_t h = kvh * group + g, row = (t - t0) * group + g;
+        const float* q = a.q + (t * a.n_heads + h) * hd;
+        dot_keys(q, k_base + r_lo * hd, j1 - j0, hd, s + j0);
+        const __m256 scale = _mm256_set1_ps(a.scale);
+        for (size_t j = v0; j < v1; j += 8) {  // lanes outside [j0, j1) are masked below
+          __m256 x = _mm256_mul_ps(_mm256_load_ps(s + j), scale);
+          if (a.softcap > 0.0f) {
+            const __m256 cap = _mm256_set1_ps(a.softcap);
+            x = _mm256_mul_ps(cap, tanh_ps(_mm256_div_ps(x, cap)));
+          }
+          _mm256_store_ps(s + j, x);
+        }
+        for (size_t j = v0; j < j0; ++j) s[j] = -INFINITY;
+        for (size_t j = j1; j < v1; ++j) s[j] = -INFINITY;
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        for (size_t j = v0; j < v1; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(s + j));
+        const float m_old = m[row];
+        const float m_new = std::max(m_old, hmax(vmax));
+        // m_old = -inf on a row's first block: alpha = 0 scales the zero o.
+        const float alpha = std::exp(m_old - m_new);
+        const __m256 vm = _mm256_set1_ps(m_new);
+        __m256 vsum = _mm256_setzero_ps();
+        for (size_t j = v0; j < v1; j += 8) {
+          const __m256 e = exp_ps(_mm256_sub_ps(_mm256_load_ps(s + j), vm));  // -inf -> 0
+          _mm256_store_ps(s + j, e);
+          vsum = _mm256_add_ps(vsum, e);
+        }
+        l[row] = l[row] * alpha + hsum(vsum);
+        m[row] = m_new;
+        float* o_row = o + row * hd;
+        for (size_t d = 0; d < hd; d += 64) {
+          const size_t nv = std::min<size_t>(8, (hd - d) / 8);
+          kPv[nv](o_row + d, alpha, s + j0, v_base + r_lo * hd + d, j1 - j0, hd);
+        }
+      }
+    }
+  }
+}
+
+Plan make_plan(const AttentionArgs& a, size_t threads) {
+  Plan p;
+  p.group = a.n_heads / a.n_kv_heads;
+  p.tile_tokens = std::max<size_t>(1, kTileRows / p.group);
+  p.q_tiles = (a.n + p.tile_tokens - 1) / p.tile_tokens;
+  const size_t tiles = a.n_kv_heads * p.q_tiles;
+  // The longest row sees min(window, start + n) keys.
+  const size_t keys = a.window > 0 ? std::min(a.window, a.start + a.n) : a.start + a.n;
+  const size_t want = (2 * threads + tiles - 1) / tiles;  // ~2 items per thread
+  p.splits = std::max<size_t>(1, std::min(want, keys / kMinSplitKeys));
+  const size_t block = 4096 / a.head_dim / 8 * 8;
+  p.block = std::clamp<size_t>(block, 8, kMaxBlockKeys);
+  return p;
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a, ThreadPool& pool) {
+  if (a.n == 0 || a.n_heads == 0) return;
+  const size_t hd = a.head_dim;
+  const Plan plan = make_plan(a, static_cast<size_t>(pool.size()));
+  const size_t rows_per_tile = plan.tile_tokens * plan.group;
+  const size_t state = rows_per_tile * (hd + 2);  // o, then m, then l
+  const size_t items = a.n_kv_heads * plan.q_tiles * plan.splits;
+
+  // Split partials live in the caller's scratch, one state block per item.
+  thread_local Scratch partial_scratch;
+  float* partials = plan.splits > 1 ? partial_scratch.get(items * state) : nullptr;
+
+  pool.parallel_for(items, [&](size_t item) {
+    // Largest tiles (latest tokens, most keys) first for load balance.
+    const size_t kvh = item % a.n_kv_heads;
+    const size_t rest = item / a.n_kv_heads;
+    const size_t split = rest % plan.splits;
+    const size_t qt = plan.q_tiles - 1 - rest / plan.splits;
+    const size_t t0 = qt * plan.tile_tokens, t1 = std::min(a.n, t0 + plan.tile_tokens);
+    const size_t rows = (t1 - t0) * plan.group;
+    // Key range of this split: equal shares of the tile's keys.
+    const size_t k_lo = first_key(a, a.start + t0), k_hi = a.start + t1;
+    const size_t kb = k_lo + (k_hi - k_lo) * split / plan.splits;
+    const size_t ke = k_lo + (k_hi - k_lo) * (split + 1) / plan.splits;
+
+    thread_local Scratch tile_scratch;
+    float* o = plan.splits > 1 ? partials + item * state : tile_scratch.get(state);
+    float* m = o + rows_per_tile * hd;
+    float* l = m + rows_per_tile;
+    std::fill(o, o + rows * hd, 0.0f);
+    std::fill(m, m + rows, -INFINITY);
+    std::fill(l, l + rows, 0.0f);
+    attend_tile(a, plan, kvh, t0, t1, kb, ke, m, l, o);
+    if (plan.splits > 1) return;
+    for (size_t t = t0; t < t1; ++t) {
+      for (size_t g = 0; g < plan.group; ++g) {
+        const size_t row = (t - t0) * plan.group + g;
+        const __m256 inv = _mm256_set1_ps(1.0f / l[row]);
+        float* out = a.out + (t * a.n_heads + kvh * plan.group + g) * hd;
+        for (size_t d = 0; d < hd; d += 8)
+          _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(o + row * hd + d), inv));
+      }
+    }
+  });
+  if (plan.splits == 1) return;
+
+  // Combine the splits: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+  for (size_t kvh = 0; kvh < a.n_kv_heads; ++kvh) {
+    for (size_t qt = 0; qt < plan.q_tiles; ++qt) {
+      const size_t t0 = qt * plan.tile_tokens, t1 = std::min(a.n, t0 + plan.tile_tokens);
+      const size_t item0 = kvh + a.n_kv_heads * (plan.splits * (plan.q_tiles - 1 - qt));
+      for (size_t t = t0; t < t1; ++t) {
+        for (size_t g = 0; g < plan.group; ++g) {
+          const size_t row = (t - t0) * plan.group + g;
+          float m_max = -INFINITY;
+          for (size_t s = 0; s < plan.splits; ++s) {
+            const float* st = partials + (item0 + s * a.n_kv_heads) * state;
+            m_max = std::max(m_max, st[rows_per_tile * hd + row]);
+          }
+          float* out = a.out + (t * a.n_heads + kvh * plan.group + g) * hd;
+          float total = 0.0f;
+          for (size_t d = 0; d < hd; ++d) out[d] = 0.0f;
+          for (size_t s = 0; s < plan.splits; ++s) {
+            const float* st = partials + (item0 + s * a.n_kv_heads) * state;
+            const float ms = st[rows_per_tile * hd + row];
+            if (ms == -INFINITY) continue;  // this split held none of the row's keys
+            const float w = std::exp(ms - m_max);
+            total += st[rows_per_tile * (hd + 1) + row] * w;
+            const __m256 vw = _mm256_set1_ps(w);
+            for (size_t d = 0; d < hd; d += 8) {
+              const __m256 acc = _mm256_loadu_ps(out + d);
+              _mm256_storeu_ps(out + d,
+                               _mm256_fmadd_ps(_mm256_loadu_ps(st + row * hd + d), vw, acc));
+            }
+          }
+          const __m256 inv = _mm256_set1_ps(1.0f / total);
+          for (size_t d = 0; d < hd; d += 8)
+            _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace edgellm::kernels::avx2

@@ -1,0 +1,50 @@
+// Incremental decoding, following HF tokenizers' DecodeStream (step_decode_stream).
+#include "edgellm/tokenizer.h"
+#include "tokenizer_impl.h"
+#include "unicode.h"
+
+namespace edgellm {
+
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
+    : tokenizer_(&tokenizer), skip_special_(skip_special_tokens) {}
+
+std::string StreamDecoder::push(int32_t id) {
+  const Tokenizer::Impl& impl = *tokenizer_->impl_;
+  if (prefix_.empty() && !ids_.empty()) {
+    std::string p = impl.decode_raw(ids_, skip_special_);
+    if (!p.ends_with(tok::kReplacementChar)) {
+      prefix_ = std::move(p);
+      prefix_index_ = ids_.size();
+    }
+  }
+  ids_.push_back(id);
+  std::string text = impl.decode_raw(ids_, skip_special_);
+  // A trailing U+FFFD is usually a character whose remaining bytes are still
+  // to come: wait for them.
+  if (text.size() <= prefix_.size() || text.ends_with(tok::kReplacementChar)) return {};
+  std::string fresh;
+  if (text.starts_with(prefix_)) {
+    fresh = text.substr(prefix_.size());
+  } else {
+    // A decoder rewrote earlier text; HF raises here. Emitting the new tail
+    // keeps a generation loop alive instead.
+    fresh = text.substr(std::min(prefix_.size(), text.size()));
+  }
+  const size_t new_prefix_index = ids_.size() - prefix_index_;
+  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
+  prefix_ = impl.decode_raw(ids_, skip_special_);
+  prefix_index_ = new_prefix_index;
+  return fresh;
+}
+
+std::string StreamDecoder::flush() {
+  const Tokenizer::Impl& impl = *tokenizer_->impl_;
+  std::string text = impl.decode_raw(ids_, skip_special_);
+  std::string rest = text.size() > prefix_.size() ? text.substr(prefix_.size()) : std::string();
+  ids_.clear();
+  prefix_.clear();
+  prefix_index_ = 0;
+  return rest;
+}
+
+}  // namespace edgellm

@@ -1,0 +1,42 @@
+// The pipeline behind edgellm::Tokenizer, in HF's order: added tokens ->
+// normalizer -> pre-tokenizer -> model -> post-processor; decoding goes ids ->
+// token strings -> decoder -> (transformers') clean-up.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <unordered_set>
+
+#include "added_vocabulary.h"
+#include "decoder.h"
+#include "edgellm/tokenizer.h"
+#include "model.h"
+#include "normalizer.h"
+#include "post_processor.h"
+#include "pre_tokenizer.h"
+
+namespace edgellm {
+
+struct Tokenizer::Impl {
+  std::unique_ptr<tok::Normalizer> normalizer;
+  std::unique_ptr<tok::PreTokenizer> pre_tokenizer;
+  std::unique_ptr<tok::Model> model;
+  std::unique_ptr<tok::PostProcessor> post_processor;
+  std::unique_ptr<tok::Decoder> decoder;
+  tok::AddedVocabulary added;
+  tok::TokenMap added_by_content;
+  // HF skips a decoded token when its string is a special added token's content.
+  std::unordered_set<std::string> special_contents;
+  // transformers' clean_up_tokenization_spaces (tokenizer_config.json).
+  bool clean_up_spaces = false;
+
+  // What transformers' tokenizer class changes on top of tokenizer.json.
+  void apply_config(const tok::json& config, const std::string& where);
+  // The token string HF's decoder sees for `id`, or nullptr for unknown ids.
+  const std::string* id_to_token(int32_t id) const;
+  // tokenizers' Tokenizer::decode, without transformers' clean-up.
+  std::string decode_raw(std::span<const int32_t> ids, bool skip_special) const;
+};
+
+}  // namespace edgellm

@@ -1,0 +1,556 @@
+// Optimized kernels against the scalar references (kernels/reference.cpp).
+//
+// Every test runs once per ISA this CPU supports, through the public
+// dispatching functions (set_isa), over odd sizes (not multiples of the
+// vector width or the matmul panel), misaligned pointers (float* offset by
+// one) and a few model-sized shapes.
+//
+// Tolerances come from fp32 rounding: a dot product of K terms summed in a
+// different order differs by at most about K * eps * sum|a_i b_i| in the worst
+// case and sqrt(K) * eps * sum|a_i b_i| in practice; 1e-5 * sum|a_i b_i| is
+// ~84 eps, which covers K up to 8192 (sqrt(8192) = 90) with margin.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "edgellm/bf16.h"
+#include "edgellm/thread_pool.h"
+#include "kernels/avx2.h"
+#include "kernels/kernels.h"
+
+namespace edgellm::kernels {
+namespace {
+
+constexpr float kEps = std::numeric_limits<float>::epsilon();
+
+// The ISAs to hold against the reference: all that this CPU supports.
+std::vector<Isa> test_isas() {
+  std::vector<Isa> isas{Isa::scalar};
+  if (detect_isa() == Isa::avx2) isas.push_back(Isa::avx2);
+  return isas;
+}
+
+// Sets the active ISA for a scope.
+class IsaScope {
+ public:
+  explicit IsaScope(Isa isa) : saved_(active_isa()) { set_isa(isa); }
+  ~IsaScope() { set_isa(saved_); }
+
+ private:
+  Isa saved_;
+};
+
+// A float buffer whose data() is deliberately misaligned by one float (4 bytes
+// off any vector boundary), with a guard value after the end to catch
+// out-of-bounds stores.
+class OddBuffer {
+ public:
+  explicit OddBuffer(size_t n, float fill = 0.0f) : buf_(n + 2, fill), n_(n) {
+    buf_[n + 1] = kGuard;
+  }
+  float* data() { return buf_.data() + 1; }
+  const float* data() const { return buf_.data() + 1; }
+  float& operator[](size_t i) { return buf_[i + 1]; }
+  float operator[](size_t i) const { return buf_[i + 1]; }
+  size_t size() const { return n_; }
+  bool guard_intact() const { return buf_[n_ + 1] == kGuard; }
+
+ private:
+  static constexpr float kGuard = 12345.678f;
+  std::vector<float> buf_;
+  size_t n_;
+};
+
+OddBuffer random_buffer(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  OddBuffer b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = dist(rng);
+  return b;
+}
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (auto& e : v) e = float_to_bf16(dist(rng));
+  return v;
+}
+
+ThreadPool& test_pool() {
+  // Three threads even on a 2-core machine: more chunks than cores exercises
+  // the uneven splits and the dynamic claiming.
+  static ThreadPool pool(3);
+  return pool;
+}
+
+// --- matmul -------------------------------------------------------------------
+
+// Checks matmul(isa) against ref::matmul for one shape; returns false (after
+// reporting) on the first mismatch so sweeps stop early.
+bool check_matmul(Isa isa, size_t rows, size_t cols, size_t n, bool with_bias, std::mt19937& rng,
+                  ThreadPool& pool) {
+  const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
+  const OddBuffer x = random_buffer(n * cols, rng);
+  const OddBuffer bias = random_buffer(rows, rng);
+
+  PackedMatrix ref_w = pack_matrix(w.data(), rows, cols, Isa::scalar);
+  PackedMatrix opt_w = pack_matrix(w.data(), rows, cols, isa);
+  EXPECT_EQ(opt_w.isa, isa);
+  if (with_bias) ref_w.bias = opt_w.bias = bias.data();
+
+  std::vector<float> expected(n * rows);
+  ref::matmul(ref_w, x.data(), n, expected.data());
+  OddBuffer got(n * rows, std::nanf(""));
+  {
+    IsaScope scope(isa);
+    matmul(opt_w, x.data(), n, got.data(), pool);
+  }
+  EXPECT_TRUE(got.guard_intact()) << "store past the end";
+  for (size_t t = 0; t < n; ++t) {
+    for (size_t r = 0; r < rows; ++r) {
+      double mag = with_bias ? std::fabs(bias[r]) : 0.0;
+      for (size_t c = 0; c < cols; ++c)
+        mag += std::fabs(bf16_to_float(w[r * cols + c]) * x[t * cols + c]);
+      const float e = expected[t * rows + r], g = got[t * rows + r];
+      const double tol = 1e-5 * mag + 1e-30;
+      if (!(std::fabs(e - g) <= tol)) {
+        ADD_FAILURE() << isa_name(isa) << " rows=" << rows << " cols=" << cols << " n=" << n
+                      << " bias=" << with_bias << " at t=" << t << " r=" << r << ": got " << g
+                      << " want " << e << " tol " << tol;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+TEST(KernelMatmul, OddShapesSweep) {
+  std::mt19937 rng(1);
+  for (Isa isa : test_isas()) {
+    for (size_t rows = 1; rows <= 37; ++rows) {
+      for (size_t cols = 1; cols <= 70; ++cols) {
+        // GEMV, and a GEMM with 2..9 tokens (partial register tiles).
+        const size_t n = 2 + (rows * 7 + cols) % 8;
+        const bool bias = (rows + cols) % 3 == 0;
+        ASSERT_TRUE(check_matmul(isa, rows, cols, 1, bias, rng, test_pool()));
+        ASSERT_TRUE(check_matmul(isa, rows, cols, n, !bias, rng, test_pool()));
+      }
+    }
+  }
+}
+
+TEST(KernelMatmul, EmptyShapes) {
+  std::mt19937 rng(2);
+  for (Isa isa : test_isas()) {
+    EXPECT_TRUE(check_matmul(isa, 0, 5, 3, false, rng, test_pool()));
+    EXPECT_TRUE(check_matmul(isa, 5, 0, 3, true, rng, test_pool()));
+    EXPECT_TRUE(check_matmul(isa, 5, 7, 0, false, rng, test_pool()));
+  }
+}
+
+TEST(KernelMatmul, ModelShapes) {
+  std::mt19937 rng(3);
+  ThreadPool pool2(2);
+  for (Isa isa : test_isas()) {
+    // SmolLM2 projections, decode and prefill.
+    EXPECT_TRUE(check_matmul(isa, 1536, 576, 1, false, rng, pool2));
+    EXPECT_TRUE(check_matmul(isa, 576, 1536, 1, true, rng, pool2));
+    EXPECT_TRUE(check_matmul(isa, 1536, 576, 37, false, rng, pool2));
+    EXPECT_TRUE(check_matmul(isa, 576, 1536, 64, false, rng, pool2));
+    // More tokens than one token block (192), and Llama's K = 8192 (many k-blocks).
+    EXPECT_TRUE(check_matmul(isa, 50, 300, 200, true, rng, pool2));
+    EXPECT_TRUE(check_matmul(isa, 40, 8192, 13, false, rng, pool2));
+    EXPECT_TRUE(check_matmul(isa, 2048, 64, 1, false, rng, test_pool()));
+    EXPECT_TRUE(check_matmul(isa, 67, 8192, 1, false, rng, test_pool()));
+  }
+}
+
+TEST(KernelMatmul, SingleThreadPool) {
+  std::mt19937 rng(4);
+  ThreadPool serial(1);
+  for (Isa isa : test_isas()) {
+    EXPECT_TRUE(check_matmul(isa, 33, 65, 1, true, rng, serial));
+    EXPECT_TRUE(check_matmul(isa, 33, 65, 8, false, rng, serial));
+  }
+}
+
+TEST(KernelMatmul, PackRoundTrip) {
+  std::mt19937 rng(5);
+  for (Isa isa : test_isas()) {
+    for (size_t rows : {1, 15, 16, 17, 40}) {
+      for (size_t cols : {1, 9, 64}) {
+        const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
+        const PackedMatrix m = pack_matrix(w.data(), rows, cols, isa);
+        EXPECT_EQ(m.rows, rows);
+        EXPECT_EQ(m.cols, cols);
+        std::vector<float> row(cols);
+        for (size_t r = 0; r < rows; ++r) {
+          unpack_row(m, r, row.data());
+          for (size_t c = 0; c < cols; ++c)
+            ASSERT_EQ(row[c], bf16_to_float(w[r * cols + c])) << isa_name(isa) << " r=" << r;
+        }
+      }
+    }
+  }
+}
+
+// A matrix packed for AVX2 keeps working after set_isa(scalar): the layout,
+// not the active ISA, picks the kernel.
+TEST(KernelMatmul, LayoutPicksKernel) {
+  if (detect_isa() != Isa::avx2) GTEST_SKIP() << "no AVX2";
+  std::mt19937 rng(6);
+  const std::vector<uint16_t> w = random_bf16(20 * 30, rng);
+  const OddBuffer x = random_buffer(30, rng);
+  const PackedMatrix ref_w = pack_matrix(w.data(), 20, 30, Isa::scalar);
+  const PackedMatrix opt_w = pack_matrix(w.data(), 20, 30, Isa::avx2);
+  std::vector<float> want(20), got(20);
+  ref::matmul(ref_w, x.data(), 1, want.data());
+  IsaScope scope(Isa::scalar);
+  matmul(opt_w, x.data(), 1, got.data(), test_pool());
+  for (size_t r = 0; r < 20; ++r) EXPECT_NEAR(got[r], want[r], 1e-5f) << r;
+}
+
+// --- attention ----------------------------------------------------------------
+
+struct AttnCase {
+  size_t n_heads, n_kv_heads, head_dim, n, start, window;
+  float softcap;
+};
+
+std::string describe(const AttnCase& c) {
+  return "heads=" + std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) +
+         " hd=" + std::to_string(c.head_dim) + " n=" + std::to_string(c.n) +
+         " start=" + std::to_string(c.start) + " window=" + std::to_string(c.window) +
+         " softcap=" + std::to_string(c.softcap);
+}
+
+bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& pool) {
+  const size_t keys = c.start + c.n;
+  const size_t stride = keys + 3;  // the cache is longer than what is filled
+  const OddBuffer q = random_buffer(c.n * c.n_heads * c.head_dim, rng, -2.0f, 2.0f);
+  const OddBuffer k = random_buffer(c.n_kv_heads * stride * c.head_dim, rng, -2.0f, 2.0f);
+  const OddBuffer v = random_buffer(c.n_kv_heads * stride * c.head_dim, rng);
+  AttentionArgs a;
+  a.q = q.data();
+  a.k_cache = k.data();
+  a.v_cache = v.data();
+  a.n = c.n;
+  a.start = c.start;
+  a.n_heads = c.n_heads;
+  a.n_kv_heads = c.n_kv_heads;
+  a.head_dim = c.head_dim;
+  a.cache_stride = stride;
+  a.window = c.window;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  a.softcap = c.softcap;
+
+  std::vector<float> want(c.n * c.n_heads * c.head_dim);
+  a.out = want.data();
+  ref::attention(a);
+  OddBuffer got(want.size(), std::nanf(""));
+  a.out = got.data();
+  {
+    IsaScope scope(isa);
+    attention(a, pool);
+  }
+  EXPECT_TRUE(got.guard_intact()) << "store past the end";
+  // The output is a convex combination of |v| <= 1: errors in the softmax
+  // weights (exp approximated to ~2 ulp, scores summed in another order) and
+  // in the sum stay well below 1e-5 of it.
+  const double tol = 1e-5;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!(std::fabs(want[i] - got[i]) <= tol)) {
+      ADD_FAILURE() << isa_name(isa) << " " << describe(c) << " at " << i << ": got " << got[i]
+                    << " want " << want[i];
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST(KernelAttention, Sweep) {
+  std::mt19937 rng(7);
+  const size_t heads[][2] = {{9, 3}, {4, 1}, {2, 2}, {8, 2}};
+  for (Isa isa : test_isas()) {
+    for (const auto& h : heads) {
+      for (size_t hd : {8, 24, 64, 256}) {
+        for (size_t n : {1, 2, 3, 5, 8, 9, 33}) {
+          for (size_t start : {0, 1, 7, 130}) {
+            for (size_t window : {0, 4, 100}) {
+              const float softcap = (n + start) % 2 ? 0.0f : 1.5f;
+              ASSERT_TRUE(check_attention(isa, {h[0], h[1], hd, n, start, window, softcap}, rng,
+                                          test_pool()));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Decode over a long cache splits the keys across threads (flash-decoding);
+// long prefills have many query tiles.
+TEST(KernelAttention, LongContexts) {
+  std::mt19937 rng(8);
+  ThreadPool pool2(2);
+  const AttnCase cases[] = {
+      {9, 3, 64, 1, 1000, 0, 0.0f},  {4, 1, 256, 1, 2047, 0, 0.0f}, {4, 1, 256, 1, 2047, 512, 0.0f},
+      {32, 8, 64, 1, 777, 0, 30.0f}, {9, 3, 64, 70, 0, 0, 0.0f},    {4, 1, 256, 100, 300, 64, 0.0f},
+      {8, 2, 64, 3, 600, 0, 0.0f},
+  };
+  for (Isa isa : test_isas())
+    for (const AttnCase& c : cases) {
+      EXPECT_TRUE(check_attention(isa, c, rng, pool2));
+      EXPECT_TRUE(check_attention(isa, c, rng, test_pool()));
+    }
+}
+
+// head_dim not a multiple of 8 takes the scalar fallback.
+TEST(KernelAttention, OddHeadDim) {
+  std::mt19937 rng(9);
+  for (Isa isa : test_isas())
+    for (size_t hd : {2, 6, 12, 66})
+      EXPECT_TRUE(check_attention(isa, {4, 2, hd, 5, 3, 0, 0.0f}, rng, test_pool()));
+}
+
+// --- element-wise -------------------------------------------------------------
+
+TEST(KernelRmsnorm, Sweep) {
+  std::mt19937 rng(10);
+  for (Isa isa : test_isas()) {
+    IsaScope scope(isa);
+    std::vector<size_t> dims;
+    for (size_t d = 1; d <= 70; ++d) dims.push_back(d);
+    for (size_t d : {256, 576, 640, 2048}) dims.push_back(d);
+    for (size_t dim : dims) {
+      const OddBuffer x = random_buffer(dim, rng, -3.0f, 3.0f);
+      const OddBuffer w = random_buffer(dim, rng);
+      std::vector<float> want(dim);
+      OddBuffer got(dim);
+      ref::rmsnorm(x.data(), w.data(), dim, 1e-6f, want.data());
+      rmsnorm(x.data(), w.data(), dim, 1e-6f, got.data());
+      ASSERT_TRUE(got.guard_intact());
+      // Same rounding sequence up to 1 ulp in the scale: a few eps relative.
+      for (size_t i = 0; i < dim; ++i)
+        ASSERT_NEAR(got[i], want[i], 4 * kEps * std::fabs(want[i]) + 1e-30)
+            << isa_name(isa) << " dim=" << dim << " i=" << i;
+      // In place (x aliases y), as the forward pass calls it.
+      OddBuffer inplace = x;
+      rmsnorm(inplace.data(), w.data(), dim, 1e-6f, inplace.data());
+      for (size_t i = 0; i < dim; ++i) ASSERT_EQ(inplace[i], got[i]) << "dim=" << dim;
+    }
+  }
+}
+
+TEST(KernelRope, Sweep) {
+  std::mt19937 rng(11);
+  for (Isa isa : test_isas()) {
+    IsaScope scope(isa);
+    for (size_t hd : {2, 4, 8, 14, 16, 18, 32, 48, 64, 80, 128, 256}) {
+      for (size_t heads : {1, 3, 12}) {
+        const OddBuffer x0 = random_buffer(heads * hd, rng, -4.0f, 4.0f);
+        const OddBuffer cs = random_buffer(hd / 2, rng), sn = random_buffer(hd / 2, rng);
+        std::vector<float> want(x0.data(), x0.data() + heads * hd);
+        OddBuffer got = x0;
+        ref::rope(want.data(), heads, hd, cs.data(), sn.data());
+        rope(got.data(), heads, hd, cs.data(), sn.data());
+        ASSERT_TRUE(got.guard_intact());
+        for (size_t h = 0; h < heads; ++h) {
+          for (size_t i = 0; i < hd; ++i) {
+            const size_t j = i < hd / 2 ? i : i - hd / 2;
+            const float a = x0[h * hd + j], b = x0[h * hd + j + hd / 2];
+            const double mag = std::fabs(a * cs[j]) + std::fabs(b * sn[j]) + std::fabs(b * cs[j]) +
+                               std::fabs(a * sn[j]);
+            ASSERT_NEAR(got[h * hd + i], want[h * hd + i], 2 * kEps * mag + 1e-30)
+                << isa_name(isa) << " hd=" << hd << " h=" << h << " i=" << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Activation inputs spanning the interesting range, plus the far tails where
+// exp under/overflows.
+OddBuffer activation_inputs(size_t n, std::mt19937& rng) {
+  OddBuffer g = random_buffer(n, rng, -12.0f, 12.0f);
+  const float tails[] = {-120.0f, -90.0f, -88.5f, -30.0f, -1e-3f, 0.0f, 1e-3f, 30.0f, 90.0f};
+  for (size_t i = 0; i < n && i < std::size(tails); ++i) g[(i * 7) % n] = tails[i];
+  return g;
+}
+
+TEST(KernelActivation, SiluMulSweep) {
+  std::mt19937 rng(12);
+  for (Isa isa : test_isas()) {
+    IsaScope scope(isa);
+    for (size_t n = 0; n <= 70; ++n) {
+      const OddBuffer g = activation_inputs(n, rng), u = random_buffer(n, rng, -2.0f, 2.0f);
+      std::vector<float> want(n);
+      OddBuffer got(n);
+      ref::silu_mul(g.data(), u.data(), n, want.data());
+      silu_mul(g.data(), u.data(), n, got.data());
+      ASSERT_TRUE(got.guard_intact());
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-37)
+            << isa_name(isa) << " g=" << g[i] << " n=" << n;
+    }
+  }
+}
+
+TEST(KernelActivation, GeluTanhMulSweep) {
+  std::mt19937 rng(13);
+  for (Isa isa : test_isas()) {
+    IsaScope scope(isa);
+    for (size_t n = 0; n <= 70; ++n) {
+      const OddBuffer g = activation_inputs(n, rng), u = random_buffer(n, rng, -2.0f, 2.0f);
+      std::vector<float> want(n);
+      OddBuffer got(n);
+      ref::gelu_tanh_mul(g.data(), u.data(), n, want.data());
+      gelu_tanh_mul(g.data(), u.data(), n, got.data());
+      ASSERT_TRUE(got.guard_intact());
+      // The reference's 1 + tanh(z) cancels for z << 0 and is then only good
+      // to eps absolute: its error is ~eps * |g * up| / 2, hence the second term.
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-7 * std::fabs(g[i] * u[i]))
+            << isa_name(isa) << " g=" << g[i] << " n=" << n;
+    }
+  }
+}
+
+TEST(KernelAdd, Sweep) {
+  std::mt19937 rng(14);
+  for (Isa isa : test_isas()) {
+    IsaScope scope(isa);
+    for (size_t n = 0; n <= 70; ++n) {
+      const OddBuffer x = random_buffer(n, rng);
+      OddBuffer want = random_buffer(n, rng), got = want;
+      ref::add(want.data(), x.data(), n);
+      add(got.data(), x.data(), n);
+      ASSERT_TRUE(got.guard_intact());
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " n=" << n;
+    }
+  }
+}
+
+// The vector exp/tanh behind the activations and the softmax, held to the
+// std:: versions element by element.
+TEST(KernelVecMath, ExpMatchesStd) {
+  if (detect_isa() != Isa::avx2) GTEST_SKIP() << "no AVX2";
+  std::vector<float> x;
+  for (float v = -87.0f; v <= 88.7f; v += 0.000731f) x.push_back(v);
+  std::vector<float> got(x.size());
+  avx2::exp_array(x.data(), x.size(), got.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = std::exp(x[i]);
+    ASSERT_NEAR(got[i], want, 1e-6 * want) << "x=" << x[i];
+  }
+  // Denormal results, overflow, and the special values.
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> edge = {-100.0f, -95.5f, -88.0f, -104.0f, -200.0f,
+                             -inf,    88.8f,  100.0f, inf,     0.0f};
+  std::vector<float> e_got(edge.size());
+  avx2::exp_array(edge.data(), edge.size(), e_got.data());
+  for (size_t i = 0; i < edge.size(); ++i) {
+    const float want = std::exp(edge[i]);
+    if (std::isinf(want)) {
+      EXPECT_EQ(e_got[i], inf) << edge[i];
+    } else {  // denormals carry fewer bits: absolute, in units of the smallest normal
+      EXPECT_NEAR(e_got[i], want, 1e-6 * want + 1e-6 * std::numeric_limits<float>::min())
+          << edge[i];
+    }
+  }
+  const float nan = std::nanf("");
+  float nan_out = 0.0f;
+  avx2::exp_array(&nan, 1, &nan_out);
+  EXPECT_TRUE(std::isnan(nan_out));
+}
+
+TEST(KernelVecMath, TanhMatchesStd) {
+  if (detect_isa() != Isa::avx2) GTEST_SKIP() << "no AVX2";
+  std::vector<float> x;
+  for (float v = -12.0f; v <= 12.0f; v += 0.000317f) x.push_back(v);
+  for (float v = 1e-30f; v < 1.0f; v *= 1.7f) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {0.0f, -0.0f, 0.625f, -0.625f, 0.62499f, 20.0f, -50.0f, inf, -inf}) x.push_back(v);
+  std::vector<float> got(x.size());
+  avx2::tanh_array(x.data(), x.size(), got.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = std::tanh(x[i]);
+    ASSERT_NEAR(got[i], want, 1e-6 * std::fabs(want)) << "x=" << x[i];
+  }
+}
+
+// --- top_k --------------------------------------------------------------------
+
+TEST(KernelTopK, MatchesReferenceWithTies) {
+  std::mt19937 rng(15);
+  for (Isa isa : test_isas()) {
+    IsaScope scope(isa);
+    for (size_t n = 0; n <= 90; ++n) {
+      for (size_t k : {size_t{0}, size_t{1}, size_t{2}, size_t{5}, n / 2, n, n + 3}) {
+        // Few distinct values, so ties are everywhere.
+        std::uniform_int_distribution<int> level(-3, 3);
+        OddBuffer x(n);
+        for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(level(rng));
+        if (n > 4) x[n / 3] = -std::numeric_limits<float>::infinity();
+        const size_t kk = std::min(k, n);
+        std::vector<int32_t> want(kk + 1, -7), got(kk + 1, -7);
+        ref::top_k(x.data(), n, k, want.data());
+        top_k(x.data(), n, k, got.data());
+        ASSERT_EQ(got, want) << isa_name(isa) << " n=" << n << " k=" << k;
+      }
+    }
+  }
+}
+
+TEST(KernelTopK, VocabSized) {
+  std::mt19937 rng(16);
+  for (Isa isa : test_isas()) {
+    IsaScope scope(isa);
+    for (size_t n : {49152, 262144}) {
+      OddBuffer x = random_buffer(n, rng, -10.0f, 10.0f);
+      for (size_t i = 0; i < n; i += 97) x[i] = 9.5f;  // a band of ties near the top
+      for (size_t k : {1, 5, 40, 256, 300}) {
+        std::vector<int32_t> want(k), got(k);
+        ref::top_k(x.data(), n, k, want.data());
+        top_k(x.data(), n, k, got.data());
+        ASSERT_EQ(got, want) << isa_name(isa) << " n=" << n << " k=" << k;
+      }
+      // Ascending input: every element enters the buffer (worst case).
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i) * 1e-3f;
+      std::vector<int32_t> want(50), got(50);
+      ref::top_k(x.data(), n, 50, want.data());
+      top_k(x.data(), n, 50, got.data());
+      ASSERT_EQ(got, want) << isa_name(isa) << " ascending n=" << n;
+    }
+  }
+}
+
+// --- dispatch -----------------------------------------------------------------
+
+TEST(KernelDispatch, IsaSelection) {
+  const Isa detected = detect_isa();
+  EXPECT_EQ(isa_name(Isa::scalar), "scalar");
+  EXPECT_EQ(isa_name(Isa::avx2), "avx2");
+  {
+    IsaScope scope(Isa::scalar);
+    EXPECT_EQ(active_isa(), Isa::scalar);
+  }
+  {
+    IsaScope scope(Isa::avx2);  // clamped to what the CPU has
+    EXPECT_EQ(active_isa(), detected);
+  }
+  const PackedMatrix m = pack_matrix(nullptr, 0, 0, Isa::avx2);
+  EXPECT_EQ(m.isa, detected);
+}
+
+}  // namespace
+}  // namespace edgellm::kernels
