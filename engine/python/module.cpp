@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "edgellm/error.h"
+#include "edgellm/roofline.h"
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
 #include "kernels/kernels.h"
@@ -41,6 +42,14 @@ NB_MODULE(edgellm_py, m) {
   nb::exception<edgellm::Error>(m, "Error", PyExc_RuntimeError);
 
   m.def("active_isa", [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::active_isa())); });
+
+  m.def(
+      "measure_roofline",
+      [](int threads) {
+        const edgellm::Roofline r = edgellm::measure_roofline(threads);
+        return nb::make_tuple(r.read_gb_per_s, r.fma_gflop_per_s);
+      },
+      "threads"_a, "(read GB/s, FMA GFLOP/s) measured now");
 
   nb::class_<edgellm::Tokenizer>(m, "Tokenizer")
       .def_static("load", &edgellm::Tokenizer::load, "model_dir"_a)
@@ -123,6 +132,7 @@ NB_MODULE(edgellm_py, m) {
       .def_prop_ro("tokenizer", &edgellm::Session::tokenizer, nb::rv_policy::reference_internal)
       .def_prop_ro("chat_template", &edgellm::Session::chat_template, nb::rv_policy::reference_internal)
       .def_prop_ro("max_context", &edgellm::Session::max_context)
+      .def_prop_ro("weight_bytes", &edgellm::Session::weight_bytes)
       .def_prop_ro("vocab_size", [](const edgellm::Session& s) { return s.config().vocab_size; })
       .def_prop_ro("num_layers", [](const edgellm::Session& s) { return s.config().num_layers; })
       .def_prop_ro("hidden_size", [](const edgellm::Session& s) { return s.config().hidden_size; })

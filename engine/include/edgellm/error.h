@@ -10,7 +10,30 @@ namespace edgellm {
 
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  // Messages may quote bytes from a corrupt file (e.g. a JSON parser's "last
+  // read"): anything that is not valid UTF-8 or is a control character becomes
+  // '?', so the message stays one printable line.
+  explicit Error(const std::string& message) : std::runtime_error(printable(message)) {}
+
+ private:
+  static std::string printable(const std::string& s) {
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size();) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+      bool ok = len > 0 && i + len <= s.size();
+      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+      if (!ok || (len == 1 && (c < 0x20 || c == 0x7f))) {
+        out += '?';
+        ++i;
+      } else {
+        out.append(s, i, len);
+        i += len;
+      }
+    }
+    return out;
+  }
 };
 
 // Throws Error when `condition` is false. The message should name the file,

@@ -1,0 +1,230 @@
+"""Side-by-side benchmark: our engine and its peers, in one run, on one machine.
+
+Each engine runs in its own subprocess (so peak RSS is its own) on the same
+token ids: TTFT for 32/128/512-token prompts and decode tokens/s, medians of
+several repetitions. The roofline (read bandwidth, FMA peak) is measured in the
+same run and the table reports ratios to it and to each peer.
+
+    .venv/bin/python bench/run_bench.py [--model DIR] [--reps 5] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "build" / "python"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROMPT_LENGTHS = (32, 128, 512)
+DECODE_STEPS = 32
+THREADS = 2
+
+
+def prompt_ids(model_dir: Path, n: int) -> list[int]:
+    """n real token ids from the shipped English paragraph, repeated as needed."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    text = (REPO / "tests" / "data" / "english_paragraph.txt").read_text()
+    ids = tok.encode(text, add_special_tokens=False).ids
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def time_ours(model_dir: Path, reps: int) -> dict:
+    import edgellm_py
+
+    session = edgellm_py.Session()
+    session.setup(str(model_dir), threads=THREADS, max_context=1024)
+    out: dict = {"weight_bytes": session.weight_bytes,
+                 "lm_head_params": session.vocab_size * session.hidden_size}
+    for n in PROMPT_LENGTHS:
+        ids = prompt_ids(model_dir, n)
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            session.prefill(ids)
+            samples.append(time.perf_counter() - t0)
+        out[f"ttft_{n}"] = statistics.median(samples) * 1e3
+    ids = prompt_ids(model_dir, 32)
+    tps = []
+    for _ in range(reps):
+        logits = session.prefill(ids)
+        tok = int(logits.argmax())
+        t0 = time.perf_counter()
+        for pos in range(len(ids), len(ids) + DECODE_STEPS):
+            tok = int(session.decode_step(tok, pos).argmax())
+        tps.append(DECODE_STEPS / (time.perf_counter() - t0))
+    out["tps"] = statistics.median(tps)
+    return out
+
+
+def time_hf(model_dir: Path, reps: int, dtype_name: str) -> dict:
+    import torch
+    import transformers
+
+    torch.set_num_threads(THREADS)
+    dtype = getattr(torch, dtype_name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    out: dict = {}
+    with torch.inference_mode():
+        for n in PROMPT_LENGTHS:
+            ids = torch.tensor([prompt_ids(model_dir, n)])
+            samples = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                model(ids, use_cache=True)
+                samples.append(time.perf_counter() - t0)
+            out[f"ttft_{n}"] = statistics.median(samples) * 1e3
+        ids = torch.tensor([prompt_ids(model_dir, 32)])
+        tps = []
+        for _ in range(reps):
+            res = model(ids, use_cache=True)
+            past, tok = res.past_key_values, res.logits[0, -1].argmax().view(1, 1)
+            t0 = time.perf_counter()
+            for _ in range(DECODE_STEPS):
+                res = model(tok, past_key_values=past, use_cache=True)
+                past, tok = res.past_key_values, res.logits[0, -1].argmax().view(1, 1)
+            tps.append(DECODE_STEPS / (time.perf_counter() - t0))
+        out["tps"] = statistics.median(tps)
+    return out
+
+
+def time_llamacpp(gguf: Path, model_dir: Path, reps: int) -> dict:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), n_ctx=1024, n_threads=THREADS, n_batch=512, verbose=False)
+    out: dict = {}
+    for n in PROMPT_LENGTHS:
+        ids = prompt_ids(model_dir, n)
+        samples = []
+        for _ in range(reps):
+            llm.reset()
+            t0 = time.perf_counter()
+            llm.eval(ids)
+            samples.append(time.perf_counter() - t0)
+        out[f"ttft_{n}"] = statistics.median(samples) * 1e3
+    tps = []
+    for _ in range(reps):
+        llm.reset()
+        llm.eval(prompt_ids(model_dir, 32))
+        t0 = time.perf_counter()
+        for _ in range(DECODE_STEPS):
+            tok = int(llm.scores[llm.n_tokens - 1].argmax())
+            llm.eval([tok])
+        tps.append(DECODE_STEPS / (time.perf_counter() - t0))
+    out["tps"] = statistics.median(tps)
+    return out
+
+
+def worker(args: argparse.Namespace) -> int:
+    model_dir = Path(args.model)
+    if args.worker == "ours":
+        res = time_ours(model_dir, args.reps)
+    elif args.worker.startswith("hf-"):
+        res = time_hf(model_dir, args.reps, args.worker.removeprefix("hf-"))
+    else:
+        res = time_llamacpp(Path(args.gguf), model_dir, args.reps)
+    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(res))
+    return 0
+
+
+def run_worker(name: str, args: argparse.Namespace, gguf: Path | None = None) -> dict | None:
+    cmd = [sys.executable, __file__, "--worker", name, "--model", args.model, "--reps", str(args.reps)]
+    if gguf:
+        cmd += ["--gguf", str(gguf)]
+    print(f"[bench] {name} ...", flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line.removeprefix("RESULT "))
+    print(f"[bench] {name} failed: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="also write the Markdown table here")
+    parser.add_argument("--gguf", action="append", default=[], help="llama.cpp peer: LABEL=PATH.gguf")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    if not (Path(args.model) / "config.json").exists():
+        print(f"error: {args.model}: no checkpoint (run `make fetch`)", file=sys.stderr)
+        return 2
+
+    import edgellm_py
+
+    read_bw, fma_peak = edgellm_py.measure_roofline(THREADS)
+    rows: dict[str, dict] = {}
+    for name in ("ours", "hf-float32", "hf-bfloat16"):
+        if (res := run_worker(name, args)) is not None:
+            rows[name] = res
+    for spec in args.gguf:
+        label, _, path = spec.partition("=")
+        if (res := run_worker("llamacpp", args, Path(path))) is not None:
+            rows[f"llama.cpp {label}"] = res
+    read_bw2, fma_peak2 = edgellm_py.measure_roofline(THREADS)
+    read_bw, fma_peak = max(read_bw, read_bw2), max(fma_peak, fma_peak2)
+    table = render(rows, read_bw, fma_peak, args)
+    print(table)
+    if args.out:
+        args.out.write_text(table)
+    return 0 if "ours" in rows else 1
+
+
+def render(rows: dict[str, dict], read_bw: float, fma_peak: float, args: argparse.Namespace) -> str:
+    ours = rows.get("ours", {})
+    roof_tps = read_bw * 1e9 / ours["weight_bytes"] if ours else 0.0
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    lines = [
+        f"# Benchmark: {Path(args.model).name}, {THREADS} threads",
+        "",
+        f"- date: {datetime.date.today()}; machine: {cpu}, {os.cpu_count()} cores; "
+        f"medians of {args.reps} repetitions; decode = {DECODE_STEPS} greedy steps after a 32-token prompt",
+        f"- roofline measured in this run: read bandwidth {read_bw:.1f} GB/s, FMA peak {fma_peak:.1f} GFLOP/s; "
+        f"decode reads {ours.get('weight_bytes', 0) / 1e6:.0f} MB of weights per token -> "
+        f"roofline {roof_tps:.1f} tokens/s",
+        "",
+        "| engine | TTFT 32 (ms) | TTFT 128 (ms) | TTFT 512 (ms) | decode (tok/s) | peak RSS (MB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r[f'ttft_{n}']:.1f}" for n in PROMPT_LENGTHS)
+                     + f" | {r['tps']:.1f} | {r['peak_rss_mb']:.0f} |")
+    if ours:
+        lines += ["", "Ratios (ours vs peer: >1 means we are faster):", "",
+                  "| peer | TTFT 32 | TTFT 128 | TTFT 512 | decode |", "|---|---|---|---|---|"]
+        for name, r in rows.items():
+            if name == "ours":
+                continue
+            lines.append(f"| {name} | " + " | ".join(f"{r[f'ttft_{n}'] / ours[f'ttft_{n}']:.2f}x"
+                                                     for n in PROMPT_LENGTHS)
+                         + f" | {ours['tps'] / r['tps']:.2f}x |")
+        # 2 flops per weight per token; prefill runs the LM head for the last position only.
+        layer_params = ours["weight_bytes"] / 2 - ours["lm_head_params"]
+        flops512 = 2 * layer_params * 512 + 2 * ours["lm_head_params"]
+        lines += ["", f"Ours vs roofline: decode {100 * ours['tps'] / roof_tps:.0f}% of the bandwidth roofline; "
+                  f"prefill-512 {flops512 / (ours['ttft_512'] / 1e3) / 1e9:.1f} GFLOP/s in the projections = "
+                  f"{100 * flops512 / (ours['ttft_512'] / 1e3) / 1e9 / fma_peak:.0f}% of FMA peak "
+                  "(weight matmuls only; attention's flops are not counted, so this is a lower bound)."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
