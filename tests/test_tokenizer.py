@@ -71,9 +71,7 @@ def unescape(line: str) -> str:
 
 
 CORPUS = [
-    unescape(line)
-    for line in CORPUS_FILE.read_text(encoding="utf-8").split("\n")
-    if line != ""
+    unescape(line) for line in CORPUS_FILE.read_text(encoding="utf-8").split("\n") if line != ""
 ]
 
 
@@ -204,9 +202,7 @@ def compare_chat(path: str, cases: list[list[tuple[str, str]]]) -> tuple[list[st
         for gen in (True, False):
             compared += 1
             try:
-                want = auto.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=gen
-                )
+                want = auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
             except Exception as e:  # the template raised (e.g. system role unsupported)
                 with pytest.raises(edgellm_py.Error):
                     ours_c.render(msgs, gen)
@@ -385,7 +381,8 @@ LLAMA32_TEMPLATE = """{{- bos_token }}
 {{- "<|eot_id|>" }}
 
 {%- for message in messages %}
-    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+
+        message['content'] | trim + '<|eot_id|>' }}
 {%- endfor %}
 {%- if add_generation_prompt %}
     {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}

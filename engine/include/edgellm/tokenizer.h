@@ -28,6 +28,8 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
   int32_t token_to_id(std::string_view token) const;  // -1 when absent
+  // One past the largest id of the vocabulary and the added tokens: the
+  // number of embedding rows the tokenizer can address.
   size_t vocab_size() const;
   bool is_special(int32_t id) const;
 
@@ -64,7 +66,8 @@ struct ChatMessage {
   std::string content;
 };
 
-// The chat template from tokenizer_config.json, recognised by its markers
+// The chat template (chat_template.jinja, else tokenizer_config.json's
+// "chat_template", the "default" one of a named list), recognised by its markers
 // (ChatML, Gemma turns, Llama 3 headers) and rendered natively; the text it
 // renders equals HF apply_chat_template(..., tokenize=False).
 class ChatTemplate {
@@ -81,8 +84,8 @@ class ChatTemplate {
   std::string name_ = "none";
   std::string default_system_;  // ChatML: the system prompt the template inserts
   std::string bos_token_;
-  std::string source_;          // where the template came from, for error messages
-  bool system_supported_ = true;  // Gemma 2 templates reject a system message
+  std::string source_;              // where the template came from, for error messages
+  bool system_supported_ = true;    // Gemma 2 templates reject a system message
   bool check_alternation_ = false;  // Gemma: roles must alternate user/model
   // Llama 3.1+: the system header's preamble lines.
   std::string knowledge_line_;  // "Cutting Knowledge Date: December 2023\n"

@@ -4,7 +4,7 @@
 
 namespace edgellm::tok {
 
-void AddedVocabulary::Trie::insert(std::string_view s, int32_t index) {
+void AddedVocabulary::Trie::insert(std::string_view s, int32_t id) {
   uint32_t node = 0;
   for (unsigned char c : s) {
     auto it = children[node].find(c);
@@ -18,7 +18,7 @@ void AddedVocabulary::Trie::insert(std::string_view s, int32_t index) {
       node = it->second;
     }
   }
-  token[node] = index;
+  token[node] = id;
 }
 
 std::pair<int32_t, size_t> AddedVocabulary::Trie::longest_at(std::string_view s, size_t pos) const {
@@ -33,15 +33,16 @@ std::pair<int32_t, size_t> AddedVocabulary::Trie::longest_at(std::string_view s,
   return best;
 }
 
-void AddedVocabulary::load(const json& list, const std::string& where,
-                           const Normalizer* normalizer) {
+void AddedVocabulary::load(const json& list, const std::string& where, const Normalizer* normalizer,
+                           const Model& model) {
   if (list.is_null()) return;
   if (!list.is_array()) fail(where, std::string("expected a list, found ") + type_name(list));
+  int32_t next_id = static_cast<int32_t>(model.vocab_entries());
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string w = at_index(where, i);
     const json& t = list[i];
+    as_id(require_field(t, "id", w), at_key(w, "id"));  // validated, then ignored as HF does
     AddedToken a;
-    a.id = as_id(require_field(t, "id", w), at_key(w, "id"));
     a.content = string_field(t, "content", w);
     a.single_word = bool_field(t, "single_word", false, w);
     a.lstrip = bool_field(t, "lstrip", false, w);
@@ -52,20 +53,15 @@ void AddedVocabulary::load(const json& list, const std::string& where,
     if (!is_valid_utf8(a.content)) fail(at_key(w, "content"), "is not valid UTF-8");
     a.match_text = a.content;
     if (a.normalized && normalizer) normalizer->normalize(a.match_text);
-    // A later entry with the same id replaces the earlier one, as in HF.
-    if (auto it = by_id_.find(a.id); it != by_id_.end()) {
-      tokens_[it->second] = std::move(a);
-    } else {
-      by_id_[a.id] = tokens_.size();
-      tokens_.push_back(std::move(a));
-    }
+    int32_t id = id_of(a.content);
+    if (id < 0) id = model.token_to_id(a.content);
+    if (id < 0) id = next_id++;
+    by_content_[a.content] = id;
+    if (a.special) specials_.insert(a.content);
+    by_id_[id] = std::move(a);
   }
-  // HF builds its matchers from the id -> token map, so a content listed under
-  // two ids matches the later-inserted id; inserting in list order gives that.
-  for (size_t i = 0; i < tokens_.size(); ++i) {
-    const AddedToken& a = tokens_[i];
-    if (a.match_text.empty()) continue;
-    (a.normalized ? normalized_trie_ : raw_trie_).insert(a.match_text, static_cast<int32_t>(i));
+  for (const auto& [id, a] : by_id_) {
+    (a.normalized ? normalized_trie_ : raw_trie_).insert(a.match_text, id);
     (a.normalized ? has_normalized_ : has_raw_) = true;
   }
 }
@@ -106,12 +102,12 @@ void AddedVocabulary::split_one(const Segment& seg, const Trie& trie,
   size_t start_offset = 0;
   size_t pos = 0;
   while (pos < s.size()) {
-    const auto [index, match_end] = trie.longest_at(s, pos);
-    if (index < 0) {
+    const auto [id, match_end] = trie.longest_at(s, pos);
+    if (id < 0) {
       pos += 1;
       continue;
     }
-    const AddedToken& tok = tokens_[index];
+    const AddedToken& tok = by_id_.find(id)->second;
     size_t start = pos, stop = match_end;
     pos = match_end;  // the matcher resumes after the match, used or not
     if (tok.single_word) {
@@ -137,7 +133,7 @@ void AddedVocabulary::split_one(const Segment& seg, const Trie& trie,
       }
     }
     push_text(start_offset, start);
-    out.push_back({s.substr(start, stop - start), tok.id, seg.at_origin && start == 0});
+    out.push_back({s.substr(start, stop - start), id, seg.at_origin && start == 0});
     start_offset = stop;
   }
   push_text(start_offset, s.size());

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "json_util.h"
+#include "model.h"
 #include "normalizer.h"
 #include "regex.h"
 
@@ -17,7 +20,6 @@ namespace edgellm::tok {
 
 struct AddedToken {
   std::string content;
-  int32_t id = -1;
   bool single_word = false, lstrip = false, rstrip = false, normalized = true, special = false;
   std::string match_text;  // content, normalized when `normalized`
 };
@@ -31,31 +33,43 @@ struct Segment {
 
 class AddedVocabulary {
  public:
-  void load(const json& list, const std::string& where, const Normalizer* normalizer);
+  // Ids are assigned the way HF deserialises the list: a content the model
+  // already knows keeps the model's id, the others count up from the model's
+  // vocabulary size. The "id" written in the file is not used (HF only warns
+  // when it differs).
+  void load(const json& list, const std::string& where, const Normalizer* normalizer,
+            const Model& model);
 
   // Splits each text segment around the matches of the raw (normalized=false)
   // or the normalized tokens.
   void split(std::vector<Segment>& segments, bool normalized_tokens) const;
 
-  const std::vector<AddedToken>& tokens() const { return tokens_; }
   const AddedToken* by_id(int32_t id) const {
     auto it = by_id_.find(id);
-    return it == by_id_.end() ? nullptr : &tokens_[it->second];
+    return it == by_id_.end() ? nullptr : &it->second;
   }
+  int32_t id_of(std::string_view content) const {
+    auto it = by_content_.find(content);
+    return it == by_content_.end() ? -1 : it->second;
+  }
+  // HF skips a decoded token whose string is the content of a special token.
+  bool is_special_content(const std::string& token) const { return specials_.contains(token); }
+  int32_t max_id() const { return by_id_.empty() ? -1 : by_id_.rbegin()->first; }
 
  private:
   // Byte trie over match_text of one group, for leftmost-longest matching.
   struct Trie {
     std::vector<std::unordered_map<unsigned char, uint32_t>> children{1};
-    std::vector<int32_t> token{-1};  // index into tokens_, -1 when none ends here
+    std::vector<int32_t> token{-1};  // token id, -1 when none ends here
     void insert(std::string_view s, int32_t index);
-    // Longest token starting at s[pos]: {index, end}, or {-1, 0}.
+    // Longest token starting at s[pos]: {id, end}, or {-1, 0}.
     std::pair<int32_t, size_t> longest_at(std::string_view s, size_t pos) const;
   };
   void split_one(const Segment& seg, const Trie& trie, std::vector<Segment>& out) const;
 
-  std::vector<AddedToken> tokens_;
-  std::unordered_map<int32_t, size_t> by_id_;
+  std::map<int32_t, AddedToken> by_id_;
+  TokenMap by_content_;
+  std::unordered_set<std::string> specials_;
   Trie raw_trie_, normalized_trie_;
   bool has_raw_ = false, has_normalized_ = false;
   Regex word_char_{R"(^\w$)", "added_tokens"};

@@ -45,6 +45,7 @@ class Bpe final : public Model {
     return &tokens_[id];
   }
   size_t id_count() const override { return tokens_.size(); }
+  size_t vocab_entries() const override { return vocab_.size(); }
 
  private:
   struct Symbol {
@@ -69,8 +70,7 @@ class Bpe final : public Model {
   std::array<int32_t, 256> byte_ids_;  // <0xNN> tokens, -1 when absent
 
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>
-      cache_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };
 
 Bpe::Bpe(const json& j, const std::string& where) {
@@ -81,7 +81,8 @@ Bpe::Bpe(const json& j, const std::string& where) {
   vocab_.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const int32_t id = as_id(it.value(), at_key(vw, it.key()));
-    if (id >= kMaxId) fail(at_key(vw, it.key()), "token id " + std::to_string(id) + " is too large");
+    if (id >= kMaxId)
+      fail(at_key(vw, it.key()), "token id " + std::to_string(id) + " is too large");
     vocab_[it.key()] = id;
     max_id = std::max<int64_t>(max_id, id);
   }

@@ -42,11 +42,23 @@ std::string unescape(std::string_view s) {
     }
     const char c = s[++i];
     switch (c) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case '\\': case '\'': case '"': out += c; break;
-      default: out += '\\'; out += c;
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case '\\':
+      case '\'':
+      case '"':
+        out += c;
+        break;
+      default:
+        out += '\\';
+        out += c;
     }
   }
   return out;
@@ -64,7 +76,8 @@ std::optional<std::string> literal_from(const std::string& t, size_t pos) {
   const char quote = t[open];
   if (quote != '\'' && quote != '"') return std::nullopt;
   for (size_t close = pos; close < t.size(); ++close) {
-    if (t[close] == quote && !escaped_at(t, close)) return unescape(std::string_view(t).substr(pos, close - pos));
+    if (t[close] == quote && !escaped_at(t, close))
+      return unescape(std::string_view(t).substr(pos, close - pos));
   }
   return std::nullopt;
 }
@@ -137,14 +150,16 @@ ChatTemplate ChatTemplate::load(const std::filesystem::path& model_dir) {
         if (name == "default") break;
       }
     } else {
-      tok::fail(tok::at_key(where, "chat_template"), "expected a string or a list of {name, template}");
+      tok::fail(tok::at_key(where, "chat_template"),
+                "expected a string or a list of {name, template}");
     }
   }
   if (tmpl.empty()) return ct;
 
   if (const json* b = tok::find_field(config, "bos_token")) {
-    ct.bos_token_ = b->is_string() ? b->get<std::string>()
-                                   : tok::string_field(*b, "content", tok::at_key(where, "bos_token"));
+    ct.bos_token_ = b->is_string()
+                        ? b->get<std::string>()
+                        : tok::string_field(*b, "content", tok::at_key(where, "bos_token"));
   }
   if (tmpl.find("<|im_start|>") != std::string::npos) {
     ct.style_ = Style::chatml;
@@ -199,14 +214,16 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages,
       std::string first_user_prefix;
       size_t first = 0;
       if (!messages.empty() && messages[0].role == "system") {
-        if (!system_supported_) throw Error(source_ + ": this chat template does not support a system role");
+        if (!system_supported_)
+          throw Error(source_ + ": this chat template does not support a system role");
         first_user_prefix = messages[0].content + "\n\n";
         first = 1;
       }
       for (size_t i = first; i < messages.size(); ++i) {
         const ChatMessage& m = messages[i];
         if (check_alternation_ && (m.role == "user") != ((i - first) % 2 == 0))
-          throw Error("chat template: conversation roles must alternate user/assistant/user/assistant/...");
+          throw Error(
+              "chat template: conversation roles must alternate user/assistant/user/assistant/...");
         const std::string role = m.role == "assistant" ? "model" : m.role;
         out += "<start_of_turn>" + role + "\n" + (i == first ? first_user_prefix : "") +
                tok::python_strip(m.content) + "<end_of_turn>\n";

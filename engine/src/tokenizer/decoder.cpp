@@ -150,8 +150,9 @@ class StripDecoder final : public Decoder {
         if (chars[index] != content_) break;
         stop_cut = index;
       }
-      t = stop_cut > start_cut ? t.substr(offsets[start_cut], offsets[stop_cut] - offsets[start_cut])
-                               : std::string();
+      t = stop_cut > start_cut
+              ? t.substr(offsets[start_cut], offsets[stop_cut] - offsets[start_cut])
+              : std::string();
     }
   }
 
@@ -164,7 +165,8 @@ class StripDecoder final : public Decoder {
 // instead when the pre-tokenizer prepends one.
 class MetaspaceDecoder final : public Decoder {
  public:
-  MetaspaceDecoder(uint32_t replacement, bool prepends) : replacement_(replacement), prepends_(prepends) {}
+  MetaspaceDecoder(uint32_t replacement, bool prepends)
+      : replacement_(replacement), prepends_(prepends) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string out;
@@ -225,7 +227,8 @@ std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where) {
         size_field(j, "start", 0, where), size_field(j, "stop", 0, where));
   }
   if (type == "Metaspace") {
-    const uint32_t r = single_char(string_field(j, "replacement", where), at_key(where, "replacement"));
+    const uint32_t r =
+        single_char(string_field(j, "replacement", where), at_key(where, "replacement"));
     std::string scheme = optional_string(j, "prepend_scheme", where).value_or("always");
     if (!bool_field(j, "add_prefix_space", true, where)) scheme = "never";
     return std::make_unique<MetaspaceDecoder>(r, scheme != "never");

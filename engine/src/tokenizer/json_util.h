@@ -27,7 +27,9 @@ inline std::string at_index(const std::string& where, size_t i) {
   throw Error(where + ": " + what);
 }
 
-inline const char* type_name(const json& j) { return j.type_name(); }
+inline const char* type_name(const json& j) {
+  return j.type_name();
+}
 
 // The field, or nullptr when it is absent or null (HF treats both as unset).
 inline const json* find_field(const json& obj, std::string_view key) {

@@ -28,6 +28,9 @@ class Model {
   virtual const std::string* id_to_token(int32_t id) const = 0;   // nullptr when absent
   // One past the largest id.
   virtual size_t id_count() const = 0;
+  // Entries in the vocabulary (HF Model::get_vocab_size); added tokens the
+  // model lacks get ids from here on.
+  virtual size_t vocab_entries() const = 0;
 };
 
 std::unique_ptr<Model> make_bpe(const json& j, const std::string& where);

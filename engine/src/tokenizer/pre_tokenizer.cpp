@@ -150,7 +150,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
     for_each_piece(pieces, [&](Piece& p, std::vector<Piece>& out) {
       // HF adds the space to every piece that reaches this step, not only the
       // first one of the text.
-      if (add_prefix_space_ && !p.text.starts_with(' ')) p.text.insert(0, " ");
+      if (add_prefix_space_ && !p.text.starts_with(' ')) p.text.insert(p.text.begin(), ' ');
       const size_t first = out.size();
       if (regex_) {
         split_by_behavior(p, match_spans(*regex_, p.text, false), Behavior::isolated, out);
@@ -246,7 +246,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
     Regex re = p.is_regex ? Regex(p.text, at_key(where, "pattern"))
                           : Regex::literal(p.text, at_key(where, "pattern"));
     return std::make_unique<SplitPreTokenizer>(
-        std::move(re), parse_behavior(string_field(j, "behavior", where), at_key(where, "behavior")),
+        std::move(re),
+        parse_behavior(string_field(j, "behavior", where), at_key(where, "behavior")),
         bool_field(j, "invert", false, where));
   }
   if (type == "Digits") {

@@ -22,28 +22,16 @@ struct MatchData {
   ~MatchData() { pcre2_match_data_free(data); }
 };
 
+// Backslash-escapes PCRE2's metacharacters so a {"String": ...} pattern
+// matches itself (Rust's regex::escape). Other bytes, control characters and
+// NUL included, are literal in a length-delimited pattern.
 std::string escape(std::string_view literal) {
+  static constexpr std::string_view kMeta = "\\^$.|?*+()[]{}-#/";
   std::string out;
+  out.reserve(literal.size() * 2);
   for (char c : literal) {
-    if (std::string_view("\\^$.|?*+()[]{}-#/ \t\n\r\f\v").find(c) != std::string_view::npos &&
-        c != '\0') {
-      if (c == '\n') {
-        out += "\\n";
-      } else if (c == '\t') {
-        out += "\\t";
-      } else if (c == '\r') {
-        out += "\\r";
-      } else if (c == '\f') {
-        out += "\\f";
-      } else if (c == '\v') {
-        out += "\\x0b";
-      } else {
-        out += '\\';
-        out += c;
-      }
-    } else {
-      out += c;
-    }
+    if (kMeta.find(c) != std::string_view::npos) out += '\\';
+    out += c;
   }
   return out;
 }
@@ -92,9 +80,8 @@ Regex::Regex(std::string_view pattern, std::string_view context) {
   if (code == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    throw Error(std::string(context) + ": invalid regex '" + std::string(pattern) +
-                "': " + reinterpret_cast<const char*>(msg) + " at offset " +
-                std::to_string(err_offset));
+    throw Error(std::string(context) + ": invalid regex '" + std::string(pattern) + "': " +
+                reinterpret_cast<const char*>(msg) + " at offset " + std::to_string(err_offset));
   }
   auto c = std::make_shared<Code>();
   c->code = code;
@@ -107,8 +94,7 @@ Regex Regex::literal(std::string_view literal, std::string_view context) {
   return Regex(escape(literal), context);
 }
 
-void Regex::find_all(std::string_view subject,
-                     std::vector<std::pair<size_t, size_t>>& out) const {
+void Regex::find_all(std::string_view subject, std::vector<std::pair<size_t, size_t>>& out) const {
   if (subject.empty()) return;
   MatchData md(code_->code);
   const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
@@ -121,8 +107,7 @@ void Regex::find_all(std::string_view subject,
     if (!code_->jit || (rc < 0 && rc != PCRE2_ERROR_NOMATCH)) {
       // The interpreter keeps its backtracking state on the heap, so it also
       // covers the inputs that overflow the JIT stack (long whitespace runs).
-      rc = pcre2_match(code_->code, s, subject.size(), start, PCRE2_NO_UTF_CHECK, md.data,
-                       nullptr);
+      rc = pcre2_match(code_->code, s, subject.size(), start, PCRE2_NO_UTF_CHECK, md.data, nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {

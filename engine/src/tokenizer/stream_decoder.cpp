@@ -5,6 +5,22 @@
 
 namespace edgellm {
 
+namespace {
+
+// The part of `text` after what was already returned (`prefix`). Normally text
+// extends prefix. ByteFallback can rewrite earlier output, though: "<0x63>"
+// alone is "c", but followed by a dangling lead byte both become U+FFFD. HF
+// raises there; a generation loop is better served by the new tail, cut at a
+// character boundary so the stream stays valid UTF-8.
+std::string tail_after(const std::string& text, const std::string& prefix) {
+  if (text.starts_with(prefix)) return text.substr(prefix.size());
+  size_t pos = std::min(prefix.size(), text.size());
+  while (pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
+  return text.substr(pos);
+}
+
+}  // namespace
+
 StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tokenizer_(&tokenizer), skip_special_(skip_special_tokens) {}
 
@@ -22,14 +38,7 @@ std::string StreamDecoder::push(int32_t id) {
   // A trailing U+FFFD is usually a character whose remaining bytes are still
   // to come: wait for them.
   if (text.size() <= prefix_.size() || text.ends_with(tok::kReplacementChar)) return {};
-  std::string fresh;
-  if (text.starts_with(prefix_)) {
-    fresh = text.substr(prefix_.size());
-  } else {
-    // A decoder rewrote earlier text; HF raises here. Emitting the new tail
-    // keeps a generation loop alive instead.
-    fresh = text.substr(std::min(prefix_.size(), text.size()));
-  }
+  std::string fresh = tail_after(text, prefix_);
   const size_t new_prefix_index = ids_.size() - prefix_index_;
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
   prefix_ = impl.decode_raw(ids_, skip_special_);
@@ -40,7 +49,7 @@ std::string StreamDecoder::push(int32_t id) {
 std::string StreamDecoder::flush() {
   const Tokenizer::Impl& impl = *tokenizer_->impl_;
   std::string text = impl.decode_raw(ids_, skip_special_);
-  std::string rest = text.size() > prefix_.size() ? text.substr(prefix_.size()) : std::string();
+  std::string rest = tail_after(text, prefix_);
   ids_.clear();
   prefix_.clear();
   prefix_index_ = 0;

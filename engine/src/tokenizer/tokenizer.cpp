@@ -41,7 +41,7 @@ std::optional<std::string> token_setting(const json& config, const char* key,
 // transformers' PreTrainedTokenizerBase.clean_up_tokenization.
 std::string clean_up_tokenization(std::string s) {
   static const std::pair<std::string_view, std::string_view> kRules[] = {
-      {" .", "."},   {" ?", "?"},     {" !", "!"},     {" ,", ","},     {" ' ", "'"},
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
       {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : kRules) {
     std::string out;
@@ -79,8 +79,8 @@ void Tokenizer::Impl::apply_config(const tok::json& config, const std::string& w
   const bool add_eos = tok::bool_field(config, "add_eos_token", false, where);
   auto resolve = [&](const char* key, const char* def) {
     const std::string name = token_setting(config, key, where).value_or(def);
-    auto it = added_by_content.find(name);
-    const int32_t id = it != added_by_content.end() ? it->second : model->token_to_id(name);
+    int32_t id = added.id_of(name);
+    if (id < 0) id = model->token_to_id(name);
     if (id < 0) tok::fail(tok::at_key(where, key), "'" + name + "' is not a token");
     return id;
   };
@@ -96,8 +96,8 @@ namespace {
 // pre-tokenizer's add_prefix_space to the tokenizer's own setting (from
 // tokenizer_config.json; False by default, None for the Llama classes, where
 // None leaves it alone).
-void apply_add_prefix_space(json& root, const json& config) {
-  std::string cls = tok::optional_string(config, "tokenizer_class", "").value_or("");
+void apply_add_prefix_space(json& root, const json& config, const std::string& where) {
+  std::string cls = tok::optional_string(config, "tokenizer_class", where).value_or("");
   if (cls.ends_with("Fast")) cls.resize(cls.size() - 4);
   json value = cls == "LlamaTokenizer" || cls == "CodeLlamaTokenizer" ? json(nullptr) : json(false);
   if (config.contains("add_prefix_space")) value = config["add_prefix_space"];
@@ -114,6 +114,8 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
   json root = read_json(path);
   const std::string where = path.string() + ": ";
   if (!root.is_object()) tok::fail(path.string(), "expected a JSON object at the top level");
+  if (auto v = tok::optional_string(root, "version", where); v && *v != "1.0")
+    tok::fail(tok::at_key(where, "version"), "unknown tokenizer.json version '" + *v + "'");
 
   const std::filesystem::path config_path = model_dir / "tokenizer_config.json";
   json config = json::object();
@@ -122,7 +124,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
     if (!config.is_object())
       tok::fail(config_path.string(), "expected a JSON object at the top level");
   }
-  apply_add_prefix_space(root, config);
+  apply_add_prefix_space(root, config, config_path.string() + ": ");
 
   auto impl = std::make_unique<Impl>();
   auto field = [&](const char* key) -> const json& {
@@ -133,13 +135,11 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
   impl->normalizer = tok::make_normalizer(field("normalizer"), tok::at_key(where, "normalizer"));
   impl->pre_tokenizer =
       tok::make_pre_tokenizer(field("pre_tokenizer"), tok::at_key(where, "pre_tokenizer"));
-  impl->model = tok::make_model(tok::require_field(root, "model", where), tok::at_key(where, "model"));
+  impl->model =
+      tok::make_model(tok::require_field(root, "model", where), tok::at_key(where, "model"));
   impl->decoder = tok::make_decoder(field("decoder"), tok::at_key(where, "decoder"));
-  impl->added.load(field("added_tokens"), tok::at_key(where, "added_tokens"), impl->normalizer.get());
-  for (const tok::AddedToken& a : impl->added.tokens()) {
-    impl->added_by_content[a.content] = a.id;
-    if (a.special) impl->special_contents.insert(a.content);
-  }
+  impl->added.load(field("added_tokens"), tok::at_key(where, "added_tokens"),
+                   impl->normalizer.get(), *impl->model);
   impl->post_processor =
       tok::make_post_processor(field("post_processor"), tok::at_key(where, "post_processor"));
   impl->apply_config(config, config_path.string() + ": ");
@@ -154,7 +154,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 
   // Regexes need valid UTF-8; like Python's errors="replace", bad bytes become U+FFFD.
   std::vector<tok::Segment> segments;
-  segments.push_back({tok::is_valid_utf8(text) ? std::string(text) : tok::utf8_lossy(text), -1, true});
+  segments.push_back(
+      {tok::is_valid_utf8(text) ? std::string(text) : tok::utf8_lossy(text), -1, true});
   m.added.split(segments, /*normalized_tokens=*/false);
   if (m.normalizer) {
     for (tok::Segment& s : segments)
@@ -191,7 +192,7 @@ std::string Tokenizer::Impl::decode_raw(std::span<const int32_t> ids, bool skip_
   for (int32_t id : ids) {
     const std::string* t = id_to_token(id);
     if (t == nullptr) continue;  // HF drops ids it does not know
-    if (skip_special && special_contents.contains(*t)) continue;
+    if (skip_special && added.is_special_content(*t)) continue;
     tokens.push_back(*t);
   }
   if (!decoder) {
@@ -211,20 +212,17 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 }
 
 int32_t Tokenizer::token_to_id(std::string_view token) const {
-  auto it = impl_->added_by_content.find(token);
-  if (it != impl_->added_by_content.end()) return it->second;
-  return impl_->model->token_to_id(token);
+  const int32_t id = impl_->added.id_of(token);
+  return id >= 0 ? id : impl_->model->token_to_id(token);
 }
 
 size_t Tokenizer::vocab_size() const {
-  size_t n = impl_->model->id_count();
-  for (const tok::AddedToken& a : impl_->added.tokens()) n = std::max(n, static_cast<size_t>(a.id) + 1);
-  return n;
+  return std::max(impl_->model->id_count(), static_cast<size_t>(impl_->added.max_id() + 1));
 }
 
 bool Tokenizer::is_special(int32_t id) const {
   const std::string* t = impl_->id_to_token(id);
-  return t != nullptr && impl_->special_contents.contains(*t);
+  return t != nullptr && impl_->added.is_special_content(*t);
 }
 
 }  // namespace edgellm

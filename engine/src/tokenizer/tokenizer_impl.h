@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <unordered_set>
 
 #include "added_vocabulary.h"
 #include "decoder.h"
@@ -25,9 +24,6 @@ struct Tokenizer::Impl {
   std::unique_ptr<tok::PostProcessor> post_processor;
   std::unique_ptr<tok::Decoder> decoder;
   tok::AddedVocabulary added;
-  tok::TokenMap added_by_content;
-  // HF skips a decoded token when its string is a special added token's content.
-  std::unordered_set<std::string> special_contents;
   // transformers' clean_up_tokenization_spaces (tokenizer_config.json).
   bool clean_up_spaces = false;
 

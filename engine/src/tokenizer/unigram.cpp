@@ -113,6 +113,7 @@ class Unigram final : public Model {
     return &pieces_[id];
   }
   size_t id_count() const override { return pieces_.size(); }
+  size_t vocab_entries() const override { return pieces_.size(); }
 
  private:
   void encode(std::string_view s, std::vector<int32_t>& out) const;
@@ -127,8 +128,7 @@ class Unigram final : public Model {
   std::array<int32_t, 256> byte_ids_;
 
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>
-      cache_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };
 
 Unigram::Unigram(const json& j, const std::string& where) {
@@ -174,7 +174,8 @@ void Unigram::encode(std::string_view s, std::vector<int32_t>& out) const {
   std::vector<Best> best(s.size() + 1);
   for (size_t start = 0; start < s.size();) {
     const double base = best[start].score;
-    const size_t char_len = std::min(utf8_len(static_cast<unsigned char>(s[start])), s.size() - start);
+    const size_t char_len =
+        std::min(utf8_len(static_cast<unsigned char>(s[start])), s.size() - start);
     bool has_single = false;
     trie_.common_prefixes(s.substr(start), [&](size_t len, int32_t id) {
       Best& t = best[start + len];
@@ -184,7 +185,8 @@ void Unigram::encode(std::string_view s, std::vector<int32_t>& out) const {
       if (len == char_len) has_single = true;
     });
     if (!has_single) {
-      if (unk_id_ < 0) throw Error("tokenizer.json: Unigram model met an unknown character but has no unk_id");
+      if (unk_id_ < 0)
+        throw Error("tokenizer.json: Unigram model met an unknown character but has no unk_id");
       Best& t = best[start + char_len];
       const double cand = base + unk_score;
       if (t.start < 0 || cand > t.score) t = {cand, unk_id_, static_cast<int32_t>(start)};

@@ -1,0 +1,369 @@
+// Tokenizer, StreamDecoder and ChatTemplate on tiny hand-written tokenizer.json
+// files, plus the corrupt-input cases that must end in one clear Error.
+//
+// The expected ids were checked against HF `tokenizers` 0.22 on the same
+// files; tests/test_tokenizer.py compares whole corpora on real checkpoints.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "edgellm/error.h"
+#include "edgellm/tokenizer.h"
+#include "test_util.h"
+
+namespace edgellm {
+namespace {
+
+using testing::make_temp_dir;
+using testing::write_text;
+using Ids = std::vector<int32_t>;
+
+// Byte-level BPE in the SmolLM2 layout: Digits(individual) then ByteLevel,
+// <|im_start|> as bos. The added tokens' ids follow the 24 vocabulary entries,
+// as HF assigns them. "Ġ" is the byte-level space; "Ã" "©" are the byte-level
+// characters of the two UTF-8 bytes of "é".
+const char* kBpeJson = R"json({"version": "1.0", "truncation": null, "padding": null,
+ "added_tokens": [
+  {"id": 24, "content": "<|im_start|>", "single_word": false, "lstrip": false, "rstrip": false,
+   "normalized": false, "special": true},
+  {"id": 25, "content": "<|im_end|>", "single_word": false, "lstrip": false, "rstrip": false,
+   "normalized": false, "special": true}],
+ "normalizer": null,
+ "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+  {"type": "Digits", "individual_digits": true},
+  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]},
+ "post_processor": {"type": "TemplateProcessing",
+  "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+  "pair": [],
+  "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [24], "tokens": ["<|im_start|>"]}}},
+ "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+ "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+  "vocab": {"h": 0, "e": 1, "l": 2, "o": 3, "w": 4, "r": 5, "d": 6, "Ġ": 7, "Ã": 8, "©": 9, "1": 10,
+   "2": 11, "he": 12, "ll": 13, "hell": 14, "hello": 15, "Ġw": 16, "or": 17, "Ġwor": 18,
+   "Ġworld": 19, "12": 20, "ld": 21, ".": 22, "!": 23},
+  "merges": ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2"]}})json";
+
+// SentencePiece-style Unigram with byte fallback, Gemma's normalizer/decoder.
+const char* kUnigramJson = R"json({"version": "1.0",
+ "added_tokens": [
+  {"id": 0, "content": "<unk>", "single_word": false, "lstrip": false, "rstrip": false,
+   "normalized": false, "special": true},
+  {"id": 1, "content": "<bos>", "single_word": false, "lstrip": false, "rstrip": false,
+   "normalized": false, "special": true}],
+ "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+ "pre_tokenizer": null,
+ "post_processor": {"type": "TemplateProcessing",
+  "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+  "pair": [], "special_tokens": {"<bos>": {"id": "<bos>", "ids": [1], "tokens": ["<bos>"]}}},
+ "decoder": {"type": "Sequence", "decoders": [
+  {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}]},
+ "model": {"type": "Unigram", "unk_id": 0, "byte_fallback": true,
+  "vocab": [["<unk>", 0.0], ["<bos>", 0.0], ["▁", -1.0], ["a", -2.0], ["b", -2.0], ["ab", -1.5],
+            ["▁ab", -2.5], ["<0x63>", 0.0], ["<0xC3>", 0.0], ["<0xA9>", 0.0]]}})json";
+
+std::filesystem::path model_dir(const std::string& tokenizer_json, const std::string& config = "") {
+  auto dir = make_temp_dir("tokenizer");
+  write_text(dir / "tokenizer.json", tokenizer_json);
+  if (!config.empty()) write_text(dir / "tokenizer_config.json", config);
+  return dir;
+}
+
+std::string load_error(const std::filesystem::path& dir) {
+  try {
+    Tokenizer::load(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// tokenizer.json with one substring replaced, for the corrupt-file cases.
+std::string with(std::string text, const std::string& from, const std::string& to) {
+  const size_t p = text.find(from);
+  EXPECT_NE(p, std::string::npos) << from;
+  if (p != std::string::npos) text.replace(p, from.size(), to);
+  return text;
+}
+
+TEST(TokenizerTest, ByteLevelBpeEncode) {
+  const Tokenizer t = Tokenizer::load(model_dir(kBpeJson));
+  EXPECT_EQ(t.encode("hello world"), (Ids{15, 19}));
+  EXPECT_EQ(t.encode("hel"), (Ids{12, 2}));  // "he" merges first; "he l" is no merge
+  EXPECT_EQ(t.encode("\xC3\xA9"), (Ids{8, 9}));
+  EXPECT_EQ(t.encode("hello12"), (Ids{15, 10, 11}));  // digits split before "1 2" can merge
+  EXPECT_EQ(t.encode("x"), Ids{});                    // no unk token: HF drops the character
+  EXPECT_EQ(t.encode("hello x world"), (Ids{15, 7, 19}));
+  EXPECT_EQ(t.encode(""), Ids{});
+}
+
+TEST(TokenizerTest, AddedTokensAndPostProcessor) {
+  const Tokenizer t = Tokenizer::load(model_dir(kBpeJson));
+  EXPECT_EQ(t.encode("<|im_start|>hello<|im_end|>"), (Ids{24, 15, 25}));
+  EXPECT_EQ(t.encode("hello", /*add_special_tokens=*/true), (Ids{24, 15}));
+  EXPECT_EQ(t.encode("", true), (Ids{24}));
+  EXPECT_EQ(t.token_to_id("<|im_end|>"), 25);
+  EXPECT_EQ(t.token_to_id("hello"), 15);
+  EXPECT_EQ(t.token_to_id("absent"), -1);
+  EXPECT_EQ(t.vocab_size(), 26u);
+  EXPECT_TRUE(t.is_special(24));
+  EXPECT_FALSE(t.is_special(15));
+}
+
+TEST(TokenizerTest, ByteLevelDecode) {
+  const Tokenizer t = Tokenizer::load(model_dir(kBpeJson));
+  EXPECT_EQ(t.decode(Ids{15, 19}), "hello world");
+  EXPECT_EQ(t.decode(Ids{24, 15, 25}), "<|im_start|>hello<|im_end|>");
+  EXPECT_EQ(t.decode(Ids{24, 15, 25}, /*skip_special_tokens=*/true), "hello");
+  EXPECT_EQ(t.decode(Ids{8, 9}), "\xC3\xA9");
+  EXPECT_EQ(t.decode(Ids{8}), "\xEF\xBF\xBD");     // half a character: U+FFFD, as HF
+  EXPECT_EQ(t.decode(Ids{15, 999, -1}), "hello");  // unknown ids are dropped, as HF
+}
+
+TEST(TokenizerTest, UnigramWithByteFallback) {
+  const Tokenizer t = Tokenizer::load(model_dir(kUnigramJson));
+  EXPECT_EQ(t.encode(" ab"), (Ids{6}));  // tie with "▁"+"ab": the first-found path stays
+  EXPECT_EQ(t.encode("abab"), (Ids{5, 5}));
+  EXPECT_EQ(t.encode("c"), (Ids{7}));  // unknown, but <0x63> exists
+  EXPECT_EQ(t.encode("\xC3\xA9"), (Ids{8, 9}));
+  EXPECT_EQ(t.encode("d"), (Ids{0}));   // no <0x64>: unk
+  EXPECT_EQ(t.encode("cd"), (Ids{0}));  // consecutive unknowns fuse, then need every byte
+  EXPECT_EQ(t.encode("ab d"), (Ids{5, 2, 0}));
+  EXPECT_EQ(t.encode("<bos>ab"), (Ids{1, 5}));
+  EXPECT_EQ(t.encode("ab", true), (Ids{1, 5}));
+  EXPECT_EQ(t.decode(Ids{6}), " ab");
+  EXPECT_EQ(t.decode(Ids{1, 6}), "<bos> ab");
+  EXPECT_EQ(t.decode(Ids{1, 6}, true), " ab");
+  EXPECT_EQ(t.decode(Ids{8, 9}), "\xC3\xA9");
+  EXPECT_EQ(t.decode(Ids{8}), "\xEF\xBF\xBD");
+}
+
+TEST(TokenizerTest, HostileInputDoesNotCrash) {
+  const Tokenizer t = Tokenizer::load(model_dir(kBpeJson));
+  EXPECT_NO_THROW(t.encode("\xFF\xFE\xC3"));  // invalid UTF-8 is read as U+FFFD
+  // A long whitespace run: the split regex must not run out of JIT stack.
+  const Ids spaces = t.encode(std::string(200000, ' '));
+  EXPECT_EQ(spaces.size(), 200000u);
+  const Tokenizer u = Tokenizer::load(model_dir(kUnigramJson));
+  EXPECT_EQ(u.encode(std::string(100000, 'a')).size(), 100000u);
+}
+
+TEST(StreamDecoderTest, HoldsBackIncompleteCharacters) {
+  const Tokenizer t = Tokenizer::load(model_dir(kBpeJson));
+  StreamDecoder s(t);
+  EXPECT_EQ(s.push(24), "");  // special, skipped by default
+  EXPECT_EQ(s.push(15), "hello");
+  EXPECT_EQ(s.push(8), "");  // first byte of "é"
+  EXPECT_EQ(s.push(9), "\xC3\xA9");
+  EXPECT_EQ(s.push(19), " world");
+  EXPECT_EQ(s.flush(), "");
+  StreamDecoder cut(t, /*skip_special_tokens=*/false);
+  EXPECT_EQ(cut.push(24), "<|im_start|>");
+  EXPECT_EQ(cut.push(8), "");
+  EXPECT_EQ(cut.flush(), "\xEF\xBF\xBD");
+}
+
+TEST(StreamDecoderTest, ConcatenationEqualsDecode) {
+  const Tokenizer t = Tokenizer::load(model_dir(kUnigramJson));
+  const Ids ids{1, 6, 2, 8, 9, 5, 7, 3, 8, 9, 6, 0, 6};
+  StreamDecoder s(t, false);
+  std::string streamed;
+  for (int32_t id : ids) streamed += s.push(id);
+  streamed += s.flush();
+  EXPECT_EQ(streamed, t.decode(ids));
+}
+
+TEST(StreamDecoderTest, RewrittenBytesStayValidUtf8) {
+  // "<0x63>" decodes to "c" alone but to U+FFFD next to a dangling lead byte,
+  // so the stream cannot equal the full decode; it must stay well-formed.
+  const Tokenizer t = Tokenizer::load(model_dir(kUnigramJson));
+  StreamDecoder s(t, false);
+  std::string streamed;
+  for (int32_t id : Ids{5, 7, 8, 3}) streamed += s.push(id);
+  streamed += s.flush();
+  EXPECT_EQ(streamed,
+            "abc\xEF\xBF\xBD"
+            "a");
+}
+
+TEST(TokenizerErrorTest, MissingAndUnparsableFiles) {
+  EXPECT_NE(load_error(make_temp_dir("tokenizer")).find("tokenizer.json: not found"),
+            std::string::npos);
+  const std::string json = kBpeJson;
+  for (const std::string& bad :
+       {json.substr(0, json.size() / 2), std::string(), std::string("\x89PNG\r\n\x1a\n\xff")}) {
+    const std::string msg = load_error(model_dir(bad));
+    EXPECT_NE(msg.find("tokenizer.json: parse error at byte"), std::string::npos) << msg;
+  }
+  EXPECT_NE(load_error(model_dir("[1, 2]")).find("expected a JSON object"), std::string::npos);
+}
+
+TEST(TokenizerErrorTest, CorruptFieldsAreNamed) {
+  const std::string b = kBpeJson, u = kUnigramJson;
+  const std::pair<std::string, std::string> cases[] = {
+      {with(b, R"("type": "BPE")", R"("type": "WordPiece")"),
+       "model.type: 'WordPiece' is not supported"},
+      {with(b, R"("vocab": {)", R"("vocab": [], "x": {)"), "model.vocab: expected an object"},
+      {with(b, R"("h": 0,)", R"("h": -1,)"), "model.vocab.h: token id -1 is out of range"},
+      {with(b, R"("h": 0,)", R"("h": "zero",)"), "model.vocab.h: expected an integer"},
+      {with(b, R"(["h e",)", R"(["h zz",)"),
+       "model.merges[0]: merge token 'zz' is not in the vocabulary"},
+      {with(b, R"(["h e",)", R"(["hxe",)"), "model.merges[0]: expected"},
+      {with(b, R"("merges": [)", R"("merges": 7, "y": [)"), "model.merges: expected a list"},
+      {with(b, R"("model": {)", R"("nodel": {)"), "model: missing"},
+      {with(b, R"("individual_digits": true)", R"("individual_digits": "yes")"),
+       "pre_tokenizer.pretokenizers[0].individual_digits: expected true/false"},
+      {with(
+           b, R"({"type": "Digits", "individual_digits": true})",
+           R"({"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated", "invert": false})"),
+       "pre_tokenizer.pretokenizers[0].pattern: invalid regex '(unclosed'"},
+      {with(b, R"("normalizer": null)", R"("normalizer": {"type": "NFKC"})"),
+       "normalizer.type: normalizer 'NFKC' is not supported"},
+      {with(b, R"("decoder": {"type": "ByteLevel")", R"("decoder": {"type": "WordPiece")"),
+       "decoder.type: decoder 'WordPiece' is not supported"},
+      {with(b, R"("added_tokens": [)", R"("added_tokens": 3, "z": [)"),
+       "added_tokens: expected a list"},
+      {with(b, R"("content": "<|im_end|>")", R"("contents": "<|im_end|>")"),
+       "added_tokens[1].content: missing"},
+      {with(b, R"("version": "1.0")", R"("version": "2.0")"),
+       "unknown tokenizer.json version '2.0'"},
+      {with(b, R"("ids": [24])", R"("ids": ["x"])"),
+       "post_processor.special_tokens.<|im_start|>.ids[0]"},
+      {with(u, R"(["a", -2.0])", R"(["a"])"), "model.vocab[3]: expected [piece, score]"},
+      {with(u, R"("unk_id": 0)", R"("unk_id": 99)"), "model.unk_id: is larger than the vocabulary"},
+  };
+  for (const auto& [json, expected] : cases) {
+    const std::string msg = load_error(model_dir(json));
+    EXPECT_NE(msg.find("tokenizer.json: "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(expected), std::string::npos) << "expected '" << expected << "' in: " << msg;
+  }
+}
+
+TEST(TokenizerErrorTest, CorruptConfigIsNamed) {
+  const std::string msg = load_error(model_dir(kBpeJson, "{\"clean_up_tokenization_spaces\": tru"));
+  EXPECT_NE(msg.find("tokenizer_config.json: parse error at byte"), std::string::npos) << msg;
+  const std::string msg2 =
+      load_error(model_dir(kBpeJson, R"({"clean_up_tokenization_spaces": 1})"));
+  EXPECT_NE(msg2.find("tokenizer_config.json: clean_up_tokenization_spaces: expected true/false"),
+            std::string::npos)
+      << msg2;
+}
+
+TEST(TokenizerTest, ConfigCleanUpAndLlamaPostProcessor) {
+  // transformers' clean_up_tokenization_spaces, and LlamaTokenizerFast rebuilding
+  // the post-processor from add_bos_token / add_eos_token.
+  const Tokenizer t = Tokenizer::load(
+      model_dir(kBpeJson,
+                R"({"tokenizer_class": "LlamaTokenizerFast", "clean_up_tokenization_spaces": true,
+          "add_bos_token": false, "add_eos_token": true, "eos_token": {"content": "<|im_end|>"}})"));
+  EXPECT_EQ(t.encode("hello", true), (Ids{15, 25}));
+  const Ids ids = t.encode("hello . world !");  // "hello", "Ġ.", ... with "Ġ" and "." apart
+  EXPECT_EQ(ids, (Ids{15, 7, 22, 19, 7, 23}));
+  EXPECT_EQ(t.decode(ids), "hello. world!");
+  const Tokenizer plain = Tokenizer::load(model_dir(kBpeJson));
+  EXPECT_EQ(plain.decode(ids), "hello . world !");
+}
+
+// --- chat templates ------------------------------------------------------------------------
+
+const char* kSmolTemplate =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' "
+    "}}{% "
+    "endif %}";
+
+std::filesystem::path template_dir(const std::string& tmpl, const std::string& bos = "") {
+  nlohmann::json config = {{"chat_template", tmpl}};
+  if (!bos.empty()) config["bos_token"] = bos;
+  return model_dir(kBpeJson, config.dump());
+}
+
+TEST(ChatTemplateTest, ChatMLWithDefaultSystemPrompt) {
+  const ChatTemplate ct = ChatTemplate::load(template_dir(kSmolTemplate));
+  ASSERT_TRUE(ct.available());
+  EXPECT_EQ(ct.name(), "chatml");
+  const std::vector<ChatMessage> user{{"user", "Hi"}};
+  EXPECT_EQ(ct.render(user, true),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  const std::vector<ChatMessage> sys{{"system", "Be brief."}, {"user", " Hi "}};
+  EXPECT_EQ(ct.render(sys, false),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi <|im_end|>\n");
+}
+
+TEST(ChatTemplateTest, GemmaFoldsSystemIntoFirstTurn) {
+  const std::string gemma3 =
+      "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = "
+      "messages[0]['content'] + '\\n\\n' -%}{%- set loop_messages = messages[1:] -%}{%- else "
+      "-%}{%- "
+      "set first_user_prefix = \"\" -%}{%- set loop_messages = messages -%}{%- endif -%}{%- for "
+      "message in loop_messages -%}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) "
+      "-%}{{ "
+      "raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}"
+      "{%- endif -%}{%- if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}{%- "
+      "else "
+      "-%}{%- set role = message['role'] -%}{%- endif -%}{{ '<start_of_turn>' + role + '\\n' + "
+      "(first_user_prefix if loop.first else \"\") }}{{ message['content'] | trim }}{{ "
+      "'<end_of_turn>\\n' }}{%- endfor -%}{%- if add_generation_prompt "
+      "-%}{{'<start_of_turn>model\\n'}}"
+      "{%- endif -%}";
+  const ChatTemplate ct = ChatTemplate::load(template_dir(gemma3, "<bos>"));
+  EXPECT_EQ(ct.name(), "gemma");
+  const std::vector<ChatMessage> msgs{
+      {"system", "Sys"}, {"user", "  Hi\n"}, {"assistant", "Hello"}, {"user", "Bye"}};
+  EXPECT_EQ(
+      ct.render(msgs, true),
+      "<bos><start_of_turn>user\nSys\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+      "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+  const std::vector<ChatMessage> twice{{"user", "a"}, {"user", "b"}};
+  EXPECT_THROW(ct.render(twice, true), Error);
+}
+
+TEST(ChatTemplateTest, Llama31PreambleFromTemplate) {
+  const std::string llama31 =
+      "{{- bos_token }}{%- if not date_string is defined %}{%- set date_string = \"26 Jul 2024\" %}"
+      "{%- endif %}{%- if messages[0]['role'] == 'system' %}{%- set system_message = "
+      "messages[0]['content']|trim %}{%- set messages = messages[1:] %}{%- else %}{%- set "
+      "system_message = \"\" %}{%- endif %}{{- "
+      "\"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
+      "{{- \"Cutting Knowledge Date: December 2023\\n\" }}{{- \"Today Date: \" + date_string + "
+      "\"\\n\\n\" }}{{- system_message }}{{- \"<|eot_id|>\" }}{%- for message in messages %}{{- "
+      "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+      "trim "
+      "+ '<|eot_id|>' }}{%- endfor %}{%- if add_generation_prompt %}{{- "
+      "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}";
+  const ChatTemplate ct = ChatTemplate::load(template_dir(llama31, "<|begin_of_text|>"));
+  EXPECT_EQ(ct.name(), "llama3");
+  const std::vector<ChatMessage> msgs{{"user", "Hi "}};
+  EXPECT_EQ(
+      ct.render(msgs, true),
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
+      "December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>"
+      "\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+TEST(ChatTemplateTest, MissingUnknownAndCorrupt) {
+  EXPECT_FALSE(ChatTemplate::load(model_dir(kBpeJson)).available());
+  EXPECT_FALSE(ChatTemplate::load(make_temp_dir("tokenizer")).available());
+  const ChatTemplate odd = ChatTemplate::load(template_dir("{{ messages[0]['content'] }}"));
+  EXPECT_TRUE(odd.available());
+  const std::vector<ChatMessage> msgs{{"user", "Hi"}};
+  EXPECT_THROW(odd.render(msgs, true), Error);
+  EXPECT_THROW(ChatTemplate::load(model_dir(kBpeJson, "{\"chat_template\": ")), Error);
+  EXPECT_THROW(ChatTemplate::load(model_dir(kBpeJson, R"({"chat_template": 5})")), Error);
+}
+
+TEST(ChatTemplateTest, JinjaFileWins) {
+  auto dir = template_dir(kSmolTemplate);
+  write_text(
+      dir / "chat_template.jinja",
+      "{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + m['role'] }}{% endfor %}");
+  EXPECT_EQ(ChatTemplate::load(dir).name(), "gemma");
+}
+
+}  // namespace
+}  // namespace edgellm
