@@ -40,11 +40,14 @@ inline size_t first_key(const AttentionArgs& a, size_t pos) {
 void dot_keys(const float* q, const float* k, size_t count, size_t hd, float* scores) {
   size_t j = 0;
   for (; j + 8 <= count; j += 8) {
+    // The unroll pragmas keep the accumulator arrays in registers.
     __m256 acc[8];
+#pragma GCC unroll 8
     for (auto& v : acc) v = _mm256_setzero_ps();
     const float* kj = k + j * hd;
     for (size_t d = 0; d < hd; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
       for (size_t u = 0; u < 8; ++u)
         acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + u * hd + d), acc[u]);
     }
@@ -63,12 +66,15 @@ template <int NV>
 void accumulate_pv(float* o, float alpha, const float* p, const float* v, size_t count, size_t hd) {
   __m256 acc[NV];
   const __m256 va = _mm256_set1_ps(alpha);
+#pragma GCC unroll 8
   for (int i = 0; i < NV; ++i) acc[i] = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * i), va);
   for (size_t j = 0; j < count; ++j) {
     const __m256 pj = _mm256_broadcast_ss(p + j);
     const float* vj = v + j * hd;
+#pragma GCC unroll 8
     for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
   }
+#pragma GCC unroll 8
   for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
 }
 

@@ -13,6 +13,9 @@ namespace {
 // driver's bookkeeping), short enough not to burn a core when the engine idles.
 constexpr auto kSpinTime = std::chrono::milliseconds(2);
 
+// Caller's polls for workers' items before it starts yielding: ~50-100 us.
+constexpr uint32_t kPollsBeforeYield = 2048;
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -85,7 +88,13 @@ void ThreadPool::run(size_t n, Task task, void* ctx) {
   in_task_ = true;
   const size_t mine = drain(gen, n, task, ctx);
   in_task_ = false;
-  while (done_.load(std::memory_order_acquire) + mine < n) cpu_relax();
+  // Wait for items claimed by workers. Spin first (they usually finish within
+  // microseconds); if a worker was preempted mid-item (a shared 2-core
+  // machine), yield so the spinning does not hold the core it needs.
+  for (uint32_t polls = 0; done_.load(std::memory_order_acquire) + mine < n; ++polls) {
+    cpu_relax();
+    if (polls >= kPollsBeforeYield) std::this_thread::yield();
+  }
 }
 
 uint64_t ThreadPool::wait_for_job(uint64_t seen) {

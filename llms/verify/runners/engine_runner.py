@@ -1,0 +1,94 @@
+"""Our side: the engine through its binding module, on the production code path.
+
+``prefill`` and ``decode_step`` call the very ``Session::setup / prefill / decode_step`` that
+``make run`` calls (engine/python/module.cpp); there is no verify-only forward pass. Prompts
+are encoded as the inference driver encodes them (llms/common/inference_driver.cpp): chat
+template rendered, then tokenized without added specials; raw text with added specials.
+Every engine deployment shares this class; its adapter only says which checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from verify.comparators import topk_token_ids
+from verify.errors import VerifyError
+from verify.runners.records import DecodeStepRecord, PrefillRecord
+
+BINDING = "edgellm_py"
+
+
+def import_binding() -> ModuleType:
+    """The engine's binding module, or one line saying how to build it."""
+    try:
+        return importlib.import_module(BINDING)
+    except ImportError as e:
+        raise VerifyError(
+            f"cannot import the engine binding {BINDING} ({e}); build it with "
+            "`cmake --build build --target edgellm_py` and put build/python on PYTHONPATH"
+        ) from None
+
+
+class EngineRunner:
+    """An ``edgellm_py.Session`` set up once for one checkpoint."""
+
+    name = "edgellm"
+
+    def __init__(self, model_dir: str | Path, threads: int = 0, max_context: int = 4096) -> None:
+        self._py = import_binding()
+        self.model_dir = Path(model_dir)
+        self.session: Any = self._py.Session()
+        self._call(
+            self.session.setup, str(self.model_dir), threads=threads, max_context=max_context
+        )
+        self.max_context = int(self.session.max_context)
+        self.eos_token_ids = tuple(int(i) for i in self.session.eos_token_ids)
+        self.num_layers = int(self.session.num_layers)
+        self.isa = str(self._py.active_isa())
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Engine errors (bad checkpoint, position out of range) become one-line VerifyErrors."""
+        try:
+            return fn(*args, **kwargs)
+        except self._py.Error as e:
+            raise VerifyError(f"engine: {e}") from None
+
+    def encode_prompt(self, text: str, chat: bool) -> list[int]:
+        if chat:
+            template = self.session.chat_template
+            if not template.available():
+                raise VerifyError(
+                    f"{self.model_dir}: the engine found no chat template it "
+                    "can render, but the prompts were to go through one"
+                )
+            text = self._call(template.render, [("user", text)], add_generation_prompt=True)
+            return [int(i) for i in self._call(self.session.tokenizer.encode, text, False)]
+        return [int(i) for i in self._call(self.session.tokenizer.encode, text, True)]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._call(self.session.tokenizer.decode, [int(i) for i in ids]))
+
+    def prefill(self, tokens: list[int], capture: bool = False) -> PrefillRecord:
+        if not capture:
+            logits = np.asarray(self._call(self.session.prefill, list(tokens), 0))
+            return PrefillRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
+        logits, layers, final = self._call(self.session.prefill_capture, list(tokens))
+        logits = np.asarray(logits)
+        return PrefillRecord(
+            logits=logits,
+            top1=topk_token_ids(logits, 1)[0],
+            layer_outputs=[np.asarray(layer) for layer in layers],
+            final_hidden=np.asarray(final),
+        )
+
+    def decode_step(self, token: int, pos: int) -> DecodeStepRecord:
+        logits = np.asarray(self._call(self.session.decode_step, int(token), int(pos)))
+        return DecodeStepRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
+
+    def close(self) -> None:
+        self.session = None

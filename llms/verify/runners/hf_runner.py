@@ -1,0 +1,155 @@
+"""The reference side: HuggingFace transformers in bf16 on the CPU.
+
+Greedy prefill, then KV-cached decode steps, exactly as ``generate(do_sample=False)`` does
+it; for diagnosis each decoder layer's block output and the post-final-norm hidden state.
+torch and transformers are imported here only, so the engine-side phase never pays for them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from verify.comparators import topk_token_ids
+from verify.errors import VerifyError
+from verify.runners.records import DecodeStepRecord, PrefillRecord
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+class HfRunner:
+    """transformers AutoModelForCausalLM in bf16; the model loads on first use.
+
+    Why lazily: the prompts are tokenized and checked against the context first, so a bad
+    prompt fails in a second, not after the model has loaded.
+    """
+
+    name = "hf-transformers-bf16"
+
+    def __init__(self, model_ref: str | Path, max_context: int, threads: int = 0) -> None:
+        import torch
+        import transformers
+        from transformers import AutoTokenizer
+
+        transformers.logging.set_verbosity_error()
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self._torch = torch
+        self.model_ref = str(model_ref)
+        self.max_context = max_context
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_ref)
+        except Exception as e:  # any load failure is a bad checkpoint: say it in one line
+            raise VerifyError(
+                f"HF transformers cannot load the tokenizer of {self.model_ref}: {_first_line(e)}"
+            ) from None
+        self._model: Any = None
+        self._cache: Any = None
+        self._cache_len = 0
+        self._last_layer_out: Any = None
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_ids: tuple[int, ...] = (eos,) if isinstance(eos, int) else ()
+
+    # --- model --------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            from transformers import AutoModelForCausalLM
+
+            try:
+                model = AutoModelForCausalLM.from_pretrained(
+                    self.model_ref, dtype=self._torch.bfloat16
+                )
+            except Exception as e:  # any load failure is a bad checkpoint: say it in one line
+                raise VerifyError(
+                    f"HF transformers cannot load {self.model_ref}: {_first_line(e)}"
+                ) from None
+            self._model = model.eval()
+            eos = model.generation_config.eos_token_id
+            ids = [eos] if isinstance(eos, int) else list(eos or [])
+            self.eos_token_ids = tuple(sorted({*ids, *self.eos_token_ids}))
+            # HF's last hidden_states entry is after the final norm; our layer capture is
+            # before it, so hook the last decoder layer for the pre-norm value.
+            model.model.layers[-1].register_forward_hook(self._hook_last_layer)
+        return self._model
+
+    def _hook_last_layer(self, _module: Any, _inputs: Any, output: Any) -> None:
+        self._last_layer_out = output[0] if isinstance(output, tuple) else output
+
+    @property
+    def attn_implementation(self) -> str:
+        return str(getattr(self.model.config, "_attn_implementation", "unknown"))
+
+    # --- the Runner protocol ----------------------------------------------------------------
+
+    def encode_prompt(self, text: str, chat: bool) -> list[int]:
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise VerifyError(
+                    f"{self.model_ref} has no chat template, but the prompts were to go through one"
+                )
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def prefill(self, tokens: list[int], capture: bool = False) -> PrefillRecord:
+        torch = self._torch
+        from transformers import DynamicCache
+
+        model = self.model
+        self._cache = DynamicCache()
+        with torch.inference_mode():
+            out = model(
+                input_ids=torch.tensor([tokens], dtype=torch.long),
+                past_key_values=self._cache,
+                use_cache=True,
+                output_hidden_states=capture,
+            )
+        self._cache = out.past_key_values
+        self._cache_len = len(tokens)
+        logits = out.logits[0, -1].float().numpy().copy()
+        record = PrefillRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
+        if capture:
+            hs = out.hidden_states  # [embeddings, layer 0, ..., layer L-2, norm(layer L-1)]
+            layers = [h[0].float().numpy().copy() for h in hs[1:-1]]
+            layers.append(self._last_layer_out[0].float().numpy().copy())
+            record.layer_outputs = layers
+            record.final_hidden = hs[-1][0].float().numpy().copy()
+        return record
+
+    def decode_step(self, token: int, pos: int) -> DecodeStepRecord:
+        torch = self._torch
+        if self._cache is None or pos > self._cache_len:
+            raise VerifyError(f"HF decode_step at position {pos} with {self._cache_len} cached")
+        if pos < self._cache_len:
+            self._cache.crop(pos)  # rewind: positions >= pos are recomputed
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=torch.tensor([[token]], dtype=torch.long),
+                position_ids=torch.tensor([[pos]], dtype=torch.long),
+                cache_position=torch.tensor([pos], dtype=torch.long),
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+        self._cache = out.past_key_values
+        self._cache_len = pos + 1
+        logits = out.logits[0, -1].float().numpy().copy()
+        return DecodeStepRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
+
+    def close(self) -> None:
+        self._model = None
+        self._cache = None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]

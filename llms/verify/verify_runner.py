@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""The verify gate: our engine against HF transformers bf16 on the same checkpoint.
+
+    verify_runner.py --runner=<deployment>.verify_adapter --prompts topk_token|single
+                     --model instruct|base|<checkpoint dir> [--max-prompts N] [--all-steps]
+
+``topk_token`` greedy-decodes 32 tokens per prompt on both sides and applies the first-
+divergence top-5 gate, plus the teacher-forced lens (reported; gating with --all-steps).
+``single`` is diagnosis: one prompt, per-layer cosine table, never fails on values.
+Exit status: 0 when nothing failed (or --no-strict / diagnosis), 1 when the gate failed,
+2 for bad input (one ``error:`` line).
+
+Phases (--gate-phase): ``reference`` runs HF, ``capture`` runs our engine (teacher-forced on
+the reference's tokens), ``compare`` judges the two captures and writes the report. ``auto``
+(default) runs reference and capture each in its own process, so the two models never sit in
+memory together, then compares; ``both`` does everything in this process.
+See llms/verify/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NoReturn
+
+_LLMS = Path(__file__).resolve().parents[1]
+_REPO = _LLMS.parent
+# Run as a script, sys.path[0] is this folder; import the package as `verify.*` instead so no
+# module exists twice under two names.
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(_LLMS)
+for _p in (str(_LLMS), str(_REPO)):
+    if _p not in sys.path:
+        sys.path.insert(1, _p)
+if str(_REPO / "build" / "python") not in sys.path:
+    sys.path.append(str(_REPO / "build" / "python"))  # the binding, when PYTHONPATH lacks it
+
+from verify.comparators import GATE_K, GATE_N_TOKENS  # noqa: E402
+from verify.errors import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, VerifyError  # noqa: E402
+from verify.gate import (  # noqa: E402
+    Capture,
+    capture_side,
+    encode_prompts,
+    evaluate,
+    load_capture,
+    save_capture,
+)
+from verify.report import DEFAULT_REPORT_DIR, Report, ensure_writable, layer_table  # noqa: E402
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+ADAPTER_CONTRACT = (
+    "MODEL_CHOICES",
+    "DEFAULT_MODEL",
+    "resolve_model",
+    "hf_reference",
+    "build_config",
+    "build_runner",
+)
+PHASES = ("auto", "both", "reference", "capture", "compare")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = _Parser(prog="verify_runner.py", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--runner", required=True, help="adapter module, e.g. smollm2_135m.verify_adapter"
+    )
+    p.add_argument(
+        "--prompts",
+        choices=("topk_token", "single"),
+        default="topk_token",
+        help="topk_token: the gate over the prompt set; single: diagnosis, one prompt",
+    )
+    p.add_argument("--model", help="a MODEL_CHOICES key of the adapter or a checkpoint directory")
+    p.add_argument("--max-prompts", type=_positive, help="use the first N prompts")
+    p.add_argument(
+        "--prompts-file",
+        type=Path,
+        help="one prompt per line, # comments (default: prompts/<variant>.txt)",
+    )
+    p.add_argument("--prompt", help="this one prompt instead of the file (diagnosis)")
+    p.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
+    p.add_argument("--no-strict", action="store_true", help="report failures but exit 0")
+    p.add_argument(
+        "--all-steps",
+        action="store_true",
+        help="the teacher-forced lens gates too (verify-full and CI)",
+    )
+    p.add_argument("--gate-phase", choices=PHASES, default="auto")
+    p.add_argument(
+        "--work-dir", type=Path, help="where phases leave their captures (auto: a fresh temp dir)"
+    )
+    p.add_argument("--threads", type=int, default=0, help="engine threads (0: all cores)")
+    p.add_argument(
+        "--hf-threads",
+        type=int,
+        default=1,
+        help="torch threads for the reference (default 1: see README)",
+    )
+    args = p.parse_args(argv)
+    if args.gate_phase in ("reference", "capture", "compare") and args.work_dir is None:
+        p.error(f"--gate-phase {args.gate_phase} needs --work-dir")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def load_adapter(name: str) -> ModuleType:
+    """Import --runner and check it offers the whole adapter contract."""
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+        raise VerifyError(
+            f"--runner {name!r}: not a dotted module path (e.g. smollm2_135m.verify_adapter)"
+        )
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            raise VerifyError(
+                f"--runner {name}: no such module (an adapter is "
+                "llms/<deployment>/verify_adapter.py; llms/ must be on "
+                "PYTHONPATH)"
+            ) from None
+        raise VerifyError(f"--runner {name}: importing it failed: {e}") from None
+    except VerifyError:
+        raise
+    except Exception as e:  # an adapter that does not even import: say where, in one line
+        raise VerifyError(
+            f"--runner {name}: importing it failed: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
+    missing = [a for a in ADAPTER_CONTRACT if not hasattr(module, a)]
+    if missing:
+        raise VerifyError(
+            f"--runner {name}: not a verify adapter, it lacks "
+            f"{', '.join(missing)} (see llms/verify/README.md)"
+        )
+    choices = module.MODEL_CHOICES
+    if not isinstance(choices, dict) or module.DEFAULT_MODEL not in choices:
+        raise VerifyError(f"--runner {name}: MODEL_CHOICES must be a dict holding DEFAULT_MODEL")
+    not_callable = [a for a in ADAPTER_CONTRACT[2:] if not callable(getattr(module, a))]
+    if not_callable:
+        raise VerifyError(f"--runner {name}: {', '.join(not_callable)} must be callable")
+    return module
+
+
+def load_prompts(path: Path) -> list[str]:
+    """One prompt per line; blank lines and lines starting with # are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise VerifyError(f"prompts file {path}: not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise VerifyError(f"prompts file {path}: unreadable ({e})") from None
+    prompts = [ln.strip() for ln in text.splitlines()]
+    prompts = [p for p in prompts if p and not p.startswith("#")]
+    if not prompts:
+        raise VerifyError(
+            f"prompts file {path}: no prompts in it (only blank lines and # comments)"
+        )
+    return prompts
+
+
+@dataclass
+class Context:
+    """Everything every phase agrees on, derived the same way in each process."""
+
+    args: argparse.Namespace
+    adapter: ModuleType
+    config: Any
+    prompts: list[str]
+    prompt_source: str
+    n_tokens: int = GATE_N_TOKENS
+    k: int = GATE_K
+
+    @property
+    def diagnose(self) -> bool:
+        return self.args.prompts == "single"
+
+    @property
+    def chat(self) -> bool:
+        return self.config.prompt_format == "chat"
+
+
+def build_context(args: argparse.Namespace) -> Context:
+    adapter = load_adapter(args.runner)
+    choice = args.model or adapter.DEFAULT_MODEL
+    model_dir = adapter.resolve_model(choice)
+    config = adapter.build_config(model_dir, choice)
+    if args.prompt is not None:
+        if not args.prompt.strip():
+            raise VerifyError("--prompt is empty")
+        prompts, source = [args.prompt], "--prompt"
+    else:
+        path = args.prompts_file or PROMPTS_DIR / f"{config.variant}.txt"
+        prompts, source = load_prompts(path), str(path)
+    if args.prompts == "single":
+        prompts = prompts[:1]
+    elif args.max_prompts:
+        prompts = prompts[: args.max_prompts]
+    return Context(args, adapter, config, prompts, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# phases
+# ---------------------------------------------------------------------------------------------
+
+
+def run_meta(ctx: Context) -> dict[str, Any]:
+    """What a capture must agree on with the phases that read it."""
+    return {"model_dir": str(ctx.config.model_dir), "diagnose": ctx.diagnose}
+
+
+def check_matches(ctx: Context, capture: Capture) -> None:
+    """A capture left in --work-dir by a run with other options must not be judged."""
+    same = [p.prompt for p in capture.prompts] == ctx.prompts and all(
+        capture.meta.get(k) == v for k, v in run_meta(ctx).items()
+    )
+    if not same:
+        raise VerifyError(
+            f"the {capture.side} capture in --work-dir was made with other prompts, model or "
+            "mode; rerun its phase with the same options"
+        )
+
+
+def run_reference(ctx: Context) -> Capture:
+    """HF transformers bf16 on the checkpoint the adapter names."""
+    from verify.runners.hf_runner import HfRunner
+
+    start = time.monotonic()
+    ref = ctx.adapter.hf_reference(ctx.config.model_dir)
+    hf = HfRunner(ref, max_context=ctx.config.max_context, threads=ctx.args.hf_threads)
+    ids = encode_prompts(hf, ctx.prompts, ctx.chat, ctx.n_tokens, ctx.config.max_context)
+    import torch
+    import transformers
+
+    capture = capture_side(
+        "reference",
+        hf,
+        ctx.prompts,
+        ids,
+        ctx.n_tokens,
+        capture_layers=ctx.diagnose,
+        k=ctx.k,
+        meta={
+            **run_meta(ctx),
+            "hf_reference": str(ref),
+            "hf_attn_implementation": hf.attn_implementation,
+            "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
+        },
+    )
+    hf.close()
+    capture.meta["seconds"] = round(time.monotonic() - start, 1)
+    return capture
+
+
+def run_capture(ctx: Context, reference: Capture) -> Capture:
+    """Our engine through the adapter's runner, teacher-forced on the reference's tokens."""
+    check_matches(ctx, reference)
+    start = time.monotonic()
+    runner = ctx.adapter.build_runner(ctx.config, threads=ctx.args.threads)
+    ids = encode_prompts(runner, ctx.prompts, ctx.chat, ctx.n_tokens, ctx.config.max_context)
+    capture = capture_side(
+        "engine",
+        runner,
+        ctx.prompts,
+        ids,
+        ctx.n_tokens,
+        forced=[p.tokens for p in reference.prompts],
+        capture_layers=ctx.diagnose,
+        k=ctx.k,
+        meta={**run_meta(ctx), "engine_isa": getattr(runner, "isa", "?")},
+    )
+    runner.close()
+    capture.meta["seconds"] = round(time.monotonic() - start, 1)
+    return capture
+
+
+def run_compare(ctx: Context, reference: Capture, engine: Capture) -> int:
+    """Judge, write the report, print the summary; the exit status."""
+    check_matches(ctx, reference)
+    check_matches(ctx, engine)
+    args = ctx.args
+    results = evaluate(engine, reference, ctx.k, all_steps=args.all_steps)
+    meta = {
+        "deployment": ctx.config.deployment,
+        "mode": args.prompts,
+        "model_choice": ctx.config.model_choice,
+        "model_dir": str(ctx.config.model_dir),
+        "variant": ctx.config.variant,
+        "prompt_format": ctx.config.prompt_format,
+        "prompt_source": ctx.prompt_source,
+        "k": ctx.k,
+        "n_tokens": ctx.n_tokens,
+        "all_steps": args.all_steps,
+        "strict": not args.no_strict,
+        "gate_phase": args.gate_phase,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **reference.meta,
+        **engine.meta,
+        "seconds": {
+            "reference": reference.meta.get("seconds"),
+            "engine": engine.meta.get("seconds"),
+        },
+    }
+    report = Report(meta)
+    for r in results:
+        report.add(r)
+    report.write(args.report_dir)
+    if ctx.diagnose:
+        for r in results:
+            print(f"prompt: {r.prompt}")
+            for note in r.notes:
+                print(f"note: {note}")
+            print("\n".join(layer_table(r.layers)))
+    print(report.summary_line())
+    if ctx.diagnose or args.no_strict or not report.has_failure():
+        return EXIT_OK
+    return EXIT_GATE_FAILED
+
+
+class PhaseFailed(Exception):
+    """A child phase already said what went wrong; exit with its status and nothing more."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def spawn(argv: list[str], phase: str, work_dir: Path) -> None:
+    """Run one phase of this same command line in a process of its own."""
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        *argv,
+        "--gate-phase",
+        phase,
+        "--work-dir",
+        str(work_dir),
+    ]
+    rc = subprocess.run(cmd, check=False).returncode
+    if rc < 0:
+        raise VerifyError(f"the {phase} phase died with signal {-rc}")
+    if rc != 0:
+        raise PhaseFailed(rc)
+
+
+def run(argv: list[str]) -> int:
+    args = parse_args(argv)
+    ctx = build_context(args)
+    phase = args.gate_phase
+    if phase in ("auto", "both", "compare"):
+        ensure_writable(args.report_dir)
+    work = args.work_dir
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+    if phase == "reference":
+        save_capture(run_reference(ctx), work / "reference.pkl")
+        return EXIT_OK
+    if phase == "capture":
+        reference = load_capture(work / "reference.pkl", "reference")
+        save_capture(run_capture(ctx, reference), work / "engine.pkl")
+        return EXIT_OK
+    if phase == "compare":
+        return run_compare(
+            ctx,
+            load_capture(work / "reference.pkl", "reference"),
+            load_capture(work / "engine.pkl", "engine"),
+        )
+    if phase == "both":
+        reference = run_reference(ctx)
+        return run_compare(ctx, reference, run_capture(ctx, reference))
+    with tempfile.TemporaryDirectory(prefix="edgellm-verify-", dir=work) as tmp:
+        spawn(argv, "reference", Path(tmp))
+        spawn(argv, "capture", Path(tmp))
+        return run_compare(
+            ctx,
+            load_capture(Path(tmp) / "reference.pkl", "reference"),
+            load_capture(Path(tmp) / "engine.pkl", "engine"),
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except VerifyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except PhaseFailed as e:
+        return e.code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

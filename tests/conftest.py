@@ -1,0 +1,81 @@
+"""Shared fixtures: import paths, the smollm2 checkpoint, the engine binding, the HF reference.
+
+Skips only when the checkpoint directory is missing (a fresh clone before `make fetch`); a
+missing engine binding is a failure, because `make test` builds it and CI must not go green
+by skipping the gate.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+for _p in (REPO / "llms", REPO):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+if str(REPO / "build" / "python") not in sys.path:
+    sys.path.append(str(REPO / "build" / "python"))  # after PYTHONPATH: a custom build wins
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+STORE = Path(os.environ.get("EDGELLM_MODELS") or REPO / "models")
+SMOLLM2_DIR = STORE / "smollm2-135m-instruct"
+VERIFY_RUNNER = REPO / "llms" / "verify" / "verify_runner.py"
+PYTHON = sys.executable
+
+MUTANT_TABLE = pytest.StashKey[list[tuple[str, str, str]]]()
+
+
+def verify_env() -> dict[str, str]:
+    """The environment the make targets give verify_runner.py."""
+    paths = [str(REPO / "build" / "python"), str(REPO / "llms"), str(REPO)]
+    if os.environ.get("PYTHONPATH"):
+        paths.insert(0, os.environ["PYTHONPATH"])
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint() -> Path:
+    if not (SMOLLM2_DIR / "config.json").is_file():
+        pytest.skip(f"no checkpoint at {SMOLLM2_DIR}: run `make fetch` (or set EDGELLM_MODELS)")
+    return SMOLLM2_DIR
+
+
+@pytest.fixture(scope="session")
+def engine_binding(smollm2_checkpoint: Path) -> Any:
+    """edgellm_py, which `make test` builds: absent or broken is a failure, never a skip."""
+    try:
+        import edgellm_py
+    except ImportError as e:
+        pytest.fail(
+            f"engine binding edgellm_py not importable ({e}): "
+            "cmake --build build --target edgellm_py"
+        )
+    return edgellm_py
+
+
+@pytest.fixture(scope="session")
+def mutant_table(request: pytest.FixtureRequest) -> list[tuple[str, str, str]]:
+    """Rows (mutant, kind, lenses that caught it) printed after the run."""
+    return request.config.stash.setdefault(MUTANT_TABLE, [])
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    rows = config.stash.get(MUTANT_TABLE, [])
+    if not rows:
+        return
+    terminalreporter.section("gate mutants: which lens caught each")
+    width = max(len(r[0]) for r in rows)
+    for name, kind, lenses in rows:
+        terminalreporter.write_line(f"{name:<{width}}  {kind:<9}  {lenses}")
