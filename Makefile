@@ -4,7 +4,7 @@ PY := .venv/bin/python
 BUILD_DIR := build
 DEFAULT_DEPLOYMENT := llms/smollm2_135m
 # Models the test suite needs (fetched and converted once into the model store).
-TEST_MODELS := smollm2-135m-instruct
+TEST_MODELS := smollm2-135m-instruct gemma3-270m
 
 .PHONY: help bootstrap build fetch run test test-cpp test-py bench format lint clean
 
@@ -25,7 +25,7 @@ build: bootstrap
 	@cmake --build $(BUILD_DIR) -- --quiet
 
 fetch: bootstrap
-	@$(PY) scripts/fetch_model.py $(TEST_MODELS)
+	@for m in $(TEST_MODELS); do $(PY) scripts/fetch_model.py $$m || exit 1; done
 
 run:
 	@$(MAKE) --no-print-directory -C $(DEFAULT_DEPLOYMENT) run

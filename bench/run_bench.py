@@ -46,8 +46,10 @@ def time_ours(model_dir: Path, reps: int) -> dict:
 
     session = edgellm_py.Session()
     session.setup(str(model_dir), threads=THREADS, max_context=1024)
-    out: dict = {"weight_bytes": session.weight_bytes,
-                 "lm_head_params": session.vocab_size * session.hidden_size}
+    out: dict = {
+        "weight_bytes": session.weight_bytes,
+        "lm_head_params": session.vocab_size * session.hidden_size,
+    }
     for n in PROMPT_LENGTHS:
         ids = prompt_ids(model_dir, n)
         samples = []
@@ -141,7 +143,16 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def run_worker(name: str, args: argparse.Namespace, gguf: Path | None = None) -> dict | None:
-    cmd = [sys.executable, __file__, "--worker", name, "--model", args.model, "--reps", str(args.reps)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        name,
+        "--model",
+        args.model,
+        "--reps",
+        str(args.reps),
+    ]
     if gguf:
         cmd += ["--gguf", str(gguf)]
     print(f"[bench] {name} ...", flush=True)
@@ -158,7 +169,9 @@ def main() -> int:
     parser.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", type=Path, help="also write the Markdown table here")
-    parser.add_argument("--gguf", action="append", default=[], help="llama.cpp peer: LABEL=PATH.gguf")
+    parser.add_argument(
+        "--gguf", action="append", default=[], help="llama.cpp peer: LABEL=PATH.gguf"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -190,39 +203,62 @@ def main() -> int:
 def render(rows: dict[str, dict], read_bw: float, fma_peak: float, args: argparse.Namespace) -> str:
     ours = rows.get("ours", {})
     roof_tps = read_bw * 1e9 / ours["weight_bytes"] if ours else 0.0
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
     lines = [
         f"# Benchmark: {Path(args.model).name}, {THREADS} threads",
         "",
         f"- date: {datetime.date.today()}; machine: {cpu}, {os.cpu_count()} cores; "
-        f"medians of {args.reps} repetitions; decode = {DECODE_STEPS} greedy steps after a 32-token prompt",
-        f"- roofline measured in this run: read bandwidth {read_bw:.1f} GB/s, FMA peak {fma_peak:.1f} GFLOP/s; "
+        f"medians of {args.reps} repetitions; "
+        f"decode = {DECODE_STEPS} greedy steps after a 32-token prompt",
+        f"- roofline measured in this run: read bandwidth {read_bw:.1f} GB/s, "
+        f"FMA peak {fma_peak:.1f} GFLOP/s; "
         f"decode reads {ours.get('weight_bytes', 0) / 1e6:.0f} MB of weights per token -> "
         f"roofline {roof_tps:.1f} tokens/s",
         "",
-        "| engine | TTFT 32 (ms) | TTFT 128 (ms) | TTFT 512 (ms) | decode (tok/s) | peak RSS (MB) |",
+        "| engine | TTFT 32 (ms) | TTFT 128 (ms) | TTFT 512 (ms) | decode (tok/s) "
+        "| peak RSS (MB) |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in rows.items():
-        lines.append(f"| {name} | " + " | ".join(f"{r[f'ttft_{n}']:.1f}" for n in PROMPT_LENGTHS)
-                     + f" | {r['tps']:.1f} | {r['peak_rss_mb']:.0f} |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{r[f'ttft_{n}']:.1f}" for n in PROMPT_LENGTHS)
+            + f" | {r['tps']:.1f} | {r['peak_rss_mb']:.0f} |"
+        )
     if ours:
-        lines += ["", "Ratios (ours vs peer: >1 means we are faster):", "",
-                  "| peer | TTFT 32 | TTFT 128 | TTFT 512 | decode |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Ratios (ours vs peer: >1 means we are faster):",
+            "",
+            "| peer | TTFT 32 | TTFT 128 | TTFT 512 | decode |",
+            "|---|---|---|---|---|",
+        ]
         for name, r in rows.items():
             if name == "ours":
                 continue
-            lines.append(f"| {name} | " + " | ".join(f"{r[f'ttft_{n}'] / ours[f'ttft_{n}']:.2f}x"
-                                                     for n in PROMPT_LENGTHS)
-                         + f" | {ours['tps'] / r['tps']:.2f}x |")
+            lines.append(
+                f"| {name} | "
+                + " | ".join(f"{r[f'ttft_{n}'] / ours[f'ttft_{n}']:.2f}x" for n in PROMPT_LENGTHS)
+                + f" | {ours['tps'] / r['tps']:.2f}x |"
+            )
         # 2 flops per weight per token; prefill runs the LM head for the last position only.
         layer_params = ours["weight_bytes"] / 2 - ours["lm_head_params"]
         flops512 = 2 * layer_params * 512 + 2 * ours["lm_head_params"]
-        lines += ["", f"Ours vs roofline: decode {100 * ours['tps'] / roof_tps:.0f}% of the bandwidth roofline; "
-                  f"prefill-512 {flops512 / (ours['ttft_512'] / 1e3) / 1e9:.1f} GFLOP/s in the projections = "
-                  f"{100 * flops512 / (ours['ttft_512'] / 1e3) / 1e9 / fma_peak:.0f}% of FMA peak "
-                  "(weight matmuls only; attention's flops are not counted, so this is a lower bound)."]
+        gflops512 = flops512 / (ours["ttft_512"] / 1e3) / 1e9
+        lines += [
+            "",
+            f"Ours vs roofline: decode {100 * ours['tps'] / roof_tps:.0f}% of the bandwidth roofline; "
+            f"prefill-512 {gflops512:.1f} GFLOP/s in the projections = "
+            f"{100 * gflops512 / fma_peak:.0f}% of FMA peak "
+            "(weight matmuls only; attention's flops are not counted, so this is a lower bound).",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -34,27 +34,61 @@ LLAMA3_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
-TINY = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "vocab_size": 49152, "max_position_embeddings": 512}
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 49152,
+    "max_position_embeddings": 512,
+}
 
 CONFIGS: dict[str, tuple[str, dict]] = {
     # The seed's reference shape: Llama-3.2-1B (GQA 32/8, head_dim 64, tied, llama3 RoPE).
-    "llama32-1b": ("LlamaConfig", {
-        "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-        "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0, "rope_scaling": LLAMA3_SCALING, "tie_word_embeddings": True,
-        "bos_token_id": 128000, "eos_token_id": 128001}),
-    "llama-tiny": ("LlamaConfig", {**TINY, "rope_theta": 500000.0, "tie_word_embeddings": False,
-                                   "rope_scaling": {**LLAMA3_SCALING, "original_max_position_embeddings": 64}}),
+    "llama32-1b": (
+        "LlamaConfig",
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "vocab_size": 128256,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "rope_scaling": LLAMA3_SCALING,
+            "tie_word_embeddings": True,
+            "bos_token_id": 128000,
+            "eos_token_id": 128001,
+        },
+    ),
+    "llama-tiny": (
+        "LlamaConfig",
+        {
+            **TINY,
+            "rope_theta": 500000.0,
+            "tie_word_embeddings": False,
+            "rope_scaling": {**LLAMA3_SCALING, "original_max_position_embeddings": 64},
+        },
+    ),
     "qwen2-tiny": ("Qwen2Config", {**TINY, "rope_theta": 1000000.0, "tie_word_embeddings": True}),
     "qwen3-tiny": ("Qwen3Config", {**TINY, "rope_theta": 1000000.0, "tie_word_embeddings": True}),
-    "gemma3-tiny": ("Gemma3TextConfig", {**TINY, "head_dim": 32, "query_pre_attn_scalar": 32,
-                                         "sliding_window": 8, "rope_theta": 1000000.0,
-                                         "rope_local_base_freq": 10000.0,
-                                         "layer_types": ["sliding_attention", "sliding_attention",
-                                                         "full_attention"]}),
+    "gemma3-tiny": (
+        "Gemma3TextConfig",
+        {
+            **TINY,
+            "head_dim": 32,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": 8,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        },
+    ),
 }
 
 
@@ -92,13 +126,17 @@ def write_fixture(name: str, out: Path, seed: int) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=sorted(CONFIGS))
-    parser.add_argument("--out", type=Path, help="output directory (default: <store>/<name>-fixture)")
+    parser.add_argument(
+        "--out", type=Path, help="output directory (default: <store>/<name>-fixture)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     out = args.out or STORE / f"{args.name}-fixture"
     if (out / "model.safetensors").exists() or (out / "model.safetensors.index.json").exists():
         return 0
-    print(f"[fixture] writing random-initialised {args.name} (seed {args.seed}) to {out}", flush=True)
+    print(
+        f"[fixture] writing random-initialised {args.name} (seed {args.seed}) to {out}", flush=True
+    )
     try:
         write_fixture(args.name, out, args.seed)
     except (OSError, ValueError) as e:

@@ -133,7 +133,9 @@ def test_prompt_longer_than_context() -> None:
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])
 def test_bad_n_tokens(value: str) -> None:
-    proc = subprocess.run([str(BIN), "--n-tokens", value], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(BIN), "--n-tokens", value], capture_output=True, text=True, timeout=60
+    )
     assert_one_line_error(proc, "--n-tokens")
 
 

@@ -32,7 +32,13 @@ PROMPT_LEN = 5
 def fixture_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp(request.param)
     subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_fixture.py"), request.param, "--out", str(out)],
+        [
+            sys.executable,
+            str(REPO / "scripts" / "make_fixture.py"),
+            request.param,
+            "--out",
+            str(out),
+        ],
         check=True,
         capture_output=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -63,5 +69,9 @@ def test_prefill_and_decode_match_transformers(fixture_dir: Path) -> None:
     for i, logits in enumerate(ours):
         pos = PROMPT_LEN - 1 + i
         err = float(np.abs(logits - ref[pos]).max())
-        assert err <= 2e-4 * scale, f"{fixture_dir.name} position {pos}: max |diff| {err:.3g} vs scale {scale:.3g}"
-        assert int(np.argmax(logits)) == int(np.argmax(ref[pos])), f"{fixture_dir.name} top-1 at {pos}"
+        assert err <= 2e-4 * scale, (
+            f"{fixture_dir.name} position {pos}: max |diff| {err:.3g} vs scale {scale:.3g}"
+        )
+        assert int(np.argmax(logits)) == int(np.argmax(ref[pos])), (
+            f"{fixture_dir.name} top-1 at {pos}"
+        )

@@ -12,14 +12,18 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from conftest import PYTHON, REPO, VERIFY_RUNNER, verify_env
+import pytest
+from conftest import PYTHON, REPO, SMOLLM2_DIR, VERIFY_RUNNER, verify_env
 
 ADAPTER = "smollm2_135m.verify_adapter"
+GEMMA_DIR = SMOLLM2_DIR.parent / "gemma3-270m"
 
 
-def run_verify(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def run_verify(
+    *args: str, timeout: int = 600, adapter: str = ADAPTER
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, str(VERIFY_RUNNER), f"--runner={ADAPTER}", *args],
+        [PYTHON, str(VERIFY_RUNNER), f"--runner={adapter}", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -42,18 +46,18 @@ def test_smollm2_passes_the_gate(
         "--model",
         "instruct",
         "--max-prompts",
-        "2",
+        "3",
         "--all-steps",
         "--report-dir",
         str(tmp_path),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = proc.stdout.strip().splitlines()[-1]
-    assert "PASS" in summary and "first-divergence 2/2" in summary, summary
+    assert "PASS" in summary and "first-divergence 3/3" in summary, summary
     report = report_of(proc, tmp_path)
     assert report["verdict"] == "pass"
     assert report["meta"]["prompt_format"] == "chat" and report["meta"]["all_steps"] is True
-    assert [p["failed"] for p in report["prompts"]] == [False, False]
+    assert [p["failed"] for p in report["prompts"]] == [False, False, False]
     assert all(p["teacher_forced"]["steps"] == 32 for p in report["prompts"])
     assert len(list(tmp_path.glob("*.md"))) == 1
 
@@ -69,3 +73,24 @@ def test_diagnosis_prints_the_layer_table(
     assert "| final norm |" in proc.stdout and "DIAGNOSIS" in proc.stdout
     layers = report_of(proc, tmp_path)["prompts"][0]["layers"]
     assert len(layers) == n_layers + 2 and all(-1.0 <= s["cos_min"] <= 1.0 for s in layers)
+
+
+def test_gemma3_base_passes_the_gate(engine_binding: Any, tmp_path: Path) -> None:
+    """The second family on real weights: raw base prompts, the identical gate."""
+    if not (GEMMA_DIR / "config.json").is_file():
+        pytest.skip(f"no checkpoint at {GEMMA_DIR}: run `make fetch`")
+    proc = run_verify(
+        "--prompts",
+        "topk_token",
+        "--model",
+        "base",
+        "--max-prompts",
+        "2",
+        "--all-steps",
+        "--report-dir",
+        str(tmp_path),
+        adapter="gemma3_270m.verify_adapter",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = report_of(proc, tmp_path)
+    assert report["verdict"] == "pass" and report["meta"]["prompt_format"] == "raw"
