@@ -254,7 +254,8 @@ def render(rows: dict[str, dict], read_bw: float, fma_peak: float, args: argpars
         gflops512 = flops512 / (ours["ttft_512"] / 1e3) / 1e9
         lines += [
             "",
-            f"Ours vs roofline: decode {100 * ours['tps'] / roof_tps:.0f}% of the bandwidth roofline; "
+            f"Ours vs roofline: decode {100 * ours['tps'] / roof_tps:.0f}% of the bandwidth "
+            "roofline; "
             f"prefill-512 {gflops512:.1f} GFLOP/s in the projections = "
             f"{100 * gflops512 / fma_peak:.0f}% of FMA peak "
             "(weight matmuls only; attention's flops are not counted, so this is a lower bound).",

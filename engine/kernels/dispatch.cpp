@@ -65,6 +65,16 @@ std::string_view isa_name(Isa isa) {
   return isa == Isa::avx2 ? "avx2" : "scalar";
 }
 
+const std::vector<KernelInfo>& registered_kernels() {
+  static const std::vector<KernelInfo> kernels = {
+      {"matmul", {Isa::scalar, Isa::avx2}},   {"attention", {Isa::scalar, Isa::avx2}},
+      {"rmsnorm", {Isa::scalar, Isa::avx2}},  {"rope", {Isa::scalar, Isa::avx2}},
+      {"silu_mul", {Isa::scalar, Isa::avx2}}, {"gelu_tanh_mul", {Isa::scalar, Isa::avx2}},
+      {"add", {Isa::scalar, Isa::avx2}},      {"top_k", {Isa::scalar, Isa::avx2}},
+  };
+  return kernels;
+}
+
 Isa detect_isa() {
 #if defined(__x86_64__) || defined(__i386__)
   static const Isa best = [] {

@@ -17,6 +17,14 @@ namespace edgellm::kernels {
 
 enum class Isa { scalar, avx2 };
 std::string_view isa_name(Isa isa);
+
+// What the engine registers: each kernel and the ISA paths it has. The kernel
+// registry (kernel_registry/supported_kernels.md) is tested against this list.
+struct KernelInfo {
+  std::string_view name;
+  std::vector<Isa> paths;
+};
+const std::vector<KernelInfo>& registered_kernels();
 Isa detect_isa();       // best ISA this CPU supports (cpuid)
 Isa active_isa();       // detect_isa() unless overridden
 void set_isa(Isa isa);  // tests and EDGELLM_ISA=scalar|avx2; clamped to detect_isa()

@@ -42,7 +42,18 @@ NB_MODULE(edgellm_py, m) {
   m.doc() = "edgellm engine binding";
   nb::exception<edgellm::Error>(m, "Error", PyExc_RuntimeError);
 
-  m.def("active_isa", [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::active_isa())); });
+  m.def("active_isa",
+        [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::active_isa())); });
+
+  m.def("registered_kernels", [] {
+    std::vector<std::pair<std::string, std::vector<std::string>>> out;
+    for (const auto& k : edgellm::kernels::registered_kernels()) {
+      std::vector<std::string> paths;
+      for (auto isa : k.paths) paths.emplace_back(edgellm::kernels::isa_name(isa));
+      out.emplace_back(std::string(k.name), paths);
+    }
+    return out;
+  });
 
   m.def(
       "measure_roofline",
@@ -70,7 +81,8 @@ NB_MODULE(edgellm_py, m) {
       .def("name", &edgellm::ChatTemplate::name)
       .def(
           "render",
-          [](const edgellm::ChatTemplate& t, const std::vector<std::pair<std::string, std::string>>& msgs,
+          [](const edgellm::ChatTemplate& t,
+             const std::vector<std::pair<std::string, std::string>>& msgs,
              bool add_generation_prompt) {
             std::vector<edgellm::ChatMessage> messages;
             for (const auto& [role, content] : msgs) messages.push_back({role, content});
@@ -114,7 +126,8 @@ NB_MODULE(edgellm_py, m) {
             }
             const size_t hidden = static_cast<size_t>(s.config().hidden_size);
             nb::list layers;
-            for (auto& l : capture.layer_outputs) layers.append(to_numpy(std::move(l), tokens.size(), hidden));
+            for (auto& l : capture.layer_outputs)
+              layers.append(to_numpy(std::move(l), tokens.size(), hidden));
             return nb::make_tuple(to_numpy(logits), layers,
                                   to_numpy(std::move(capture.final_hidden), tokens.size(), hidden));
           },
@@ -131,11 +144,13 @@ NB_MODULE(edgellm_py, m) {
           },
           "token"_a, "pos"_a)
       .def_prop_ro("tokenizer", &edgellm::Session::tokenizer, nb::rv_policy::reference_internal)
-      .def_prop_ro("chat_template", &edgellm::Session::chat_template, nb::rv_policy::reference_internal)
+      .def_prop_ro("chat_template", &edgellm::Session::chat_template,
+                   nb::rv_policy::reference_internal)
       .def_prop_ro("max_context", &edgellm::Session::max_context)
       .def_prop_ro("weight_bytes", &edgellm::Session::weight_bytes)
       .def_prop_ro("vocab_size", [](const edgellm::Session& s) { return s.config().vocab_size; })
       .def_prop_ro("num_layers", [](const edgellm::Session& s) { return s.config().num_layers; })
       .def_prop_ro("hidden_size", [](const edgellm::Session& s) { return s.config().hidden_size; })
-      .def_prop_ro("eos_token_ids", [](const edgellm::Session& s) { return s.config().eos_token_ids; });
+      .def_prop_ro("eos_token_ids",
+                   [](const edgellm::Session& s) { return s.config().eos_token_ids; });
 }

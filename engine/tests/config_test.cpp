@@ -10,7 +10,8 @@ namespace {
 using testing::make_temp_dir;
 using testing::write_text;
 
-const char* kLlama = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+const char* kLlama =
+    R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
   "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
   "tie_word_embeddings": true, "eos_token_id": 2, "bos_token_id": 1})";
@@ -59,7 +60,8 @@ TEST(ConfigTest, Gemma3LayersAndScales) {
 
 TEST(ConfigTest, RejectsBadInputWithFieldName) {
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
-  EXPECT_NE(error_of(R"({"architectures": ["BertModel"], "hidden_size": 8})").find("BertModel"), std::string::npos);
+  EXPECT_NE(error_of(R"({"architectures": ["BertModel"], "hidden_size": 8})").find("BertModel"),
+            std::string::npos);
   std::string no_hidden = kLlama;
   no_hidden.replace(no_hidden.find("\"hidden_size\": 64"), 17, "\"hidden_size\": -1");
   EXPECT_NE(error_of(no_hidden).find("'hidden_size'"), std::string::npos);
@@ -70,7 +72,8 @@ TEST(ConfigTest, RejectsBadInputWithFieldName) {
   bad_scaling.insert(1, R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0}, )");
   EXPECT_NE(error_of(bad_scaling).find("yarn"), std::string::npos);
   std::string truncated = kLlama;
-  EXPECT_NE(error_of(truncated.substr(0, truncated.size() / 2)).find("config.json"), std::string::npos);
+  EXPECT_NE(error_of(truncated.substr(0, truncated.size() / 2)).find("config.json"),
+            std::string::npos);
   EXPECT_NE(error_of("").find("config.json"), std::string::npos);
 }
 

@@ -75,7 +75,8 @@ TEST(SafetensorsTest, OffsetsAndDtypesAreValidated) {
   EXPECT_NE(error_of(dir).find("I64"), std::string::npos);
   write_header(R"({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4);
   EXPECT_NE(error_of(dir).find("bad dimension"), std::string::npos);
-  std::ofstream(dir / "model.safetensors", std::ios::binary).write("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
+  std::ofstream(dir / "model.safetensors", std::ios::binary)
+      .write("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
   EXPECT_NE(error_of(dir).find("header length"), std::string::npos);
 }
 

@@ -17,7 +17,8 @@ namespace edgellm::testing {
 
 inline std::filesystem::path make_temp_dir(const std::string& tag) {
   static std::mt19937_64 rng{std::random_device{}()};
-  auto dir = std::filesystem::temp_directory_path() / ("edgellm_" + tag + "_" + std::to_string(rng()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("edgellm_" + tag + "_" + std::to_string(rng()));
   std::filesystem::create_directories(dir);
   return dir;
 }
@@ -42,12 +43,14 @@ inline FakeTensor random_tensor(std::vector<int64_t> shape, float scale, std::mt
   return t;
 }
 
-inline void write_safetensors(const std::filesystem::path& path, const std::map<std::string, FakeTensor>& tensors) {
+inline void write_safetensors(const std::filesystem::path& path,
+                              const std::map<std::string, FakeTensor>& tensors) {
   nlohmann::json header = nlohmann::json::object();
   size_t offset = 0;
   for (const auto& [name, t] : tensors) {
     const size_t bytes = t.bf16.size() * 2;
-    header[name] = {{"dtype", "BF16"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", "BF16"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
@@ -56,7 +59,8 @@ inline void write_safetensors(const std::filesystem::path& path, const std::map<
   out.write(reinterpret_cast<const char*>(&len), 8);
   out.write(h.data(), static_cast<std::streamsize>(h.size()));
   for (const auto& [name, t] : tensors)
-    out.write(reinterpret_cast<const char*>(t.bf16.data()), static_cast<std::streamsize>(t.bf16.size() * 2));
+    out.write(reinterpret_cast<const char*>(t.bf16.data()),
+              static_cast<std::streamsize>(t.bf16.size() * 2));
 }
 
 }  // namespace edgellm::testing

@@ -22,7 +22,8 @@ struct TinyModel {
   ModelConfig config;
 };
 
-TinyModel write_tiny(const std::string& architecture, const std::string& extra, bool drop_a_tensor = false) {
+TinyModel write_tiny(const std::string& architecture, const std::string& extra,
+                     bool drop_a_tensor = false) {
   TinyModel m;
   m.dir = testing::make_temp_dir("tiny");
   const bool gemma = architecture == "Gemma3ForCausalLM";
@@ -30,7 +31,7 @@ TinyModel write_tiny(const std::string& architecture, const std::string& extra, 
     "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 3, "num_attention_heads": 6,
     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "max_position_embeddings": 64,
     "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4, "sliding_window_pattern": 3)" +
-                                                        extra + "}");
+                                                 extra + "}");
   m.config = load_model_config(m.dir / "config.json");
   const ModelConfig& c = m.config;
   std::mt19937 rng(7);
@@ -69,13 +70,15 @@ TinyModel write_tiny(const std::string& architecture, const std::string& extra, 
   return m;
 }
 
-std::vector<float> prefill_logits(Transformer& model, const std::vector<int32_t>& tokens, int vocab) {
+std::vector<float> prefill_logits(Transformer& model, const std::vector<int32_t>& tokens,
+                                  int vocab) {
   std::vector<float> logits(static_cast<size_t>(vocab));
   model.forward(tokens.data(), tokens.size(), 0, logits.data(), nullptr);
   return logits;
 }
 
-void expect_close(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+void expect_close(const std::vector<float>& a, const std::vector<float>& b,
+                  const std::string& what) {
   ASSERT_EQ(a.size(), b.size());
   double max_abs = 0, max_diff = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -85,7 +88,8 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, cons
   EXPECT_LE(max_diff, 1e-4 * std::max(1.0, max_abs)) << what;
 }
 
-class DecodeMatchesPrefill : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+class DecodeMatchesPrefill : public ::testing::TestWithParam<std::pair<std::string, std::string>> {
+};
 
 TEST_P(DecodeMatchesPrefill, AtEveryPosition) {
   const auto& [arch, extra] = GetParam();
@@ -95,24 +99,28 @@ TEST_P(DecodeMatchesPrefill, AtEveryPosition) {
   Profiler prof;
   Transformer cached(m.config, load_weights(ckpt, m.config), 64, pool, prof);
   Transformer fresh(m.config, load_weights(ckpt, m.config), 64, pool, prof);
-  const std::vector<int32_t> tokens = {5, 17, 3, 96, 42, 8, 0, 61, 23, 77, 11};  // longer than the window
+  const std::vector<int32_t> tokens = {5, 17, 3,  96, 42, 8,
+                                       0, 61, 23, 77, 11};  // longer than the window
   std::vector<float> logits(static_cast<size_t>(m.config.vocab_size));
   cached.forward(tokens.data(), 3, 0, logits.data(), nullptr);
   for (size_t pos = 3; pos < tokens.size(); ++pos) {
     cached.forward(&tokens[pos], 1, pos, logits.data(), nullptr);
-    const std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(pos + 1));
-    expect_close(logits, prefill_logits(fresh, prefix, m.config.vocab_size), arch + " pos " + std::to_string(pos));
+    const std::vector<int32_t> prefix(tokens.begin(),
+                                      tokens.begin() + static_cast<std::ptrdiff_t>(pos + 1));
+    expect_close(logits, prefill_logits(fresh, prefix, m.config.vocab_size),
+                 arch + " pos " + std::to_string(pos));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecodeMatchesPrefill,
-                         ::testing::Values(std::make_pair("LlamaForCausalLM", ""),
-                                           std::make_pair("LlamaForCausalLM",
-                                                          R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+INSTANTIATE_TEST_SUITE_P(
+    Families, DecodeMatchesPrefill,
+    ::testing::Values(std::make_pair("LlamaForCausalLM", ""),
+                      std::make_pair("LlamaForCausalLM",
+                                     R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
       "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16})"),
-                                           std::make_pair("Qwen2ForCausalLM", ""),
-                                           std::make_pair("Qwen3ForCausalLM", ""),
-                                           std::make_pair("Gemma3ForCausalLM", "")));
+                      std::make_pair("Qwen2ForCausalLM", ""),
+                      std::make_pair("Qwen3ForCausalLM", ""),
+                      std::make_pair("Gemma3ForCausalLM", "")));
 
 TEST(WeightsTest, MissingTensorIsNamed) {
   TinyModel m = write_tiny("LlamaForCausalLM", "", /*drop_a_tensor=*/true);
@@ -121,13 +129,15 @@ TEST(WeightsTest, MissingTensorIsNamed) {
     load_weights(ckpt, m.config);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.layers.1.mlp.up_proj.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.layers.1.mlp.up_proj.weight"), std::string::npos)
+        << e.what();
   }
 }
 
 TEST(WeightsTest, ShapeDisagreeingWithConfigIsNamed) {
   TinyModel m = write_tiny("LlamaForCausalLM", "");
-  std::string cfg = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 48, "intermediate_size": 96,
+  std::string cfg =
+      R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 48, "intermediate_size": 96,
     "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 16,
     "vocab_size": 97})";
   testing::write_text(m.dir / "config.json", cfg);

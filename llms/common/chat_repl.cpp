@@ -13,7 +13,8 @@ void run_chat(Session& session, Sampler& sampler, int max_new_tokens, bool raw, 
   std::vector<ChatMessage> messages;
   std::vector<int32_t> cached;  // tokens whose K/V are in the cache, in order
   std::string transcript;       // raw mode: the running text
-  out << "chat with " << (templated ? "the chat template (" + session.chat_template().name() + ")" : "raw text")
+  out << "chat with "
+      << (templated ? "the chat template (" + session.chat_template().name() + ")" : "raw text")
       << "; /reset clears the conversation, Ctrl-D quits\n";
   for (std::string line; out << "> " << std::flush, std::getline(in, line);) {
     if (line.empty()) continue;
@@ -42,7 +43,8 @@ void run_chat(Session& session, Sampler& sampler, int max_new_tokens, bool raw, 
     }
     // Reuse the cached prefix; prefill needs at least the last token anew.
     size_t common = 0;
-    while (common < cached.size() && common + 1 < tokens.size() && cached[common] == tokens[common]) ++common;
+    while (common < cached.size() && common + 1 < tokens.size() && cached[common] == tokens[common])
+      ++common;
     const std::span<const int32_t> fresh(tokens.data() + common, tokens.size() - common);
     int32_t next = sampler.sample(session.prefill(fresh, static_cast<int>(common)));
     cached = tokens;
@@ -52,7 +54,8 @@ void run_chat(Session& session, Sampler& sampler, int max_new_tokens, bool raw, 
     while (!session.config().is_eos(next)) {
       reply.push_back(next);
       out << stream.push(next) << std::flush;
-      if (static_cast<int>(reply.size()) >= max_new_tokens || pos + 1 >= session.max_context()) break;
+      if (static_cast<int>(reply.size()) >= max_new_tokens || pos + 1 >= session.max_context())
+        break;
       cached.push_back(next);
       next = sampler.sample(session.decode_step(next, pos++));
     }

@@ -7,9 +7,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "chat_repl.h"
 #include "edgellm/error.h"
 #include "edgellm/session.h"
-#include "chat_repl.h"
 #include "profile_report.h"
 
 namespace edgellm {
@@ -17,7 +17,9 @@ namespace edgellm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
 
 struct Options {
   std::string model;
@@ -41,7 +43,6 @@ std::vector<int32_t> prompt_tokens(const Session& session, const std::string& pr
   return session.tokenizer().encode(prompt, /*add_special_tokens=*/true);
 }
 
-
 int run(const Deployment& deployment, const Options& opt) {
   // ---- setup: ONE-TIME, outside the timed region ---------------------------
   const auto setup_start = Clock::now();
@@ -60,8 +61,10 @@ int run(const Deployment& deployment, const Options& opt) {
   const std::vector<int32_t> prompt = prompt_tokens(session, opt.prompt, opt.raw);
   check(prompt.size() < static_cast<size_t>(session.max_context()),
         "prompt of " + std::to_string(prompt.size()) + " tokens does not fit the context of " +
-            std::to_string(session.max_context()) + " tokens (raise --max-context or shorten --prompt)");
-  const int n_tokens = std::min<int>(opt.n_tokens, session.max_context() - static_cast<int>(prompt.size()));
+            std::to_string(session.max_context()) +
+            " tokens (raise --max-context or shorten --prompt)");
+  const int n_tokens =
+      std::min<int>(opt.n_tokens, session.max_context() - static_cast<int>(prompt.size()));
   Sampler sampler(opt.sampling);
   StreamDecoder stream(session.tokenizer());
 
@@ -72,7 +75,8 @@ int run(const Deployment& deployment, const Options& opt) {
   int generated = 1, decode_steps = 0;
   std::cout << stream.push(next) << std::flush;
   const auto decode_start = Clock::now();
-  for (int pos = static_cast<int>(prompt.size()); generated < n_tokens && !session.config().is_eos(next); ++pos) {
+  for (int pos = static_cast<int>(prompt.size());
+       generated < n_tokens && !session.config().is_eos(next); ++pos) {
     next = sampler.sample(session.decode_step(next, pos));
     ++decode_steps;
     ++generated;
@@ -83,8 +87,10 @@ int run(const Deployment& deployment, const Options& opt) {
 
   std::cout << stream.flush() << "\n\n";
   std::printf("prompt tokens:    %zu\n", prompt.size());
-  std::printf("generated tokens: %d%s\n", generated, session.config().is_eos(next) ? " (stopped at EOS)" : "");
-  std::printf("setup:            %.1f ms (untimed: load, pack, allocate; %d threads)\n", setup_ms, session.threads());
+  std::printf("generated tokens: %d%s\n", generated,
+              session.config().is_eos(next) ? " (stopped at EOS)" : "");
+  std::printf("setup:            %.1f ms (untimed: load, pack, allocate; %d threads)\n", setup_ms,
+              session.threads());
   std::printf("TTFT (prefill):   %.1f ms\n", ttft_ms);
   std::printf("TPS (decode):     %.2f tokens/s (%d steps, %.2f ms/token)\n",
               decode_steps > 0 ? decode_steps * 1000.0 / decode_ms : 0.0, decode_steps,
@@ -103,16 +109,20 @@ std::filesystem::path model_store() {
 std::filesystem::path resolve_model(const Deployment& deployment, const std::string& choice) {
   if (auto it = deployment.models.find(choice); it != deployment.models.end()) {
     const auto dir = model_store() / it->second;
-    check(std::filesystem::is_directory(dir), dir.string() + ": checkpoint for --model " + choice +
-                                                  " not found (run `make fetch`, or set MODEL=<checkpoint dir>)");
+    check(std::filesystem::is_directory(dir),
+          dir.string() + ": checkpoint for --model " + choice +
+              " not found (run `make fetch`, or set MODEL=<checkpoint dir>)");
     return dir;
   }
-  check(std::filesystem::is_directory(choice), "--model " + choice + ": neither a known choice (" +
-                                                   [&] {
-                                                     std::string s;
-                                                     for (const auto& [k, v] : deployment.models) s += (s.empty() ? "" : ", ") + k;
-                                                     return s;
-                                                   }() + ") nor a checkpoint directory");
+  check(
+      std::filesystem::is_directory(choice), "--model " + choice + ": neither a known choice (" +
+                                                 [&] {
+                                                   std::string s;
+                                                   for (const auto& [k, v] : deployment.models)
+                                                     s += (s.empty() ? "" : ", ") + k;
+                                                   return s;
+                                                 }() +
+                                                 ") nor a checkpoint directory");
   return choice;
 }
 
@@ -121,17 +131,27 @@ int run_inference_main(const Deployment& deployment, int argc, char** argv) {
   opt.model = deployment.default_model;
   opt.prompt = deployment.default_prompt;
   CLI::App app{deployment.name + " inference: setup once, then timed prefill + decode"};
-  app.add_option("--model", opt.model, "checkpoint: a known choice or a checkpoint directory")->capture_default_str();
+  app.add_option("--model", opt.model, "checkpoint: a known choice or a checkpoint directory")
+      ->capture_default_str();
   app.add_option("--prompt", opt.prompt, "prompt text")->capture_default_str();
-  app.add_option("--n-tokens", opt.n_tokens, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--threads", opt.threads, "worker threads (0 = all cores)")->check(CLI::NonNegativeNumber);
-  app.add_option("--max-context", opt.max_context, "KV cache positions")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--n-tokens", opt.n_tokens, "tokens to generate")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--threads", opt.threads, "worker threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-context", opt.max_context, "KV cache positions")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_flag("--raw", opt.raw, "feed the prompt as raw text, without the chat template");
-  app.add_flag("--chat", opt.chat, "interactive chat REPL (Ctrl-D quits); --n-tokens caps each reply");
+  app.add_flag("--chat", opt.chat,
+               "interactive chat REPL (Ctrl-D quits); --n-tokens caps each reply");
   app.add_flag("--profile", opt.profile, "print the per-phase and per-kernel time breakdown");
-  app.add_option("--temperature", opt.sampling.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
-  app.add_option("--top-k", opt.sampling.top_k, "sample among the k most likely (0 = off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--top-p", opt.sampling.top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--temperature", opt.sampling.temperature, "0 = greedy")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", opt.sampling.top_k, "sample among the k most likely (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", opt.sampling.top_p, "nucleus sampling mass (1 = off)")
+      ->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--seed", opt.sampling.seed, "sampling seed");
   try {
     app.parse(argc, argv);

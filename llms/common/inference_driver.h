@@ -21,7 +21,7 @@ struct Deployment {
   std::string name;  // folder name under llms/, e.g. "smollm2_135m"
   // --model choices: key -> checkpoint directory name in the model store.
   std::map<std::string, std::string> models;
-  std::string default_model;   // key of `models`
+  std::string default_model;  // key of `models`
   std::string default_prompt;
 };
 

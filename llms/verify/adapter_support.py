@@ -126,3 +126,32 @@ def load_verify_config(deployment: str, model_dir: Path, choice: str) -> VerifyC
         num_layers=num_layers,
         vocab_size=vocab,
     )
+
+
+@dataclass(frozen=True)
+class StandardAdapter:
+    """The adapter contract for a deployment that needs nothing special beyond its names.
+
+    Its runner is the shared EngineRunner over the production Session::setup / prefill /
+    decode_step, so an adapter built from it stays a list of checkpoint names.
+    """
+
+    deployment: str
+    choices: dict[str, str]
+
+    def resolve_model(self, choice: str) -> Path:
+        """--model value -> checkpoint directory (store key or path); one-line error if absent."""
+        return resolve_checkpoint(choice, self.choices, self.deployment)
+
+    def hf_reference(self, model_dir: Path) -> str:
+        """HF loads the very directory our engine loads (no hub is reachable here)."""
+        return str(model_dir)
+
+    def build_config(self, model_dir: Path, choice: str) -> VerifyConfig:
+        return load_verify_config(self.deployment, model_dir, choice)
+
+    def build_runner(self, config: VerifyConfig, threads: int = 0) -> Any:
+        """ONE-TIME setup of our engine on the checkpoint (map, pre-pack, KV cache)."""
+        from verify.runners.engine_runner import EngineRunner  # needs the built binding
+
+        return EngineRunner(config.model_dir, threads=threads, max_context=config.max_context)

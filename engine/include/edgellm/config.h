@@ -43,12 +43,12 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   Activation hidden_act = Activation::silu;
 
-  bool attention_bias = false;  // Qwen2: q/k/v projections carry a bias
-  bool qk_norm = false;         // Qwen3, Gemma 3: RMSNorm over each head of q and k
-  bool sandwich_norms = false;  // Gemma 3: extra norms after attention and after the MLP
-  bool norm_adds_one = false;   // Gemma: RMSNorm applies (1 + w); folded in at load time
-  float embedding_scale = 1.0f;  // Gemma: sqrt(hidden), rounded to bf16 as HF does
-  float query_scale = 0.0f;      // multiplies q·k; 1/sqrt(head_dim) unless configured
+  bool attention_bias = false;       // Qwen2: q/k/v projections carry a bias
+  bool qk_norm = false;              // Qwen3, Gemma 3: RMSNorm over each head of q and k
+  bool sandwich_norms = false;       // Gemma 3: extra norms after attention and after the MLP
+  bool norm_adds_one = false;        // Gemma: RMSNorm applies (1 + w); folded in at load time
+  float embedding_scale = 1.0f;      // Gemma: sqrt(hidden), rounded to bf16 as HF does
+  float query_scale = 0.0f;          // multiplies q·k; 1/sqrt(head_dim) unless configured
   float final_logit_softcap = 0.0f;  // 0 = off
   float attn_logit_softcap = 0.0f;   // 0 = off
 

@@ -21,9 +21,14 @@ class Error : public std::runtime_error {
     out.reserve(s.size());
     for (size_t i = 0; i < s.size();) {
       const auto c = static_cast<unsigned char>(s[i]);
-      const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+      const size_t len = c < 0x80           ? 1
+                         : (c >> 5) == 0x6  ? 2
+                         : (c >> 4) == 0xe  ? 3
+                         : (c >> 3) == 0x1e ? 4
+                                            : 0;
       bool ok = len > 0 && i + len <= s.size();
-      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+      for (size_t k = 1; ok && k < len; ++k)
+        ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
       if (!ok || (len == 1 && (c < 0x20 || c == 0x7f))) {
         out += '?';
         ++i;

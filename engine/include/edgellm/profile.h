@@ -56,7 +56,9 @@ class Profiler {
     return stats(zone, zone == Zone::decode ? Phase::decode : Phase::prefill);
   }
   void add(Zone zone, double seconds, double bytes, double flops) {
-    const int phase = zone == Zone::decode ? 1 : (zone == Zone::prefill || zone == Zone::setup) ? 0 : phase_;
+    const int phase = zone == Zone::decode                             ? 1
+                      : (zone == Zone::prefill || zone == Zone::setup) ? 0
+                                                                       : phase_;
     ZoneStats& s = stats_[phase][static_cast<int>(zone)];
     s.seconds += seconds;
     s.calls += 1;
@@ -72,7 +74,8 @@ class Profiler {
     }
     ~Scope() {
       if (p_)
-        p_->add(zone_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
+        p_->add(zone_,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
                 bytes_, flops_);
     }
     Scope(const Scope&) = delete;
@@ -88,7 +91,8 @@ class Profiler {
  private:
   bool enabled_ = false;
   int phase_ = 0;
-  std::array<std::array<ZoneStats, static_cast<int>(Zone::count)>, static_cast<int>(Phase::count)> stats_{};
+  std::array<std::array<ZoneStats, static_cast<int>(Zone::count)>, static_cast<int>(Phase::count)>
+      stats_{};
 };
 
 }  // namespace edgellm

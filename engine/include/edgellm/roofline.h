@@ -5,7 +5,7 @@
 namespace edgellm {
 
 struct Roofline {
-  double read_gb_per_s = 0;  // streaming read of a buffer far larger than the caches
+  double read_gb_per_s = 0;    // streaming read of a buffer far larger than the caches
   double fma_gflop_per_s = 0;  // dependent-chain-free FMA loop on every thread
 };
 

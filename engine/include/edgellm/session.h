@@ -16,15 +16,16 @@
 namespace edgellm {
 
 struct SessionOptions {
-  int threads = 0;          // <= 0: one per hardware thread
-  int max_context = 4096;   // KV cache positions; capped by the model's limit
-  bool profile = false;     // per-kernel timing (costs nothing when off)
+  int threads = 0;         // <= 0: one per hardware thread
+  int max_context = 4096;  // KV cache positions; capped by the model's limit
+  bool profile = false;    // per-kernel timing (costs nothing when off)
 };
 
 // Diagnosis capture from prefill: HF-compatible names in the comments.
 struct PrefillCapture {
-  std::vector<std::vector<float>> layer_outputs;  // [layer][n_tokens * hidden]: hidden_states[l + 1]
-  std::vector<float> final_hidden;                // [n_tokens * hidden]: after model.norm
+  std::vector<std::vector<float>>
+      layer_outputs;                // [layer][n_tokens * hidden]: hidden_states[l + 1]
+  std::vector<float> final_hidden;  // [n_tokens * hidden]: after model.norm
 };
 
 class Session {

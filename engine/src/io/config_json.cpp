@@ -78,11 +78,13 @@ void read_rope_scaling(const Reader& r, ModelConfig& c) {
     c.rope_scaling.type = RopeScaling::Type::llama3;
     c.rope_scaling.low_freq_factor = s.number_or("low_freq_factor", 1.0f);
     c.rope_scaling.high_freq_factor = s.number_or("high_freq_factor", 4.0f);
-    c.rope_scaling.original_max_position = s.positive_int_or("original_max_position_embeddings", 8192);
+    c.rope_scaling.original_max_position =
+        s.positive_int_or("original_max_position_embeddings", 8192);
     if (!(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor))
       r.fail("rope_scaling.high_freq_factor", "must exceed low_freq_factor");
   } else {
-    r.fail("rope_scaling.rope_type", "'" + type + "' is not supported (supported: default, linear, llama3)");
+    r.fail("rope_scaling.rope_type",
+           "'" + type + "' is not supported (supported: default, linear, llama3)");
   }
 }
 
@@ -122,8 +124,9 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
     r.fail("architectures", "must list the model class, e.g. [\"LlamaForCausalLM\"]");
   c.architecture = j["architectures"][0].get<std::string>();
   if (!kSupported.count(c.architecture))
-    r.fail("architectures", "names '" + c.architecture + "', which the engine does not support (supported: " +
-                                supported_list() + ")");
+    r.fail("architectures",
+           "names '" + c.architecture +
+               "', which the engine does not support (supported: " + supported_list() + ")");
   const bool gemma = c.architecture == "Gemma3ForCausalLM";
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
@@ -144,16 +147,19 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   if (c.head_dim % 2 != 0) r.fail("head_dim", "must be even for RoPE");
   if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", "must be positive");
 
-  const std::string act = r.string_or(gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
+  const std::string act =
+      r.string_or(gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
   if (act == "silu") {
     c.hidden_act = Activation::silu;
   } else if (act == "gelu_pytorch_tanh" || act == "gelu_tanh") {
     c.hidden_act = Activation::gelu_tanh;
   } else {
-    r.fail(gemma ? "hidden_activation" : "hidden_act", "'" + act + "' is not supported (supported: silu, gelu_pytorch_tanh)");
+    r.fail(gemma ? "hidden_activation" : "hidden_act",
+           "'" + act + "' is not supported (supported: silu, gelu_pytorch_tanh)");
   }
   if (r.bool_or("mlp_bias", false)) r.fail("mlp_bias", "true is not supported");
-  if (r.bool_or("use_sliding_window", false) && !gemma) r.fail("use_sliding_window", "true is not supported");
+  if (r.bool_or("use_sliding_window", false) && !gemma)
+    r.fail("use_sliding_window", "true is not supported");
 
   c.tie_word_embeddings = r.bool_or("tie_word_embeddings", gemma);
   c.attention_bias = qwen2 || r.bool_or("attention_bias", false);
@@ -164,7 +170,8 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   if (gemma) {
     // Gemma scales embeddings by sqrt(hidden); HF casts the scale to the weight dtype (bf16).
     c.embedding_scale = round_to_bf16(std::sqrt(static_cast<float>(c.hidden_size)));
-    c.query_scale = 1.0f / std::sqrt(r.number_or("query_pre_attn_scalar", static_cast<float>(c.head_dim)));
+    c.query_scale =
+        1.0f / std::sqrt(r.number_or("query_pre_attn_scalar", static_cast<float>(c.head_dim)));
     c.final_logit_softcap = r.number_or("final_logit_softcapping", 0.0f);
     c.attn_logit_softcap = r.number_or("attn_logit_softcapping", 0.0f);
   }
@@ -181,11 +188,13 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
     if (r.has("layer_types")) {
       const json& lt = j["layer_types"];
       if (!lt.is_array() || lt.size() != static_cast<size_t>(c.num_layers))
-        r.fail("layer_types", "must list one entry per layer (" + std::to_string(c.num_layers) + ")");
+        r.fail("layer_types",
+               "must list one entry per layer (" + std::to_string(c.num_layers) + ")");
       for (size_t i = 0; i < lt.size(); ++i) {
         const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
         if (t != "sliding_attention" && t != "full_attention")
-          r.fail("layer_types", "entry " + std::to_string(i) + " must be sliding_attention or full_attention");
+          r.fail("layer_types",
+                 "entry " + std::to_string(i) + " must be sliding_attention or full_attention");
         sliding[i] = t == "sliding_attention";
       }
     } else {
@@ -196,10 +205,13 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
       if (sliding[i]) c.layers[i] = LayerSpec{window, local_theta, false};
   }
 
-  c.bos_token_id = r.has("bos_token_id") && j["bos_token_id"].is_number_integer() ? j["bos_token_id"].get<int>() : -1;
+  c.bos_token_id = r.has("bos_token_id") && j["bos_token_id"].is_number_integer()
+                       ? j["bos_token_id"].get<int>()
+                       : -1;
   read_eos(r, c);
   for (int id : c.eos_token_ids)
-    if (id < 0 || id >= c.vocab_size) r.fail("eos_token_id", "holds " + std::to_string(id) + ", outside the vocabulary");
+    if (id < 0 || id >= c.vocab_size)
+      r.fail("eos_token_id", "holds " + std::to_string(id) + ", outside the vocabulary");
   return c;
 }
 

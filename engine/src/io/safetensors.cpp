@@ -15,8 +15,12 @@
 
 namespace edgellm {
 
-size_t dtype_size(DType d) { return d == DType::f32 ? 4 : 2; }
-const char* dtype_name(DType d) { return d == DType::bf16 ? "BF16" : d == DType::f16 ? "F16" : "F32"; }
+size_t dtype_size(DType d) {
+  return d == DType::f32 ? 4 : 2;
+}
+const char* dtype_name(DType d) {
+  return d == DType::bf16 ? "BF16" : d == DType::f16 ? "F16" : "F32";
+}
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
@@ -29,7 +33,7 @@ class MappedFile {
   explicit MappedFile(const std::filesystem::path& path) : path_(path.string()) {
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     check(fd_ >= 0, path_ + ": cannot open (" + std::strerror(errno) + ")");
-    struct stat st{};
+    struct stat st {};
     check(::fstat(fd_, &st) == 0, path_ + ": cannot stat");
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {
@@ -83,12 +87,15 @@ Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
     for (const auto& [name, file] : j["weight_map"].items()) {
       check(file.is_string(), index.string() + ": weight_map['" + name + "'] must be a file name");
       const std::string f = file.get<std::string>();
-      check(f.find('/') == std::string::npos, index.string() + ": shard '" + f + "' must sit beside the index");
+      check(f.find('/') == std::string::npos,
+            index.string() + ": shard '" + f + "' must sit beside the index");
       shards.insert(f);
     }
     for (const auto& f : shards) ckpt.add_file(dir / f);
   } else {
-    throw Error(dir.string() + ": no model.safetensors or model.safetensors.index.json (is the checkpoint complete?)");
+    throw Error(
+        dir.string() +
+        ": no model.safetensors or model.safetensors.index.json (is the checkpoint complete?)");
   }
   return ckpt;
 }
@@ -97,11 +104,13 @@ void Checkpoint::add_file(const std::filesystem::path& path) {
   auto file = std::make_unique<MappedFile>(path);
   const std::string& name = file->path();
   const size_t size = file->size();
-  check(size >= 8, name + ": truncated (" + std::to_string(size) + " bytes, no safetensors header)");
+  check(size >= 8,
+        name + ": truncated (" + std::to_string(size) + " bytes, no safetensors header)");
   uint64_t header_len = 0;
   std::memcpy(&header_len, file->data(), 8);
   check(header_len <= size - 8, name + ": header length " + std::to_string(header_len) +
-                                    " exceeds the file size " + std::to_string(size) + " (truncated?)");
+                                    " exceeds the file size " + std::to_string(size) +
+                                    " (truncated?)");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(file->data() + 8, file->data() + 8 + header_len);
@@ -121,26 +130,32 @@ void Checkpoint::add_file(const std::filesystem::path& path) {
     t.name = key;
     t.file = name;
     const std::string dtype = info["dtype"].is_string() ? info["dtype"].get<std::string>() : "?";
-    if (dtype == "BF16") t.dtype = DType::bf16;
-    else if (dtype == "F16") t.dtype = DType::f16;
-    else if (dtype == "F32") t.dtype = DType::f32;
-    else throw Error(where + " has dtype " + dtype + " (supported: BF16, F16, F32)");
+    if (dtype == "BF16")
+      t.dtype = DType::bf16;
+    else if (dtype == "F16")
+      t.dtype = DType::f16;
+    else if (dtype == "F32")
+      t.dtype = DType::f32;
+    else
+      throw Error(where + " has dtype " + dtype + " (supported: BF16, F16, F32)");
     check(info["shape"].is_array(), where + ": shape must be a list");
     int64_t numel = 1;
     for (const auto& d : info["shape"]) {
       check(d.is_number_integer() && d.get<int64_t>() >= 0 && d.get<int64_t>() < (1ll << 40),
             where + ": bad dimension " + d.dump());
       t.shape.push_back(d.get<int64_t>());
-      check(numel <= (1ll << 40) / std::max<int64_t>(1, t.shape.back()), where + ": shape too large");
+      check(numel <= (1ll << 40) / std::max<int64_t>(1, t.shape.back()),
+            where + ": shape too large");
       numel *= t.shape.back();
     }
     const auto& off = info["data_offsets"];
-    check(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+    check(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+              off[1].is_number_unsigned(),
           where + ": data_offsets must be two non-negative integers");
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     check(begin <= end && end <= data_size,
-          where + ": data [" + std::to_string(begin) + ", " + std::to_string(end) + ") lies outside the " +
-              std::to_string(data_size) + " data bytes (truncated file?)");
+          where + ": data [" + std::to_string(begin) + ", " + std::to_string(end) +
+              ") lies outside the " + std::to_string(data_size) + " data bytes (truncated file?)");
     t.nbytes = end - begin;
     check(t.nbytes == static_cast<uint64_t>(numel) * dtype_size(t.dtype),
           where + ": holds " + std::to_string(t.nbytes) + " bytes but its shape and dtype need " +

@@ -70,16 +70,19 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
       prof_(profiler) {
   for (const LayerSpec& spec : c_.layers) {
     const bool scaled = spec.rope_scaled && c_.rope_scaling.type != RopeScaling::Type::none;
-    auto it = std::find_if(rope_tables_.begin(), rope_tables_.end(),
-                           [&](const RopeTable& t) { return t.theta == spec.rope_theta && t.scaled == scaled; });
-    if (it == rope_tables_.end()) rope_tables_.push_back(make_rope_table(c_, spec.rope_theta, scaled, max_context_));
+    auto it = std::find_if(rope_tables_.begin(), rope_tables_.end(), [&](const RopeTable& t) {
+      return t.theta == spec.rope_theta && t.scaled == scaled;
+    });
+    if (it == rope_tables_.end())
+      rope_tables_.push_back(make_rope_table(c_, spec.rope_theta, scaled, max_context_));
   }
   for (const LayerSpec& spec : c_.layers) {
     const bool scaled = spec.rope_scaled && c_.rope_scaling.type != RopeScaling::Type::none;
     for (const RopeTable& t : rope_tables_)
       if (t.theta == spec.rope_theta && t.scaled == scaled) layer_rope_.push_back(&t);
   }
-  const size_t cache = static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim;
+  const size_t cache =
+      static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim;
   k_cache_.assign(cache, 0.0f);
   v_cache_.assign(cache, 0.0f);
   ensure_scratch(1);
@@ -107,19 +110,23 @@ void Transformer::attention_block(size_t l, size_t n, size_t start) {
   const size_t qkv_width = (nh + 2 * nkv) * D;
   {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t) kernels::rmsnorm(&x_[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
+    for (size_t t = 0; t < n; ++t)
+      kernels::rmsnorm(&x_[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
   }
   {
-    Profiler::Scope z(prof_, Zone::qkv_proj, 2.0 * L.qkv.rows * L.qkv.cols, 2.0 * n * L.qkv.rows * L.qkv.cols);
+    Profiler::Scope z(prof_, Zone::qkv_proj, 2.0 * L.qkv.rows * L.qkv.cols,
+                      2.0 * n * L.qkv.rows * L.qkv.cols);
     kernels::matmul(L.qkv, xn_.data(), n, qkv_.data(), pool_);
   }
   if (c_.qk_norm) {
     Profiler::Scope z(prof_, Zone::qk_norm);
     for (size_t t = 0; t < n; ++t) {
       float* row = &qkv_[t * qkv_width];
-      for (size_t h = 0; h < nh; ++h) kernels::rmsnorm(row + h * D, L.q_norm.data(), D, c_.rms_norm_eps, row + h * D);
+      for (size_t h = 0; h < nh; ++h)
+        kernels::rmsnorm(row + h * D, L.q_norm.data(), D, c_.rms_norm_eps, row + h * D);
       for (size_t h = 0; h < nkv; ++h)
-        kernels::rmsnorm(row + (nh + h) * D, L.k_norm.data(), D, c_.rms_norm_eps, row + (nh + h) * D);
+        kernels::rmsnorm(row + (nh + h) * D, L.k_norm.data(), D, c_.rms_norm_eps,
+                         row + (nh + h) * D);
     }
   }
   const size_t layer_cache = l * nkv * max_context_ * D;
@@ -160,7 +167,8 @@ void Transformer::attention_block(size_t l, size_t n, size_t start) {
     kernels::attention(a, pool_);
   }
   {
-    Profiler::Scope z(prof_, Zone::o_proj, 2.0 * L.o_proj.rows * L.o_proj.cols, 2.0 * n * L.o_proj.rows * L.o_proj.cols);
+    Profiler::Scope z(prof_, Zone::o_proj, 2.0 * L.o_proj.rows * L.o_proj.cols,
+                      2.0 * n * L.o_proj.rows * L.o_proj.cols);
     kernels::matmul(L.o_proj, attn_.data(), n, proj_.data(), pool_);
   }
   if (c_.sandwich_norms) {
@@ -177,7 +185,8 @@ void Transformer::mlp_block(size_t l, size_t n) {
   const size_t H = c_.hidden_size, I = c_.intermediate_size;
   {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t) kernels::rmsnorm(&x_[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
+    for (size_t t = 0; t < n; ++t)
+      kernels::rmsnorm(&x_[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
   }
   {
     Profiler::Scope z(prof_, Zone::gate_up_proj, 2.0 * L.gate_up.rows * L.gate_up.cols,
@@ -195,7 +204,8 @@ void Transformer::mlp_block(size_t l, size_t n) {
     }
   }
   {
-    Profiler::Scope z(prof_, Zone::down_proj, 2.0 * L.down.rows * L.down.cols, 2.0 * n * L.down.rows * L.down.cols);
+    Profiler::Scope z(prof_, Zone::down_proj, 2.0 * L.down.rows * L.down.cols,
+                      2.0 * n * L.down.rows * L.down.cols);
     kernels::matmul(L.down, act_.data(), n, proj_.data(), pool_);
   }
   if (c_.sandwich_norms) {
@@ -228,12 +238,14 @@ void Transformer::forward(const int32_t* tokens, size_t n, size_t start, float* 
   const size_t first = capture ? 0 : n - 1;
   {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = first; t < n; ++t) kernels::rmsnorm(&x_[t * H], weights_.final_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
+    for (size_t t = first; t < n; ++t)
+      kernels::rmsnorm(&x_[t * H], weights_.final_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
   }
   if (capture) capture->final_hidden.assign(xn_.begin(), xn_.begin() + n * H);
   {
     const kernels::PackedMatrix& head = weights_.lm_head;
-    Profiler::Scope z(prof_, Zone::lm_head, 2.0 * head.rows * head.cols, 2.0 * head.rows * head.cols);
+    Profiler::Scope z(prof_, Zone::lm_head, 2.0 * head.rows * head.cols,
+                      2.0 * head.rows * head.cols);
     kernels::matmul(head, &xn_[(n - 1) * H], 1, logits, pool_);
     if (c_.final_logit_softcap > 0.0f) {
       const float cap = c_.final_logit_softcap;

@@ -29,8 +29,8 @@ class TensorSource {
   }
   const TensorView& required(const std::string& name, std::vector<int64_t> shape) const {
     const TensorView* t = optional(name, shape);
-    check(t != nullptr, "checkpoint: tensor '" + name + "' is missing (expected shape " +
-                            shape_str(shape) + ")");
+    check(t != nullptr,
+          "checkpoint: tensor '" + name + "' is missing (expected shape " + shape_str(shape) + ")");
     return *t;
   }
 
@@ -40,9 +40,12 @@ class TensorSource {
 
 float element(const TensorView& t, size_t i) {
   switch (t.dtype) {
-    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(t.data)[i]);
-    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(t.data)[i]);
-    case DType::f32: return static_cast<const float*>(t.data)[i];
+    case DType::bf16:
+      return bf16_to_float(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::f16:
+      return f16_to_float(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::f32:
+      return static_cast<const float*>(t.data)[i];
   }
   return 0.0f;
 }
@@ -59,7 +62,8 @@ void append_bf16(const TensorView& t, std::vector<uint16_t>& out) {
     if (!std::isfinite(v))  // not check(): the message must not be built per element
       throw Error(t.file + ": tensor '" + t.name + "' holds a non-finite value at index " +
                   std::to_string(i) + " (corrupt file?)");
-    out[base + i] = t.dtype == DType::bf16 ? static_cast<const uint16_t*>(t.data)[i] : float_to_bf16(v);
+    out[base + i] =
+        t.dtype == DType::bf16 ? static_cast<const uint16_t*>(t.data)[i] : float_to_bf16(v);
   }
 }
 
@@ -67,7 +71,8 @@ std::vector<float> to_float(const TensorView& t, float add) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < out.size(); ++i) {
     out[i] = element(t, i) + add;
-    if (!std::isfinite(out[i])) throw Error(t.file + ": tensor '" + t.name + "' holds a non-finite value");
+    if (!std::isfinite(out[i]))
+      throw Error(t.file + ": tensor '" + t.name + "' holds a non-finite value");
   }
   return out;
 }
@@ -121,10 +126,13 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c) {
     }
     L.o_proj = pack({&src.required(p + "self_attn.o_proj.weight", {H, q_rows})}, w.decode_bytes);
     if (c.sandwich_norms) {
-      // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the MLP.
-      L.post_attn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
+      // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the
+      // MLP.
+      L.post_attn_norm =
+          to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
       L.ffn_norm = to_float(src.required(p + "pre_feedforward_layernorm.weight", {H}), norm_add);
-      L.post_ffn_norm = to_float(src.required(p + "post_feedforward_layernorm.weight", {H}), norm_add);
+      L.post_ffn_norm =
+          to_float(src.required(p + "post_feedforward_layernorm.weight", {H}), norm_add);
     } else {
       // Llama family: post_attention_layernorm is the norm before the MLP.
       L.ffn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
@@ -141,7 +149,8 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c) {
   w.final_norm = to_float(src.required("model.norm.weight", {H}), norm_add);
   const TensorView* head = src.optional("lm_head.weight", {V, H});
   check(head || c.tie_word_embeddings,
-        "checkpoint: tensor 'lm_head.weight' is missing and config.json does not tie word embeddings");
+        "checkpoint: tensor 'lm_head.weight' is missing and config.json does not tie word "
+        "embeddings");
   w.lm_head = pack({head && !c.tie_word_embeddings ? head : &embed}, w.decode_bytes);
   return w;
 }

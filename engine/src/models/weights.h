@@ -13,24 +13,24 @@
 namespace edgellm {
 
 struct LayerWeights {
-  std::vector<float> attn_norm;      // [hidden]  input_layernorm
-  kernels::PackedMatrix qkv;         // [(heads + 2 kv_heads) * head_dim, hidden]
-  std::vector<float> qkv_bias;       // Qwen2 only
-  std::vector<float> q_norm, k_norm; // [head_dim], qk_norm models only
-  kernels::PackedMatrix o_proj;      // [hidden, heads * head_dim]
-  std::vector<float> post_attn_norm; // Gemma sandwich norm, after attention
-  std::vector<float> ffn_norm;       // [hidden]  norm before the MLP
-  kernels::PackedMatrix gate_up;     // [2 * intermediate, hidden]
-  kernels::PackedMatrix down;        // [hidden, intermediate]
-  std::vector<float> post_ffn_norm;  // Gemma sandwich norm, after the MLP
+  std::vector<float> attn_norm;       // [hidden]  input_layernorm
+  kernels::PackedMatrix qkv;          // [(heads + 2 kv_heads) * head_dim, hidden]
+  std::vector<float> qkv_bias;        // Qwen2 only
+  std::vector<float> q_norm, k_norm;  // [head_dim], qk_norm models only
+  kernels::PackedMatrix o_proj;       // [hidden, heads * head_dim]
+  std::vector<float> post_attn_norm;  // Gemma sandwich norm, after attention
+  std::vector<float> ffn_norm;        // [hidden]  norm before the MLP
+  kernels::PackedMatrix gate_up;      // [2 * intermediate, hidden]
+  kernels::PackedMatrix down;         // [hidden, intermediate]
+  std::vector<float> post_ffn_norm;   // Gemma sandwich norm, after the MLP
 };
 
 struct ModelWeights {
-  const uint16_t* embed = nullptr;   // [vocab, hidden] bf16 rows, for lookup
-  std::vector<uint16_t> embed_owned; // when the checkpoint is not bf16
+  const uint16_t* embed = nullptr;    // [vocab, hidden] bf16 rows, for lookup
+  std::vector<uint16_t> embed_owned;  // when the checkpoint is not bf16
   std::vector<LayerWeights> layers;
-  std::vector<float> final_norm;     // [hidden]
-  kernels::PackedMatrix lm_head;     // [vocab, hidden] (the embedding when tied)
+  std::vector<float> final_norm;  // [hidden]
+  kernels::PackedMatrix lm_head;  // [vocab, hidden] (the embedding when tied)
 
   size_t decode_bytes = 0;  // weight bytes one decode step reads
 };

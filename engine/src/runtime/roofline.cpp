@@ -79,8 +79,8 @@ Roofline measure_roofline(int threads) {
 
   // 512 MiB: far beyond the caches, like a decode step's weight stream.
   const size_t n = (512u << 20) / sizeof(float);
-  std::unique_ptr<float[], void (*)(void*)> buf(static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))),
-                                                std::free);
+  std::unique_ptr<float[], void (*)(void*)> buf(
+      static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), std::free);
   std::memset(buf.get(), 0, n * sizeof(float));  // fault the pages in before timing
   volatile float sink = 0;
   const double read_s = best_seconds(threads, 3, [&](int t) {

@@ -25,13 +25,15 @@ int32_t Sampler::sample(std::span<const float> logits) {
     kernels::top_k(logits.data(), logits.size(), 1, &best);
     return best;
   }
-  const size_t k = options_.top_k > 0 ? std::min<size_t>(options_.top_k, logits.size()) : logits.size();
+  const size_t k =
+      options_.top_k > 0 ? std::min<size_t>(options_.top_k, logits.size()) : logits.size();
   order_.resize(k);
   kernels::top_k(logits.data(), logits.size(), k, order_.data());
   std::vector<double> probs(k);
   const double max_logit = logits[order_[0]];
   double sum = 0.0;
-  for (size_t i = 0; i < k; ++i) sum += probs[i] = std::exp((logits[order_[i]] - max_logit) / options_.temperature);
+  for (size_t i = 0; i < k; ++i)
+    sum += probs[i] = std::exp((logits[order_[i]] - max_logit) / options_.temperature);
   // top-p keeps the smallest prefix whose probability mass reaches p.
   size_t keep = k;
   if (options_.top_p < 1.0f) {
@@ -44,7 +46,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
       }
     }
   }
-  const double total = std::accumulate(probs.begin(), probs.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
+  const double total =
+      std::accumulate(probs.begin(), probs.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
   double r = static_cast<double>(next_random(state_) >> 11) * 0x1.0p-53 * total;
   for (size_t i = 0; i < keep; ++i) {
     if ((r -= probs[i]) < 0) return order_[i];

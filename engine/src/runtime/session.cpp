@@ -1,7 +1,7 @@
 #include "edgellm/session.h"
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <optional>
 
@@ -63,8 +63,10 @@ void merge_generation_eos(const std::filesystem::path& dir, ModelConfig& config)
 
 void Session::setup(const std::filesystem::path& model_dir, const SessionOptions& options) {
   check(std::filesystem::is_directory(model_dir),
-        model_dir.string() + ": checkpoint directory not found (fetch it with `make fetch` or set MODEL=<dir>)");
-  check(options.max_context > 0, "max_context must be positive, got " + std::to_string(options.max_context));
+        model_dir.string() +
+            ": checkpoint directory not found (fetch it with `make fetch` or set MODEL=<dir>)");
+  check(options.max_context > 0,
+        "max_context must be positive, got " + std::to_string(options.max_context));
   auto s = std::make_unique<State>();
   s->profiler.enable(options.profile);
   const auto t0 = std::chrono::steady_clock::now();
@@ -74,7 +76,8 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
   s->tokenizer.emplace(Tokenizer::load(model_dir));
   s->chat_template = ChatTemplate::load(model_dir);
   check(s->tokenizer->vocab_size() <= static_cast<size_t>(s->config.vocab_size),
-        (model_dir / "tokenizer.json").string() + ": " + std::to_string(s->tokenizer->vocab_size()) +
+        (model_dir / "tokenizer.json").string() + ": " +
+            std::to_string(s->tokenizer->vocab_size()) +
             " tokens do not fit the model's vocab_size " + std::to_string(s->config.vocab_size));
   s->checkpoint.emplace(Checkpoint::open(model_dir));
   s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
@@ -82,7 +85,9 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
   s->model = std::make_unique<Transformer>(s->config, load_weights(*s->checkpoint, s->config),
                                            s->max_context, *s->pool, s->profiler);
   s->logits.resize(static_cast<size_t>(s->config.vocab_size));
-  s->profiler.add(Zone::setup, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0, 0);
+  s->profiler.add(Zone::setup,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0,
+                  0);
   state_ = std::move(s);
 }
 
@@ -91,15 +96,18 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens, int sta
   // Plain ifs, not check(): these run per call and must not build messages on success.
   if (!state_) throw Error("Session::prefill called before setup()");
   if (tokens.empty()) throw Error("prefill needs at least one token");
-  if (start_pos < 0 || static_cast<size_t>(start_pos) + tokens.size() > static_cast<size_t>(state_->max_context))
-    throw Error("prompt of " + std::to_string(tokens.size()) + " tokens at position " + std::to_string(start_pos) +
-                " exceeds the context of " + std::to_string(state_->max_context) + " tokens");
+  if (start_pos < 0 ||
+      static_cast<size_t>(start_pos) + tokens.size() > static_cast<size_t>(state_->max_context))
+    throw Error("prompt of " + std::to_string(tokens.size()) + " tokens at position " +
+                std::to_string(start_pos) + " exceeds the context of " +
+                std::to_string(state_->max_context) + " tokens");
   for (int32_t t : tokens)
     if (t < 0 || t >= state_->config.vocab_size)
       throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
   state_->profiler.set_phase(Phase::prefill);
   Profiler::Scope z(state_->profiler, Zone::prefill);
-  state_->model->forward(tokens.data(), tokens.size(), static_cast<size_t>(start_pos), state_->logits.data(), capture);
+  state_->model->forward(tokens.data(), tokens.size(), static_cast<size_t>(start_pos),
+                         state_->logits.data(), capture);
   return state_->logits;
 }
 
@@ -116,12 +124,26 @@ std::span<const float> Session::decode_step(int32_t token, int pos) {
   return state_->logits;
 }
 
-const ModelConfig& Session::config() const { return state_->config; }
-const Tokenizer& Session::tokenizer() const { return *state_->tokenizer; }
-const ChatTemplate& Session::chat_template() const { return state_->chat_template; }
-Profiler& Session::profiler() { return state_->profiler; }
-int Session::max_context() const { return state_->max_context; }
-int Session::threads() const { return state_->pool->size(); }
-size_t Session::weight_bytes() const { return state_->model->decode_bytes(); }
+const ModelConfig& Session::config() const {
+  return state_->config;
+}
+const Tokenizer& Session::tokenizer() const {
+  return *state_->tokenizer;
+}
+const ChatTemplate& Session::chat_template() const {
+  return state_->chat_template;
+}
+Profiler& Session::profiler() {
+  return state_->profiler;
+}
+int Session::max_context() const {
+  return state_->max_context;
+}
+int Session::threads() const {
+  return state_->pool->size();
+}
+size_t Session::weight_bytes() const {
+  return state_->model->decode_bytes();
+}
 
 }  // namespace edgellm
