@@ -18,7 +18,8 @@ REGISTRY = REPO / "kernel_registry" / "supported_kernels.md"
 def registry_rows() -> list[dict[str, str]]:
     lines = [ln for ln in REGISTRY.read_text().splitlines() if ln.startswith("| `")]
     header = ["kernel", "dtypes", "shapes", "isa", "throughput", "used_by"]
-    return [dict(zip(header, [c.strip() for c in ln.strip("|").split("|")])) for ln in lines]
+    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
+    return [dict(zip(header, row, strict=True)) for row in cells]
 
 
 def test_every_registered_kernel_has_a_row_and_no_row_is_stale() -> None:
