@@ -136,7 +136,7 @@ def worker(args: argparse.Namespace) -> int:
     elif args.worker.startswith("hf-"):
         res = time_hf(model_dir, args.reps, args.worker.removeprefix("hf-"))
     else:
-        res = time_llamacpp(Path(args.gguf), model_dir, args.reps)
+        res = time_llamacpp(Path(args.gguf[-1]), model_dir, args.reps)
     res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(res))
     return 0

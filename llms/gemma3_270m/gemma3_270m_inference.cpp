@@ -8,7 +8,9 @@ int main(int argc, char** argv) {
       .name = "gemma3_270m",
       .models = {{"base", "gemma3-270m"}},
       .default_model = "base",
-      .default_prompt = "The capital of France is",
+      .default_prompt =
+          "The capital of Germany is Berlin. The capital of Italy is Rome. The capital of France "
+          "is",
   };
   return edgellm::run_inference_main(deployment, argc, argv);
 }
