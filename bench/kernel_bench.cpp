@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "edgellm/bf16.h"
+#include "edgellm/roofline.h"
 #include "edgellm/thread_pool.h"
 #include "kernels/kernels.h"
 
@@ -43,57 +44,7 @@ double median_time(int reps, Fn&& fn) {
   return t[t.size() / 2];
 }
 
-// --- ceilings -----------------------------------------------------------------
-
-__attribute__((target("avx2"))) float sum_avx2(const float* p, size_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-  }
-  alignas(32) float out[8];
-  _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  return out[0] + out[7];
-}
-
-// Read bandwidth over `bytes` of memory, split across the pool.
-double read_bandwidth(size_t bytes, ThreadPool& pool) {
-  std::vector<float> buf(bytes / sizeof(float), 1.0f);
-  const size_t parts = static_cast<size_t>(pool.size()), blocks = buf.size() / 32;
-  std::vector<float> sink(parts);
-  const double t = median_time(9, [&] {
-    pool.parallel_for(parts, [&](size_t p) {
-      const size_t b = blocks * p / parts, e = blocks * (p + 1) / parts;
-      sink[p] += sum_avx2(buf.data() + b * 32, (e - b) * 32);
-    });
-  });
-  return static_cast<double>(bytes) / t / 1e9;
-}
-
-// Peak fp32 FMA throughput per thread: 10 independent chains cover the
-// 4-cycle latency on 2 ports.
-__attribute__((target("avx2,fma"))) float fma_loop(long iters) {
-  __m256 a[10];
-  for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i));
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-  for (long it = 0; it < iters; ++it)
-    for (auto& v : a) v = _mm256_fmadd_ps(v, m, c);
-  float s = 0;
-  for (auto& v : a) s += _mm256_cvtss_f32(v);
-  return s;
-}
-
-double fma_peak_gflops(ThreadPool& pool) {
-  constexpr long kIters = 20'000'000;
-  std::vector<float> sink(static_cast<size_t>(pool.size()));
-  const double t = median_time(3, [&] {
-    pool.parallel_for(static_cast<size_t>(pool.size()),
-                      [&](size_t i) { sink[i] += fma_loop(kIters); });
-  });
-  return pool.size() * kIters * 10.0 * 16.0 / t / 1e9;
-}
+// --- ceilings: measured by the engine's own roofline (engine/src/runtime/roofline.cpp) ---
 
 // --- kernels ------------------------------------------------------------------
 
@@ -217,12 +168,13 @@ int main(int argc, char** argv) {
   const int reps = quick ? 5 : 21;
   bench_pool(pool);
 
-  const double peak1 = fma_peak_gflops(one), peak = fma_peak_gflops(pool);
+  const double peak1 = edgellm::measure_fma_peak(one.size()),
+               peak = edgellm::measure_fma_peak(pool.size());
   std::printf("ceiling  FMA peak fp32: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n", peak1,
               peak, pool.size());
   const size_t gemv_bytes = 49152ull * 576 * 2;
-  const double bw_l = read_bandwidth(gemv_bytes, pool);
-  const double bw_big = read_bandwidth(size_t{1} << 30, pool);
+  const double bw_l = edgellm::measure_read_bandwidth(gemv_bytes, pool.size());
+  const double bw_big = edgellm::measure_read_bandwidth(size_t{1} << 30, pool.size());
   std::printf(
       "ceiling  read bandwidth: %.1f GB/s over %.0f MB (the GEMV's size), %.1f GB/s over 1 GiB\n",
       bw_l, gemv_bytes / 1e6, bw_big);

@@ -2,6 +2,8 @@
 // read bandwidth (decode is bandwidth-bound) and FMA peak (prefill GEMMs).
 #pragma once
 
+#include <cstddef>
+
 namespace edgellm {
 
 struct Roofline {
@@ -10,5 +12,9 @@ struct Roofline {
 };
 
 Roofline measure_roofline(int threads);
+
+// The two measurements, for tools that need other sizes (e.g. cache-resident reads).
+double measure_read_bandwidth(size_t bytes, int threads);  // GB/s, best of 3
+double measure_fma_peak(int threads);                      // GFLOP/s, 0 without AVX2+FMA
 
 }  // namespace edgellm
