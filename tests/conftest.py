@@ -8,6 +8,7 @@ by skipping the gate.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,18 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     width = max(len(r[0]) for r in rows)
     for name, kind, lenses in rows:
         terminalreporter.write_line(f"{name:<{width}}  {kind:<9}  {lenses}")
+
+
+def assert_one_line_error(
+    proc: subprocess.CompletedProcess[str], *needles: str, code: int | None = None
+) -> None:
+    """Bad input: a non-zero exit (or exactly `code`) and one `error:` line naming the problem."""
+    assert proc.returncode != 0 if code is None else proc.returncode == code, (
+        proc.stdout + proc.stderr
+    )
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:"), lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / "build" / "smollm2_135m_inference"
@@ -33,15 +34,6 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         timeout=120,
         env={**os.environ, **(env or {})},
     )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode != 0, proc.stdout
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error:"), lines[0]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 @pytest.fixture

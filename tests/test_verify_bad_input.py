@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, VERIFY_RUNNER, verify_env
+from conftest import PYTHON, REPO, VERIFY_RUNNER, assert_one_line_error, verify_env
 
 ADAPTER = "--runner=smollm2_135m.verify_adapter"
 
@@ -28,16 +28,6 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: "), lines[0]
-    assert "Traceback" not in proc.stderr + proc.stdout
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
 @pytest.fixture
 def stub_ckpt(tmp_path: Path) -> Path:
     """Enough of a checkpoint for everything before a model loads."""
@@ -50,11 +40,11 @@ def stub_ckpt(tmp_path: Path) -> Path:
 
 
 def test_unknown_runner_module() -> None:
-    assert_one_line_error(run("--runner=no_such_model.verify_adapter"), "no such module")
+    assert_one_line_error(run("--runner=no_such_model.verify_adapter"), "no such module", code=2)
 
 
 def test_runner_not_a_dotted_path() -> None:
-    assert_one_line_error(run("--runner=../etc/passwd"), "not a dotted module path")
+    assert_one_line_error(run("--runner=../etc/passwd"), "not a dotted module path", code=2)
 
 
 def test_adapter_missing_part_of_the_contract(tmp_path: Path) -> None:
@@ -74,11 +64,11 @@ def test_adapter_missing_part_of_the_contract(tmp_path: Path) -> None:
 def test_adapter_that_fails_to_import(tmp_path: Path) -> None:
     (tmp_path / "broken_adapter.py").write_text("import not_a_package_anywhere\n")
     env = {"PYTHONPATH": f"{tmp_path}:{verify_env()['PYTHONPATH']}"}
-    assert_one_line_error(run("--runner=broken_adapter", env=env), "not_a_package_anywhere")
+    assert_one_line_error(run("--runner=broken_adapter", env=env), "not_a_package_anywhere", code=2)
 
 
 def test_missing_runner_flag() -> None:
-    assert_one_line_error(run("--prompts", "topk_token"), "--runner")
+    assert_one_line_error(run("--prompts", "topk_token"), "--runner", code=2)
 
 
 @pytest.mark.parametrize(
@@ -91,28 +81,30 @@ def test_missing_runner_flag() -> None:
     ],
 )
 def test_bad_options(args: list[str], needle: str) -> None:
-    assert_one_line_error(run(ADAPTER, *args), needle)
+    assert_one_line_error(run(ADAPTER, *args), needle, code=2)
 
 
 def test_base_checkpoint_absent_offline(tmp_path: Path) -> None:
     store = tmp_path / "empty_store"
     store.mkdir()
     proc = run(ADAPTER, "--model", "base", env={"EDGELLM_MODELS": str(store)})
-    assert_one_line_error(proc, "--model base", "smollm2-135m", "--model /path/to/checkpoint")
+    assert_one_line_error(
+        proc, "--model base", "smollm2-135m", "--model /path/to/checkpoint", code=2
+    )
 
 
 def test_checkpoint_path_that_does_not_exist(tmp_path: Path) -> None:
     proc = run(ADAPTER, "--model", str(tmp_path / "nowhere"))
-    assert_one_line_error(proc, "neither a known choice", "instruct")
+    assert_one_line_error(proc, "neither a known choice", "instruct", code=2)
 
 
 def test_directory_that_is_not_a_checkpoint(tmp_path: Path) -> None:
-    assert_one_line_error(run(ADAPTER, "--model", str(tmp_path)), "no config.json")
+    assert_one_line_error(run(ADAPTER, "--model", str(tmp_path)), "no config.json", code=2)
 
 
 def test_missing_prompts_file(stub_ckpt: Path, tmp_path: Path) -> None:
     proc = run(ADAPTER, "--model", str(stub_ckpt), "--prompts-file", str(tmp_path / "none.txt"))
-    assert_one_line_error(proc, "not found")
+    assert_one_line_error(proc, "not found", code=2)
 
 
 def test_empty_prompts_file(stub_ckpt: Path, tmp_path: Path) -> None:
@@ -124,14 +116,16 @@ def test_empty_prompts_file(stub_ckpt: Path, tmp_path: Path) -> None:
 
 
 def test_empty_prompt(stub_ckpt: Path) -> None:
-    assert_one_line_error(run(ADAPTER, "--model", str(stub_ckpt), "--prompt", "  "), "empty")
+    assert_one_line_error(
+        run(ADAPTER, "--model", str(stub_ckpt), "--prompt", "  "), "empty", code=2
+    )
 
 
 def test_report_dir_not_writable(stub_ckpt: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     proc = run(ADAPTER, "--model", str(stub_ckpt), "--report-dir", str(blocker / "reports"))
-    assert_one_line_error(proc, "not writable", "--report-dir")
+    assert_one_line_error(proc, "not writable", "--report-dir", code=2)
 
 
 def test_compare_phase_without_captures(stub_ckpt: Path, tmp_path: Path) -> None:
@@ -146,7 +140,7 @@ def test_compare_phase_without_captures(stub_ckpt: Path, tmp_path: Path) -> None
         "--report-dir",
         str(tmp_path / "r"),
     )
-    assert_one_line_error(proc, "no reference capture")
+    assert_one_line_error(proc, "no reference capture", code=2)
 
 
 def test_prompt_longer_than_the_context(smollm2_checkpoint: Path, tmp_path: Path) -> None:
@@ -154,5 +148,5 @@ def test_prompt_longer_than_the_context(smollm2_checkpoint: Path, tmp_path: Path
     proc = run(
         ADAPTER, "--model", "instruct", "--prompt", long_prompt, "--report-dir", str(tmp_path)
     )
-    assert_one_line_error(proc, "does not fit the context", "shorten")
+    assert_one_line_error(proc, "does not fit the context", "shorten", code=2)
     assert not list(tmp_path.glob("*.json"))  # nothing half-written
