@@ -28,6 +28,13 @@ int64_t TensorView::numel() const {
   return n;
 }
 
+void TensorView::release_pages() const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;  // whole pages only
+  const auto end = (reinterpret_cast<uintptr_t>(data) + nbytes) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 class MappedFile {
  public:
   explicit MappedFile(const std::filesystem::path& path) : path_(path.string()) {

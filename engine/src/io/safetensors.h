@@ -25,6 +25,11 @@ struct TensorView {
   std::string file;  // for error messages
 
   int64_t numel() const;
+
+  // Drops this tensor's pages from the process (the file stays mapped; a later
+  // read faults them back in from the page cache). Setup calls it once a tensor
+  // is packed, so peak memory is the packed copy, not packed + mapped.
+  void release_pages() const;
 };
 
 class MappedFile;

@@ -85,6 +85,7 @@ kernels::PackedMatrix pack(std::initializer_list<const TensorView*> parts, size_
     n_rows += static_cast<size_t>(t->shape[0]);
   }
   bytes += rows.size() * sizeof(uint16_t);
+  for (const TensorView* t : parts) t->release_pages();
   return kernels::pack_matrix(rows.data(), n_rows, cols);
 }
 
