@@ -1,7 +1,11 @@
 #include "models/weights.h"
 
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "edgellm/bf16.h"
 #include "edgellm/error.h"
@@ -89,13 +93,55 @@ kernels::PackedMatrix pack(std::initializer_list<const TensorView*> parts, size_
   return kernels::pack_matrix(rows.data(), n_rows, cols);
 }
 
+// One layer's tensors, looked up, checked and packed. Layers are independent, so
+// setup packs them in parallel (validation and packing dominate setup time).
+LayerWeights load_layer(const TensorSource& src, const ModelConfig& c, int l, size_t& bytes) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int64_t q_rows = c.num_heads * D, kv_rows = c.num_kv_heads * D;
+  const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  LayerWeights L;
+  L.attn_norm = to_float(src.required(p + "input_layernorm.weight", {H}), norm_add);
+  L.qkv = pack({&src.required(p + "self_attn.q_proj.weight", {q_rows, H}),
+                &src.required(p + "self_attn.k_proj.weight", {kv_rows, H}),
+                &src.required(p + "self_attn.v_proj.weight", {kv_rows, H})},
+               bytes);
+  if (c.attention_bias) {
+    for (const char* b : {"q_proj.bias", "k_proj.bias", "v_proj.bias"}) {
+      const bool is_q = b[0] == 'q';
+      auto v = to_float(src.required(p + "self_attn." + b, {is_q ? q_rows : kv_rows}), 0.0f);
+      L.qkv_bias.insert(L.qkv_bias.end(), v.begin(), v.end());
+    }
+  }
+  if (c.qk_norm) {
+    L.q_norm = to_float(src.required(p + "self_attn.q_norm.weight", {D}), norm_add);
+    L.k_norm = to_float(src.required(p + "self_attn.k_norm.weight", {D}), norm_add);
+  }
+  L.o_proj = pack({&src.required(p + "self_attn.o_proj.weight", {H, q_rows})}, bytes);
+  if (c.sandwich_norms) {
+    // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the
+    // MLP.
+    L.post_attn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
+    L.ffn_norm = to_float(src.required(p + "pre_feedforward_layernorm.weight", {H}), norm_add);
+    L.post_ffn_norm =
+        to_float(src.required(p + "post_feedforward_layernorm.weight", {H}), norm_add);
+  } else {
+    // Llama family: post_attention_layernorm is the norm before the MLP.
+    L.ffn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
+  }
+  L.gate_up = pack({&src.required(p + "mlp.gate_proj.weight", {I, H}),
+                    &src.required(p + "mlp.up_proj.weight", {I, H})},
+                   bytes);
+  L.down = pack({&src.required(p + "mlp.down_proj.weight", {H, I})}, bytes);
+  return L;
+}
+
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c) {
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int threads) {
   TensorSource src(ckpt);
   ModelWeights w;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, D = c.head_dim;
-  const int64_t q_rows = c.num_heads * D, kv_rows = c.num_kv_heads * D;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
 
   const TensorView& embed = src.required("model.embed_tokens.weight", {V, H});
@@ -106,44 +152,29 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c) {
     w.embed = w.embed_owned.data();
   }
 
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    LayerWeights L;
-    L.attn_norm = to_float(src.required(p + "input_layernorm.weight", {H}), norm_add);
-    L.qkv = pack({&src.required(p + "self_attn.q_proj.weight", {q_rows, H}),
-                  &src.required(p + "self_attn.k_proj.weight", {kv_rows, H}),
-                  &src.required(p + "self_attn.v_proj.weight", {kv_rows, H})},
-                 w.decode_bytes);
-    if (c.attention_bias) {
-      for (const char* b : {"q_proj.bias", "k_proj.bias", "v_proj.bias"}) {
-        const bool is_q = b[0] == 'q';
-        auto v = to_float(src.required(p + "self_attn." + b, {is_q ? q_rows : kv_rows}), 0.0f);
-        L.qkv_bias.insert(L.qkv_bias.end(), v.begin(), v.end());
+  std::vector<size_t> layer_bytes(static_cast<size_t>(c.num_layers), 0);
+  w.layers.resize(static_cast<size_t>(c.num_layers));
+  std::atomic<int> next{0};
+  std::exception_ptr first_error;
+  std::mutex error_mutex;
+  auto worker = [&] {
+    for (int l; (l = next.fetch_add(1)) < c.num_layers;) {
+      try {
+        w.layers[l] = load_layer(src, c, l, layer_bytes[l]);
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+        next = c.num_layers;  // stop the others early
       }
     }
-    if (c.qk_norm) {
-      L.q_norm = to_float(src.required(p + "self_attn.q_norm.weight", {D}), norm_add);
-      L.k_norm = to_float(src.required(p + "self_attn.k_norm.weight", {D}), norm_add);
-    }
-    L.o_proj = pack({&src.required(p + "self_attn.o_proj.weight", {H, q_rows})}, w.decode_bytes);
-    if (c.sandwich_norms) {
-      // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the
-      // MLP.
-      L.post_attn_norm =
-          to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
-      L.ffn_norm = to_float(src.required(p + "pre_feedforward_layernorm.weight", {H}), norm_add);
-      L.post_ffn_norm =
-          to_float(src.required(p + "post_feedforward_layernorm.weight", {H}), norm_add);
-    } else {
-      // Llama family: post_attention_layernorm is the norm before the MLP.
-      L.ffn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
-    }
-    L.gate_up = pack({&src.required(p + "mlp.gate_proj.weight", {I, H}),
-                      &src.required(p + "mlp.up_proj.weight", {I, H})},
-                     w.decode_bytes);
-    L.down = pack({&src.required(p + "mlp.down_proj.weight", {H, I})}, w.decode_bytes);
-    w.layers.push_back(std::move(L));
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(worker);
+    worker();
   }
+  if (first_error) std::rethrow_exception(first_error);
+  for (size_t b : layer_bytes) w.decode_bytes += b;
   for (auto& L : w.layers)
     if (!L.qkv_bias.empty()) L.qkv.bias = L.qkv_bias.data();
 

@@ -37,6 +37,6 @@ struct ModelWeights {
 
 // Looks up every tensor the config needs (table in weights.cpp), checks its
 // shape and dtype, and packs it. Errors name the tensor, expected and actual.
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config);
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, int threads = 1);
 
 }  // namespace edgellm

@@ -82,7 +82,8 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
   s->checkpoint.emplace(Checkpoint::open(model_dir));
   s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
   s->pool = std::make_unique<ThreadPool>(options.threads);
-  s->model = std::make_unique<Transformer>(s->config, load_weights(*s->checkpoint, s->config),
+  s->model = std::make_unique<Transformer>(s->config,
+                                           load_weights(*s->checkpoint, s->config, s->pool->size()),
                                            s->max_context, *s->pool, s->profiler);
   s->logits.resize(static_cast<size_t>(s->config.vocab_size));
   s->profiler.add(Zone::setup,
