@@ -15,9 +15,6 @@ namespace edgellm::tok {
 
 namespace {
 
-// HF caches words shorter than this, up to kCacheCapacity of them.
-constexpr size_t kCacheMaxWordBytes = 256;
-constexpr size_t kCacheCapacity = 10000;
 // Ids are dense in every real vocabulary; this bound only stops a corrupt file
 // from making us allocate gigabytes for the id -> token table.
 constexpr int64_t kMaxId = 1 << 24;
@@ -69,8 +66,7 @@ class Bpe final : public Model {
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   std::array<int32_t, 256> byte_ids_;  // <0xNN> tokens, -1 when absent
 
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  WordCache cache_;
 };
 
 Bpe::Bpe(const json& j, const std::string& where) {
@@ -257,27 +253,15 @@ void Bpe::tokenize(std::string_view piece, std::vector<int32_t>& out) const {
       return;
     }
   }
-  const bool cacheable = piece.size() < kCacheMaxWordBytes;
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex_);
-    if (auto it = cache_.find(piece); it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  std::vector<Symbol> symbols;
-  symbols.reserve(piece.size());
-  initial_symbols(piece, symbols);
-  merge_all(symbols);
-  std::vector<int32_t> ids;
-  ids.reserve(symbols.size());
-  for (const Symbol& s : symbols)
-    if (s.len != 0) ids.push_back(s.id);
-  out.insert(out.end(), ids.begin(), ids.end());
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex_);
-    if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(piece), std::move(ids));
-  }
+  cache_.tokenize(piece, out, [&](std::string_view word, std::vector<int32_t>& ids) {
+    std::vector<Symbol> symbols;
+    symbols.reserve(word.size());
+    initial_symbols(word, symbols);
+    merge_all(symbols);
+    ids.reserve(symbols.size());
+    for (const Symbol& sym : symbols)
+      if (sym.len != 0) ids.push_back(sym.id);
+  });
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -18,6 +19,37 @@ struct StringHash {
 };
 // string -> id map that can be probed with a string_view without allocating.
 using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
+// HF's per-word cache: words shorter than 256 bytes, up to 10000 of them, so
+// repeated words cost one lookup. Thread-safe; shared by the BPE and Unigram models.
+class WordCache {
+ public:
+  // Appends the ids of `word` to `out`: cached, or computed by encode(word, ids).
+  template <typename Encode>
+  void tokenize(std::string_view word, std::vector<int32_t>& out, Encode&& encode) const {
+    const bool cacheable = word.size() < kMaxWordBytes;
+    if (cacheable) {
+      std::lock_guard lock(mutex_);
+      if (auto it = map_.find(word); it != map_.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    std::vector<int32_t> ids;
+    encode(word, ids);
+    out.insert(out.end(), ids.begin(), ids.end());
+    if (cacheable) {
+      std::lock_guard lock(mutex_);
+      if (map_.size() < kCapacity) map_.emplace(std::string(word), std::move(ids));
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxWordBytes = 256;
+  static constexpr size_t kCapacity = 10000;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map_;
+};
 
 class Model {
  public:

@@ -18,8 +18,6 @@ namespace edgellm::tok {
 namespace {
 
 constexpr double kUnkPenalty = 10.0;
-constexpr size_t kCacheMaxWordBytes = 256;
-constexpr size_t kCacheCapacity = 10000;
 
 // Byte trie over the vocabulary, children stored contiguously and sorted so
 // a lookup is a binary search; ~12 bytes per node keeps a 262k-piece
@@ -127,8 +125,7 @@ class Unigram final : public Model {
   bool byte_fallback_ = false;
   std::array<int32_t, 256> byte_ids_;
 
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  WordCache cache_;
 };
 
 Unigram::Unigram(const json& j, const std::string& where) {
@@ -240,21 +237,8 @@ void Unigram::encode(std::string_view s, std::vector<int32_t>& out) const {
 
 void Unigram::tokenize(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
-  const bool cacheable = piece.size() < kCacheMaxWordBytes;
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex_);
-    if (auto it = cache_.find(piece); it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  std::vector<int32_t> ids;
-  encode(piece, ids);
-  out.insert(out.end(), ids.begin(), ids.end());
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex_);
-    if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(piece), std::move(ids));
-  }
+  cache_.tokenize(piece, out,
+                  [&](std::string_view word, std::vector<int32_t>& ids) { encode(word, ids); });
 }
 
 }  // namespace
