@@ -114,15 +114,12 @@ std::filesystem::path resolve_model(const Deployment& deployment, const std::str
               " not found (run `make fetch`, or set MODEL=<checkpoint dir>)");
     return dir;
   }
-  check(
-      std::filesystem::is_directory(choice), "--model " + choice + ": neither a known choice (" +
-                                                 [&] {
-                                                   std::string s;
-                                                   for (const auto& [k, v] : deployment.models)
-                                                     s += (s.empty() ? "" : ", ") + k;
-                                                   return s;
-                                                 }() +
-                                                 ") nor a checkpoint directory");
+  if (!std::filesystem::is_directory(choice)) {
+    std::string known;
+    for (const auto& [key, dir] : deployment.models) known += (known.empty() ? "" : ", ") + key;
+    throw Error("--model " + choice + ": neither a known choice (" + known +
+                ") nor a checkpoint directory");
+  }
   return choice;
 }
 
