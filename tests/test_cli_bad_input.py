@@ -133,3 +133,155 @@ def test_bad_n_tokens(value: str) -> None:
 
 def test_unknown_option() -> None:
     assert_one_line_error(run("--frobnicate"), "frobnicate")
+
+
+# --- Regressions from the robustness review (issue 8): each crashed, hung or was
+# accepted silently before its fix.
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def edit_json(path: Path, **fields: object) -> None:
+    data = json.loads(path.read_text())
+    data.update(fields)
+    path.write_text(json.dumps(data))
+
+
+def set_raw_field(path: Path, field: str, raw_value: str) -> None:
+    """Sets a top-level field to raw JSON text (for values json.dumps cannot nest this deep)."""
+    data = json.loads(path.read_text())
+    data[field] = None
+    text = json.dumps(data)
+    key = f'"{field}": null'
+    path.write_text(text.replace(key, f'"{field}": {raw_value}', 1))
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [
+        ("config.json", "hidden_size"),
+        ("generation_config.json", "eos_token_id"),
+        ("tokenizer_config.json", "bos_token"),
+    ],
+)
+def test_deeply_nested_json_value(ckpt_copy: Path, name: str, field: str) -> None:
+    set_raw_field(ckpt_copy / name, field, DEEP)
+    assert_one_line_error(run("--model", str(ckpt_copy)), name, "nested deeper than")
+
+
+@pytest.mark.parametrize("component", ["pre_tokenizer", "normalizer", "decoder"])
+def test_deeply_nested_tokenizer_sequence(ckpt_copy: Path, component: str) -> None:
+    key = {"pre_tokenizer": "pretokenizers", "normalizer": "normalizers", "decoder": "decoders"}
+    opening = f'{{"type": "Sequence", "{key[component]}": ['
+    value = opening * 20_001 + "]}" * 20_001
+    set_raw_field(ckpt_copy / "tokenizer.json", component, value)
+    assert_one_line_error(run("--model", str(ckpt_copy)), "tokenizer.json", "nested deeper than")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("rope_theta", 1e300),
+        ("eos_token_id", 2**32 + 2),
+        ("bos_token_id", 2**32 + 1),
+        ("num_hidden_layers", 10**9),
+    ],
+)
+def test_config_value_out_of_range(ckpt_copy: Path, field: str, value: float) -> None:
+    edit_json(ckpt_copy / "config.json", **{field: value})
+    assert_one_line_error(run("--model", str(ckpt_copy)), "config.json", f"'{field}'")
+
+
+def test_generation_config_eos_does_not_wrap(ckpt_copy: Path) -> None:
+    edit_json(ckpt_copy / "generation_config.json", eos_token_id=2**32 + 2)
+    assert_one_line_error(
+        run("--model", str(ckpt_copy)), "generation_config.json", "outside the vocabulary"
+    )
+
+
+def test_more_layers_than_the_checkpoint_has(ckpt_copy: Path) -> None:
+    """Named before anything is packed (it used to fail only after packing every layer)."""
+    layers = json.loads((ckpt_copy / "config.json").read_text())["num_hidden_layers"]
+    edit_json(ckpt_copy / "config.json", num_hidden_layers=layers + 1)
+    assert_one_line_error(run("--model", str(ckpt_copy)), f"model.layers.{layers}.", "is missing")
+
+
+def test_context_that_cannot_fit_in_memory(ckpt_copy: Path) -> None:
+    edit_json(ckpt_copy / "config.json", max_position_embeddings=2**31 - 1)
+    proc = run("--model", str(ckpt_copy), "--max-context", str(2**31 - 1))
+    assert_one_line_error(proc, "setup needs", "GB available", "--max-context")
+
+
+def test_threads_beyond_the_hardware() -> None:
+    assert_one_line_error(run("--threads", "1000"), "threads must be at most", "got 1000")
+
+
+BINDING_SCRIPT = r"""
+import sys, edgellm_py
+s = edgellm_py.Session()
+for name in ("tokenizer", "chat_template", "max_context", "weight_bytes", "vocab_size",
+             "num_layers", "hidden_size", "eos_token_ids"):
+    try:
+        getattr(s, name)
+    except edgellm_py.Error as e:
+        assert "not set up" in str(e), (name, e)
+    else:
+        raise SystemExit(f"{name}: no error before setup")
+try:
+    s.setup(sys.argv[1] + "/absent")
+except edgellm_py.Error:
+    pass
+for call in (lambda: s.prefill([1, 2]), lambda: s.decode_step(1, 0), lambda: s.tokenizer):
+    try:
+        call()
+    except edgellm_py.Error as e:
+        assert "not set up" in str(e), e
+    else:
+        raise SystemExit("no error after a failed setup")
+print("ok")
+"""
+
+
+def run_python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    from conftest import PYTHON, verify_env
+
+    return subprocess.run(
+        [PYTHON, "-c", script, *args], capture_output=True, text=True, timeout=300, env=verify_env()
+    )
+
+
+def test_binding_before_and_after_failed_setup(tmp_path: Path) -> None:
+    """Was a segfault: Session properties dereferenced the state setup() creates."""
+    proc = run_python(BINDING_SCRIPT, str(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+TRUNCATE_SCRIPT = r"""
+import sys, numpy as np, edgellm_py
+ckpt, mode = sys.argv[1], sys.argv[2]
+s = edgellm_py.Session()
+s.setup(ckpt, threads=2, max_context=64)
+ids = s.tokenizer.encode("The capital of France is")
+before = s.prefill(ids)
+path = ckpt + "/model.safetensors"
+if mode == "truncate":
+    open(path, "r+b").truncate(0)
+else:  # overwrite every byte after the first 4 KiB in place with 0xff (NaN as bf16)
+    with open(path, "r+b") as f:
+        size = f.seek(0, 2)
+        f.seek(4096)
+        f.write(b"\xff" * (size - 4096))
+after = s.prefill(ids)
+assert np.array_equal(before, after), "logits changed after the model file changed"
+step = s.decode_step(int(np.argmax(after)), len(ids))
+assert np.isfinite(step).all()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["truncate", "overwrite"])
+def test_model_file_changed_after_setup(ckpt_copy: Path, mode: str) -> None:
+    """Was SIGBUS (truncate) or silent NaN (overwrite): the embedding was read from the mapping."""
+    materialize(ckpt_copy / "model.safetensors")
+    proc = run_python(TRUNCATE_SCRIPT, str(ckpt_copy), mode)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

@@ -59,7 +59,7 @@ TEST(ConfigTest, Gemma3LayersAndScales) {
 }
 
 TEST(ConfigTest, RejectsBadInputWithFieldName) {
-  EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of("{not json").find("config.json: parse error at byte"), std::string::npos);
   EXPECT_NE(error_of(R"({"architectures": ["BertModel"], "hidden_size": 8})").find("BertModel"),
             std::string::npos);
   std::string no_hidden = kLlama;
@@ -75,6 +75,88 @@ TEST(ConfigTest, RejectsBadInputWithFieldName) {
   EXPECT_NE(error_of(truncated.substr(0, truncated.size() / 2)).find("config.json"),
             std::string::npos);
   EXPECT_NE(error_of("").find("config.json"), std::string::npos);
+}
+
+// kLlama with one field's value replaced (or added when absent).
+std::string llama_with(const std::string& field, const std::string& value) {
+  nlohmann::json j = nlohmann::json::parse(kLlama);
+  j.erase(field);
+  std::string text = j.dump();
+  text.insert(1, "\"" + field + "\": " + value + ", ");
+  return text;
+}
+
+// Regression: dump() of a value nested 200k deep, built for the error message,
+// overflowed the stack (SIGSEGV). The parser now refuses deep nesting outright.
+TEST(ConfigTest, DeeplyNestedValueIsRefusedNotACrash) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  for (const char* field : {"hidden_size", "eos_token_id", "rope_scaling"}) {
+    const std::string msg = error_of(llama_with(field, deep));
+    EXPECT_NE(msg.find("nested deeper than"), std::string::npos) << field << ": " << msg;
+  }
+  // Moderate nesting still parses: the limit is far above what real files use.
+  const std::string ok = std::string(20, '[') + "1" + std::string(20, ']');
+  EXPECT_NE(error_of(llama_with("hidden_size", ok)).find("'hidden_size'"), std::string::npos);
+}
+
+// Regression: these floats were accepted silently (1e300 became inf as a float,
+// a negative softcap or zero RoPE base ran and produced garbage).
+TEST(ConfigTest, NonFiniteAndOutOfRangeFloatsAreNamed) {
+  const std::pair<const char*, const char*> llama_cases[] = {
+      {"rope_theta", "1e300"}, {"rope_theta", "0"},       {"rope_theta", "-5"},
+      {"rms_norm_eps", "0"},   {"rms_norm_eps", "-1e-6"}, {"rms_norm_eps", "1e39"},
+  };
+  for (const auto& [field, value] : llama_cases) {
+    const std::string msg = error_of(llama_with(field, value));
+    EXPECT_NE(msg.find(std::string("'") + field + "'"), std::string::npos)
+        << field << "=" << value << ": " << msg;
+  }
+  nlohmann::json gemma = nlohmann::json::parse(kLlama);
+  gemma["architectures"] = {"Gemma3ForCausalLM"};
+  const std::pair<const char*, double> gemma_cases[] = {
+      {"query_pre_attn_scalar", 0},     {"query_pre_attn_scalar", -256},
+      {"final_logit_softcapping", -30}, {"attn_logit_softcapping", -50},
+      {"rope_local_base_freq", 0},      {"rope_local_base_freq", 1e300},
+  };
+  for (const auto& [field, value] : gemma_cases) {
+    nlohmann::json j = gemma;
+    j[field] = value;
+    const std::string msg = error_of(j.dump());
+    EXPECT_NE(msg.find(std::string("'") + field + "'"), std::string::npos)
+        << field << "=" << value << ": " << msg;
+  }
+  gemma["final_logit_softcapping"] = nullptr;  // null and 0 both mean off
+  gemma["attn_logit_softcapping"] = 0;
+  EXPECT_EQ(error_of(gemma.dump()), "");
+}
+
+// Regression: 2^32 + 2 wrapped to the valid id 2.
+TEST(ConfigTest, TokenIdsDoNotWrap) {
+  for (const char* field : {"eos_token_id", "bos_token_id"})
+    for (const char* value : {"4294967298", "-1", "100", "[2, 4294967298]", "2.5"}) {
+      if (std::string(field) == "bos_token_id" && value[0] == '[') continue;
+      const std::string msg = error_of(llama_with(field, value));
+      EXPECT_NE(msg.find(std::string("'") + field + "'"), std::string::npos)
+          << field << "=" << value << ": " << msg;
+    }
+  EXPECT_EQ(error_of(llama_with("eos_token_id", "[2, 99]")), "");
+}
+
+// Regression: 1e9 layers sized a per-layer table (12 GB) before any tensor
+// was looked at; 2^31 - 1 threw std::bad_alloc.
+TEST(ConfigTest, LayerCountIsBoundedBeforeAllocating) {
+  for (const char* value : {"1000000000", "2147483647"}) {
+    const std::string msg = error_of(llama_with("num_hidden_layers", value));
+    EXPECT_NE(msg.find("'num_hidden_layers'"), std::string::npos) << msg;
+  }
+}
+
+// Error messages quote at most a short excerpt of a huge value.
+TEST(ConfigTest, QuotedValuesAreCut) {
+  const std::string msg =
+      error_of(llama_with("hidden_size", "\"" + std::string(1 << 20, 'x') + "\""));
+  EXPECT_NE(msg.find("'hidden_size'"), std::string::npos);
+  EXPECT_LT(msg.size(), 300u) << msg.size();
 }
 
 TEST(ConfigTest, MissingFileSaysSo) {

@@ -80,6 +80,22 @@ TEST(SafetensorsTest, OffsetsAndDtypesAreValidated) {
   EXPECT_NE(error_of(dir).find("header length"), std::string::npos);
 }
 
+// Regression: a shape nested 200k deep crashed (stack overflow in dump() for
+// the "bad dimension" message); the header parser now refuses deep nesting.
+TEST(SafetensorsTest, DeeplyNestedHeaderIsRefused) {
+  auto dir = testing::make_temp_dir("st");
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const std::string h =
+      R"({"x": {"dtype": "F32", "shape": )" + deep + R"(, "data_offsets": [0, 4]}})";
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  const uint64_t len = h.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << h << std::string(4, '\0');
+  out.close();
+  const std::string msg = error_of(dir);
+  EXPECT_NE(msg.find("nested deeper than"), std::string::npos) << msg;
+}
+
 TEST(SafetensorsTest, MissingCheckpointIsNamed) {
   auto dir = testing::make_temp_dir("st");
   EXPECT_NE(error_of(dir).find("no model.safetensors"), std::string::npos);

@@ -43,6 +43,9 @@ inline FakeTensor random_tensor(std::vector<int64_t> shape, float scale, std::mt
   return t;
 }
 
+// The header is padded to an odd length, so every tensor starts at an odd
+// address, as the format allows: loaders must not assume aligned data (UBSan
+// flags a typed load from it).
 inline void write_safetensors(const std::filesystem::path& path,
                               const std::map<std::string, FakeTensor>& tensors) {
   nlohmann::json header = nlohmann::json::object();
@@ -54,6 +57,7 @@ inline void write_safetensors(const std::filesystem::path& path,
     offset += bytes;
   }
   std::string h = header.dump();
+  if (h.size() % 2 == 0) h += ' ';
   const uint64_t len = h.size();
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(&len), 8);
@@ -62,5 +66,31 @@ inline void write_safetensors(const std::filesystem::path& path,
     out.write(reinterpret_cast<const char*>(t.bf16.data()),
               static_cast<std::streamsize>(t.bf16.size() * 2));
 }
+
+// Byte-level BPE in the SmolLM2 layout: Digits(individual) then ByteLevel,
+// <|im_start|> as bos. The added tokens' ids follow the 24 vocabulary entries,
+// as HF assigns them. "Ġ" is the byte-level space; "Ã" "©" are the byte-level
+// characters of the two UTF-8 bytes of "é".
+inline const char* kBpeJson = R"json({"version": "1.0", "truncation": null, "padding": null,
+ "added_tokens": [
+  {"id": 24, "content": "<|im_start|>", "single_word": false, "lstrip": false, "rstrip": false,
+   "normalized": false, "special": true},
+  {"id": 25, "content": "<|im_end|>", "single_word": false, "lstrip": false, "rstrip": false,
+   "normalized": false, "special": true}],
+ "normalizer": null,
+ "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+  {"type": "Digits", "individual_digits": true},
+  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]},
+ "post_processor": {"type": "TemplateProcessing",
+  "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+  "pair": [],
+  "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [24], "tokens": ["<|im_start|>"]}}},
+ "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+ "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+  "vocab": {"h": 0, "e": 1, "l": 2, "o": 3, "w": 4, "r": 5, "d": 6, "Ġ": 7, "Ã": 8, "©": 9, "1": 10,
+   "2": 11, "he": 12, "ll": 13, "hell": 14, "hello": 15, "Ġw": 16, "or": 17, "Ġwor": 18,
+   "Ġworld": 19, "12": 20, "ld": 21, ".": 22, "!": 23},
+  "merges": ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2"]}})json";
 
 }  // namespace edgellm::testing

@@ -19,31 +19,7 @@ using testing::make_temp_dir;
 using testing::write_text;
 using Ids = std::vector<int32_t>;
 
-// Byte-level BPE in the SmolLM2 layout: Digits(individual) then ByteLevel,
-// <|im_start|> as bos. The added tokens' ids follow the 24 vocabulary entries,
-// as HF assigns them. "Ġ" is the byte-level space; "Ã" "©" are the byte-level
-// characters of the two UTF-8 bytes of "é".
-const char* kBpeJson = R"json({"version": "1.0", "truncation": null, "padding": null,
- "added_tokens": [
-  {"id": 24, "content": "<|im_start|>", "single_word": false, "lstrip": false, "rstrip": false,
-   "normalized": false, "special": true},
-  {"id": 25, "content": "<|im_end|>", "single_word": false, "lstrip": false, "rstrip": false,
-   "normalized": false, "special": true}],
- "normalizer": null,
- "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-  {"type": "Digits", "individual_digits": true},
-  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]},
- "post_processor": {"type": "TemplateProcessing",
-  "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-  "pair": [],
-  "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [24], "tokens": ["<|im_start|>"]}}},
- "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
- "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-  "vocab": {"h": 0, "e": 1, "l": 2, "o": 3, "w": 4, "r": 5, "d": 6, "Ġ": 7, "Ã": 8, "©": 9, "1": 10,
-   "2": 11, "he": 12, "ll": 13, "hell": 14, "hello": 15, "Ġw": 16, "or": 17, "Ġwor": 18,
-   "Ġworld": 19, "12": 20, "ld": 21, ".": 22, "!": 23},
-  "merges": ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2"]}})json";
+using testing::kBpeJson;
 
 // SentencePiece-style Unigram with byte fallback, Gemma's normalizer/decoder.
 const char* kUnigramJson = R"json({"version": "1.0",
@@ -238,6 +214,51 @@ TEST(TokenizerErrorTest, CorruptFieldsAreNamed) {
     EXPECT_NE(msg.find("tokenizer.json: "), std::string::npos) << msg;
     EXPECT_NE(msg.find(expected), std::string::npos) << "expected '" << expected << "' in: " << msg;
   }
+}
+
+// Regression: the Unigram trie was built recursively, one frame per byte, so a
+// 200 KB vocabulary piece overflowed the stack.
+TEST(TokenizerErrorTest, HugeUnigramPieceLoads) {
+  const std::string base = kUnigramJson;
+  const std::string huge =
+      with(base, R"(["<0xA9>", 0.0])",
+           R"(["<0xA9>", 0.0], [")" + std::string(200000, 'x') + R"(", -3.0])");
+  const Tokenizer t = Tokenizer::load(model_dir(huge));
+  EXPECT_EQ(t.encode("ab"), Tokenizer::load(model_dir(base)).encode("ab"));
+  EXPECT_EQ(t.token_to_id(std::string(200000, 'x')), 10);
+}
+
+// Regression: Sequence components nested 20k deep recursed per level (stack
+// overflow) and rebuilt the error path quadratically (10-60 s). The JSON
+// parser now refuses such nesting; a few levels still work.
+TEST(TokenizerErrorTest, DeeplyNestedSequencesAreRefused) {
+  const std::pair<std::string, std::string> components[] = {
+      {"pre_tokenizer", "pretokenizers"}, {"normalizer", "normalizers"}, {"decoder", "decoders"}};
+  const std::string b = kBpeJson;
+  for (const auto& [component, list] : components) {
+    auto nested = [&](int depth) {  // depth + 1 Sequences, each holding the next
+      std::string v;
+      for (int i = 0; i <= depth; ++i) v += R"({"type": "Sequence", ")" + list + R"(": [)";
+      for (int i = 0; i <= depth; ++i) v += "]}";
+      return v;
+    };
+    auto with_value = [&](const std::string& value) {
+      nlohmann::json j = nlohmann::json::parse(b);
+      j[component] = nullptr;
+      std::string text = j.dump();
+      const std::string key = "\"" + component + "\":null";
+      text.replace(text.find(key), key.size(), "\"" + component + "\":" + value);
+      return text;
+    };
+    const std::string msg = load_error(model_dir(with_value(nested(20000))));
+    EXPECT_NE(msg.find("tokenizer.json: JSON nested deeper than"), std::string::npos)
+        << component << ": " << msg;
+    EXPECT_EQ(load_error(model_dir(with_value(nested(8)))), "") << component;
+  }
+  const std::string cfg =
+      R"({"bos_token": )" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_NE(load_error(model_dir(b, cfg)).find("tokenizer_config.json: JSON nested deeper than"),
+            std::string::npos);
 }
 
 TEST(TokenizerErrorTest, CorruptConfigIsNamed) {

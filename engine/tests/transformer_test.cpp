@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
 #include "edgellm/config.h"
 #include "edgellm/error.h"
+#include "edgellm/session.h"
 #include "io/safetensors.h"
 #include "models/transformer.h"
 #include "models/weights.h"
@@ -151,6 +153,111 @@ TEST(WeightsTest, ShapeDisagreeingWithConfigIsNamed) {
     EXPECT_NE(msg.find("gate_proj"), std::string::npos) << msg;
     EXPECT_NE(msg.find("[80, 48]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("[96, 48]"), std::string::npos) << msg;
+  }
+}
+
+// A tiny checkpoint a Session can set up (it also needs a tokenizer).
+TinyModel write_tiny_session_model(const std::string& extra = "") {
+  TinyModel m = write_tiny("LlamaForCausalLM", extra);
+  testing::write_text(m.dir / "tokenizer.json", testing::kBpeJson);
+  return m;
+}
+
+// Regression: before setup (or after a failed one) the accessors dereferenced
+// a null state; the Python binding segfaulted on `Session().tokenizer`.
+TEST(SessionTest, UseBeforeOrAfterFailedSetupIsAnError) {
+  Session s;
+  auto expect_not_set_up = [](auto&& call) {
+    try {
+      call();
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not set up"), std::string::npos) << e.what();
+    }
+  };
+  auto all = [&] {
+    expect_not_set_up([&] { s.tokenizer(); });
+    expect_not_set_up([&] { s.config(); });
+    expect_not_set_up([&] { s.chat_template(); });
+    expect_not_set_up([&] { s.profiler(); });
+    expect_not_set_up([&] { s.max_context(); });
+    expect_not_set_up([&] { s.threads(); });
+    expect_not_set_up([&] { s.weight_bytes(); });
+    expect_not_set_up([&] { s.decode_step(1, 0); });
+    const std::vector<int32_t> tokens = {1, 2};
+    expect_not_set_up([&] { s.prefill(tokens); });
+  };
+  all();
+  TinyModel m = write_tiny_session_model();
+  std::filesystem::remove(m.dir / "tokenizer.json");
+  EXPECT_THROW(s.setup(m.dir), Error);
+  all();
+}
+
+// Regression: --threads 1000 on 2 cores ran for a minute with no output.
+TEST(SessionTest, ThreadCountIsBounded) {
+  TinyModel m = write_tiny_session_model();
+  Session s;
+  SessionOptions o;
+  o.threads = 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) + 1;
+  try {
+    s.setup(m.dir, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("threads must be at most"), std::string::npos) << e.what();
+  }
+  o.threads = 2;
+  s.setup(m.dir, o);
+  EXPECT_EQ(s.threads(), 2);
+}
+
+// Regression: a context of 2^31 positions asked for the memory and died with
+// "internal error: std::bad_alloc"; setup now computes the need and refuses.
+TEST(SessionTest, MemoryNeedIsCheckedBeforeAllocating) {
+  TinyModel m = write_tiny_session_model(R"(, "max_position_embeddings": 2147483647)");
+  Session s;
+  SessionOptions o;
+  o.max_context = 2147483647;
+  try {
+    s.setup(m.dir, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("setup needs"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("GB available"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("2147483647 positions"), std::string::npos) << msg;
+  }
+  o.max_context = 64;
+  s.setup(m.dir, o);
+  EXPECT_EQ(s.max_context(), 64);
+}
+
+// Regression: the embedding table was read from the live mapping after setup,
+// so editing the model file gave NaN output and truncating it gave SIGBUS.
+TEST(SessionTest, ModelFileChangesAfterSetupDoNotMatter) {
+  for (const char* extra : {"", R"(, "tie_word_embeddings": true)"}) {
+    TinyModel m = write_tiny_session_model(extra);
+    Session s;
+    s.setup(m.dir);
+    const std::vector<int32_t> tokens = {5, 17, 3};
+    auto logits = [&] {
+      const auto l = s.prefill(tokens);
+      return std::vector<float>(l.begin(), l.end());
+    };
+    const std::vector<float> before = logits();
+    const auto path = m.dir / "model.safetensors";
+    const auto size = std::filesystem::file_size(path);
+    {  // In place: every data byte 0xff, i.e. NaN in bf16.
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      uint64_t header_len = 0;
+      f.read(reinterpret_cast<char*>(&header_len), 8);
+      f.seekp(static_cast<std::streamoff>(8 + header_len));
+      f << std::string(size - 8 - header_len, '\xff');
+    }
+    EXPECT_EQ(logits(), before) << "edited" << extra;
+    std::filesystem::resize_file(path, 0);
+    EXPECT_EQ(logits(), before) << "truncated" << extra;
+    s.decode_step(7, 3);
   }
 }
 

@@ -3,6 +3,7 @@
 // edgellm.Error. Invariant violations inside kernels are asserts, not Errors.
 #pragma once
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -12,14 +13,21 @@ class Error : public std::runtime_error {
  public:
   // Messages may quote bytes from a corrupt file (e.g. a JSON parser's "last
   // read"): anything that is not valid UTF-8 or is a control character becomes
-  // '?', so the message stays one printable line.
+  // '?', and a message longer than kMaxChars is cut, so it stays one short
+  // printable line however large the quoted value was.
   explicit Error(const std::string& message) : std::runtime_error(printable(message)) {}
+
+  static constexpr size_t kMaxChars = 1000;
 
  private:
   static std::string printable(const std::string& s) {
     std::string out;
-    out.reserve(s.size());
+    out.reserve(std::min(s.size(), kMaxChars + 3));
     for (size_t i = 0; i < s.size();) {
+      if (out.size() >= kMaxChars) {
+        out += "...";
+        break;
+      }
       const auto c = static_cast<unsigned char>(s[i]);
       const size_t len = c < 0x80           ? 1
                          : (c >> 5) == 0x6  ? 2

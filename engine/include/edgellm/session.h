@@ -16,8 +16,8 @@
 namespace edgellm {
 
 struct SessionOptions {
-  int threads = 0;         // <= 0: one per hardware thread
-  int max_context = 4096;  // KV cache positions; capped by the model's limit
+  int threads = 0;         // <= 0: one per hardware thread; at most 4 per hardware thread
+  int max_context = 4096;  // KV cache positions; capped by the model's limit and by memory
   bool profile = false;    // per-kernel timing (costs nothing when off)
 };
 
@@ -36,7 +36,10 @@ class Session {
   Session& operator=(Session&&) noexcept;
 
   // ONE-TIME: map and validate config, tokenizer and weights; pre-pack weights
-  // for the kernels; allocate the KV cache, RoPE tables and threads.
+  // for the kernels; allocate the KV cache, RoPE tables and threads. Refuses
+  // (Error) a setup whose memory need exceeds what is available, before
+  // allocating it. The checkpoint is unmapped when setup returns. Every other
+  // member throws Error until a setup has succeeded.
   void setup(const std::filesystem::path& model_dir, const SessionOptions& options = {});
 
   // Runs `tokens` at positions [start_pos, start_pos + n) and returns the logits
@@ -58,6 +61,7 @@ class Session {
 
  private:
   struct State;
+  State& state() const;  // throws Error before a successful setup()
   std::unique_ptr<State> state_;
 };
 

@@ -2,15 +2,15 @@
 // validated here, so a bad or unsupported config fails with one line naming
 // the file and field instead of deep inside the forward pass.
 #include <cmath>
-#include <fstream>
+#include <limits>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "edgellm/bf16.h"
 #include "edgellm/config.h"
 #include "edgellm/error.h"
+#include "io/json_file.h"
 
 namespace edgellm {
 
@@ -26,32 +26,61 @@ struct Reader {
     throw Error(file + ": field '" + field + "' " + what);
   }
   bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
-  int positive_int(const char* key) const {
+  std::string got(const char* key) const { return ", got " + json_excerpt(j[key]); }
+  int positive_int(const char* key, long long max = INT32_MAX) const {
     if (!has(key)) fail(key, "is missing");
     if (!j[key].is_number_integer() || j[key].get<long long>() <= 0 ||
-        j[key].get<long long>() > (1ll << 31) - 1)
-      fail(key, "must be a positive integer, got " + j[key].dump());
+        j[key].get<long long>() > max)
+      fail(key, "must be a positive integer up to " + std::to_string(max) + got(key));
     return j[key].get<int>();
   }
   int positive_int_or(const char* key, int fallback) const {
     return has(key) ? positive_int(key) : fallback;
   }
+  // A float field: finite and representable (1e300 would become inf as a float).
   float number_or(const char* key, float fallback) const {
     if (!has(key)) return fallback;
-    if (!j[key].is_number()) fail(key, "must be a number, got " + j[key].dump());
-    return j[key].get<float>();
+    if (!j[key].is_number()) fail(key, "must be a number" + got(key));
+    const double v = j[key].get<double>();
+    if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max())
+      fail(key, "must be a finite number within float range" + got(key));
+    return static_cast<float>(v);
+  }
+  float positive_number_or(const char* key, float fallback) const {
+    const float v = number_or(key, fallback);
+    if (!(v > 0.0f)) fail(key, "must be positive" + got(key));
+    return v;
+  }
+  // Logit softcaps: 0 (or absent) turns them off; a negative cap is a typo.
+  float softcap_or_zero(const char* key) const {
+    const float v = number_or(key, 0.0f);
+    if (v < 0.0f) fail(key, "must be positive, or 0/null for no softcap" + got(key));
+    return v;
+  }
+  // A token id: an integer in [0, vocab_size).
+  int token_id(const json& v, const char* key, int vocab_size) const {
+    if (!v.is_number_integer()) fail(key, "must hold integer token ids, got " + json_excerpt(v));
+    const long long id =
+        v.is_number_unsigned() && v.get<unsigned long long>() > INT32_MAX ? -1 : v.get<long long>();
+    if (id < 0 || id >= vocab_size)
+      fail(key, "holds " + json_excerpt(v) + ", outside the vocabulary of " +
+                    std::to_string(vocab_size));
+    return static_cast<int>(id);
   }
   bool bool_or(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
-    if (!j[key].is_boolean()) fail(key, "must be true or false, got " + j[key].dump());
+    if (!j[key].is_boolean()) fail(key, "must be true or false" + got(key));
     return j[key].get<bool>();
   }
   std::string string_or(const char* key, const std::string& fallback) const {
     if (!has(key)) return fallback;
-    if (!j[key].is_string()) fail(key, "must be a string, got " + j[key].dump());
+    if (!j[key].is_string()) fail(key, "must be a string" + got(key));
     return j[key].get<std::string>();
   }
 };
+
+// Far above any published model (Llama 3.1 405B has 126 layers).
+constexpr int kMaxLayers = 1 << 14;
 
 const std::set<std::string> kSupported = {"LlamaForCausalLM", "MistralForCausalLM",
                                           "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -70,14 +99,13 @@ void read_rope_scaling(const Reader& r, ModelConfig& c) {
   Reader s{rs, r.file};
   const std::string type = s.string_or("rope_type", s.string_or("type", "default"));
   if (type == "default") return;
-  c.rope_scaling.factor = s.number_or("factor", 1.0f);
-  if (!(c.rope_scaling.factor > 0.0f)) r.fail("rope_scaling.factor", "must be positive");
+  c.rope_scaling.factor = s.positive_number_or("factor", 1.0f);
   if (type == "linear") {
     c.rope_scaling.type = RopeScaling::Type::linear;
   } else if (type == "llama3") {
     c.rope_scaling.type = RopeScaling::Type::llama3;
-    c.rope_scaling.low_freq_factor = s.number_or("low_freq_factor", 1.0f);
-    c.rope_scaling.high_freq_factor = s.number_or("high_freq_factor", 4.0f);
+    c.rope_scaling.low_freq_factor = s.positive_number_or("low_freq_factor", 1.0f);
+    c.rope_scaling.high_freq_factor = s.positive_number_or("high_freq_factor", 4.0f);
     c.rope_scaling.original_max_position =
         s.positive_int_or("original_max_position_embeddings", 8192);
     if (!(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor))
@@ -91,15 +119,12 @@ void read_rope_scaling(const Reader& r, ModelConfig& c) {
 void read_eos(const Reader& r, ModelConfig& c) {
   if (!r.has("eos_token_id")) return;
   const json& e = r.j["eos_token_id"];
-  if (e.is_number_integer()) {
-    c.eos_token_ids.push_back(e.get<int>());
-  } else if (e.is_array()) {
-    for (const auto& v : e) {
-      if (!v.is_number_integer()) r.fail("eos_token_id", "must hold integers, got " + e.dump());
-      c.eos_token_ids.push_back(v.get<int>());
-    }
+  if (e.is_array()) {
+    for (const auto& v : e) c.eos_token_ids.push_back(r.token_id(v, "eos_token_id", c.vocab_size));
+  } else if (e.is_number()) {
+    c.eos_token_ids.push_back(r.token_id(e, "eos_token_id", c.vocab_size));
   } else {
-    r.fail("eos_token_id", "must be an integer or a list, got " + e.dump());
+    r.fail("eos_token_id", "must be an integer or a list" + r.got("eos_token_id"));
   }
 }
 
@@ -107,14 +132,9 @@ void read_eos(const Reader& r, ModelConfig& c) {
 
 ModelConfig load_model_config(const std::filesystem::path& config_json) {
   const std::string file = config_json.string();
-  std::ifstream in(config_json);
-  check(in.good(), file + ": cannot open (is the checkpoint directory complete?)");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(file + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
+  check(std::filesystem::exists(config_json),
+        file + ": cannot open (is the checkpoint directory complete?)");
+  const json j = read_json_file(config_json);
   check(j.is_object(), file + ": must hold a JSON object");
   Reader r{j, file};
 
@@ -133,19 +153,19 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
 
   c.hidden_size = r.positive_int("hidden_size");
   c.intermediate_size = r.positive_int("intermediate_size");
-  c.num_layers = r.positive_int("num_hidden_layers");
+  // Bounded before the per-layer table below is allocated; the tensors decide the rest.
+  c.num_layers = r.positive_int("num_hidden_layers", kMaxLayers);
   c.num_heads = r.positive_int("num_attention_heads");
   c.num_kv_heads = r.positive_int_or("num_key_value_heads", c.num_heads);
   c.head_dim = r.positive_int_or("head_dim", c.hidden_size / c.num_heads);
   c.vocab_size = r.positive_int("vocab_size");
   c.max_position_embeddings = r.positive_int_or("max_position_embeddings", 2048);
-  c.rms_norm_eps = r.number_or("rms_norm_eps", 1e-6f);
+  c.rms_norm_eps = r.positive_number_or("rms_norm_eps", 1e-6f);
   if (c.num_heads % c.num_kv_heads != 0)
     r.fail("num_key_value_heads", "(" + std::to_string(c.num_kv_heads) +
                                       ") must divide num_attention_heads (" +
                                       std::to_string(c.num_heads) + ")");
   if (c.head_dim % 2 != 0) r.fail("head_dim", "must be even for RoPE");
-  if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", "must be positive");
 
   const std::string act =
       r.string_or(gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
@@ -170,20 +190,19 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   if (gemma) {
     // Gemma scales embeddings by sqrt(hidden); HF casts the scale to the weight dtype (bf16).
     c.embedding_scale = round_to_bf16(std::sqrt(static_cast<float>(c.hidden_size)));
-    c.query_scale =
-        1.0f / std::sqrt(r.number_or("query_pre_attn_scalar", static_cast<float>(c.head_dim)));
-    c.final_logit_softcap = r.number_or("final_logit_softcapping", 0.0f);
-    c.attn_logit_softcap = r.number_or("attn_logit_softcapping", 0.0f);
+    c.query_scale = 1.0f / std::sqrt(r.positive_number_or("query_pre_attn_scalar",
+                                                          static_cast<float>(c.head_dim)));
+    c.final_logit_softcap = r.softcap_or_zero("final_logit_softcapping");
+    c.attn_logit_softcap = r.softcap_or_zero("attn_logit_softcapping");
   }
   read_rope_scaling(r, c);
 
-  const float rope_theta = r.number_or("rope_theta", gemma ? 1e6f : 10000.0f);
-  if (!(rope_theta > 0.0f)) r.fail("rope_theta", "must be positive");
+  const float rope_theta = r.positive_number_or("rope_theta", gemma ? 1e6f : 10000.0f);
   c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{0, rope_theta, true});
   if (gemma) {
     // Local (sliding) layers use their own RoPE base without scaling; global ones the main base.
     const int window = r.positive_int_or("sliding_window", 512);
-    const float local_theta = r.number_or("rope_local_base_freq", 10000.0f);
+    const float local_theta = r.positive_number_or("rope_local_base_freq", 10000.0f);
     std::vector<bool> sliding(static_cast<size_t>(c.num_layers));
     if (r.has("layer_types")) {
       const json& lt = j["layer_types"];
@@ -205,13 +224,9 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
       if (sliding[i]) c.layers[i] = LayerSpec{window, local_theta, false};
   }
 
-  c.bos_token_id = r.has("bos_token_id") && j["bos_token_id"].is_number_integer()
-                       ? j["bos_token_id"].get<int>()
-                       : -1;
+  if (r.has("bos_token_id"))
+    c.bos_token_id = r.token_id(j["bos_token_id"], "bos_token_id", c.vocab_size);
   read_eos(r, c);
-  for (int id : c.eos_token_ids)
-    if (id < 0 || id >= c.vocab_size)
-      r.fail("eos_token_id", "holds " + std::to_string(id) + ", outside the vocabulary");
   return c;
 }
 

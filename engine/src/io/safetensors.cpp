@@ -6,12 +6,10 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <set>
 
-#include <nlohmann/json.hpp>
-
 #include "edgellm/error.h"
+#include "io/json_file.h"
 
 namespace edgellm {
 
@@ -30,7 +28,8 @@ int64_t TensorView::numel() const {
 
 void TensorView::release_pages() const {
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;  // whole pages only
+  const auto begin =
+      (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;  // whole pages only
   const auto end = (reinterpret_cast<uintptr_t>(data) + nbytes) / page * page;
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
@@ -81,13 +80,7 @@ Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
   if (std::filesystem::exists(single)) {
     ckpt.add_file(single);
   } else if (std::filesystem::exists(index)) {
-    nlohmann::json j;
-    try {
-      std::ifstream in(index);
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(index.string() + ": not valid JSON (" + e.what() + ")");
-    }
+    const nlohmann::json j = read_json_file(index);
     check(j.contains("weight_map") && j["weight_map"].is_object(),
           index.string() + ": field 'weight_map' is missing");
     std::set<std::string> shards;
@@ -118,12 +111,9 @@ void Checkpoint::add_file(const std::filesystem::path& path) {
   check(header_len <= size - 8, name + ": header length " + std::to_string(header_len) +
                                     " exceeds the file size " + std::to_string(size) +
                                     " (truncated?)");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(file->data() + 8, file->data() + 8 + header_len);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(name + ": corrupt header (" + std::string(e.what()) + ")");
-  }
+  const nlohmann::json header =
+      parse_json(std::string_view(reinterpret_cast<const char*>(file->data()) + 8, header_len),
+                 name + ": corrupt header");
   check(header.is_object(), name + ": header must be a JSON object");
   const size_t data_start = 8 + header_len;
   const size_t data_size = size - data_start;
@@ -149,7 +139,7 @@ void Checkpoint::add_file(const std::filesystem::path& path) {
     int64_t numel = 1;
     for (const auto& d : info["shape"]) {
       check(d.is_number_integer() && d.get<int64_t>() >= 0 && d.get<int64_t>() < (1ll << 40),
-            where + ": bad dimension " + d.dump());
+            where + ": bad dimension " + json_excerpt(d));
       t.shape.push_back(d.get<int64_t>());
       check(numel <= (1ll << 40) / std::max<int64_t>(1, t.shape.back()),
             where + ": shape too large");

@@ -224,8 +224,8 @@ void Transformer::forward(const int32_t* tokens, size_t n, size_t start, float* 
   {
     Profiler::Scope z(prof_, Zone::embed);
     for (size_t t = 0; t < n; ++t) {
-      const uint16_t* row = weights_.embed + static_cast<size_t>(tokens[t]) * H;
-      for (size_t i = 0; i < H; ++i) x_[t * H + i] = bf16_to_float(row[i]) * c_.embedding_scale;
+      weights_.embed_row(static_cast<size_t>(tokens[t]), &x_[t * H]);
+      for (size_t i = 0; i < H; ++i) x_[t * H + i] *= c_.embedding_scale;
     }
   }
   if (capture) capture->layer_outputs.assign(c_.num_layers, {});

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -42,14 +43,23 @@ class TensorSource {
   const Checkpoint& ckpt_;
 };
 
+// Element i's raw bits. safetensors does not align tensor data (an odd header
+// length shifts every tensor), so loads go through memcpy, never a typed pointer.
+template <typename T>
+T load(const TensorView& t, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const uint8_t*>(t.data) + i * sizeof(T), sizeof(T));
+  return v;
+}
+
 float element(const TensorView& t, size_t i) {
   switch (t.dtype) {
     case DType::bf16:
-      return bf16_to_float(static_cast<const uint16_t*>(t.data)[i]);
+      return bf16_to_float(load<uint16_t>(t, i));
     case DType::f16:
-      return f16_to_float(static_cast<const uint16_t*>(t.data)[i]);
+      return f16_to_float(load<uint16_t>(t, i));
     case DType::f32:
-      return static_cast<const float*>(t.data)[i];
+      return load<float>(t, i);
   }
   return 0.0f;
 }
@@ -66,8 +76,7 @@ void append_bf16(const TensorView& t, std::vector<uint16_t>& out) {
     if (!std::isfinite(v))  // not check(): the message must not be built per element
       throw Error(t.file + ": tensor '" + t.name + "' holds a non-finite value at index " +
                   std::to_string(i) + " (corrupt file?)");
-    out[base + i] =
-        t.dtype == DType::bf16 ? static_cast<const uint16_t*>(t.data)[i] : float_to_bf16(v);
+    out[base + i] = t.dtype == DType::bf16 ? load<uint16_t>(t, i) : float_to_bf16(v);
   }
 }
 
@@ -93,64 +102,134 @@ kernels::PackedMatrix pack(std::initializer_list<const TensorView*> parts, size_
   return kernels::pack_matrix(rows.data(), n_rows, cols);
 }
 
-// One layer's tensors, looked up, checked and packed. Layers are independent, so
-// setup packs them in parallel (validation and packing dominate setup time).
-LayerWeights load_layer(const TensorSource& src, const ModelConfig& c, int l, size_t& bytes) {
+// One layer's checkpoint tensors, looked up and shape-checked (no data read).
+struct LayerTensors {
+  const TensorView *attn_norm, *q, *k, *v, *o, *ffn_norm, *gate, *up, *down;
+  const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // Qwen2
+  const TensorView *q_norm = nullptr, *k_norm = nullptr;                     // qk_norm
+  const TensorView *post_attn_norm = nullptr, *post_ffn_norm = nullptr;      // Gemma sandwich
+};
+
+LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int64_t q_rows = c.num_heads * D, kv_rows = c.num_kv_heads * D;
-  const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
   const std::string p = "model.layers." + std::to_string(l) + ".";
-  LayerWeights L;
-  L.attn_norm = to_float(src.required(p + "input_layernorm.weight", {H}), norm_add);
-  L.qkv = pack({&src.required(p + "self_attn.q_proj.weight", {q_rows, H}),
-                &src.required(p + "self_attn.k_proj.weight", {kv_rows, H}),
-                &src.required(p + "self_attn.v_proj.weight", {kv_rows, H})},
-               bytes);
+  auto req = [&](const std::string& name, std::vector<int64_t> shape) {
+    return &src.required(p + name, std::move(shape));
+  };
+  LayerTensors t;
+  t.attn_norm = req("input_layernorm.weight", {H});
+  t.q = req("self_attn.q_proj.weight", {q_rows, H});
+  t.k = req("self_attn.k_proj.weight", {kv_rows, H});
+  t.v = req("self_attn.v_proj.weight", {kv_rows, H});
+  t.o = req("self_attn.o_proj.weight", {H, q_rows});
   if (c.attention_bias) {
-    for (const char* b : {"q_proj.bias", "k_proj.bias", "v_proj.bias"}) {
-      const bool is_q = b[0] == 'q';
-      auto v = to_float(src.required(p + "self_attn." + b, {is_q ? q_rows : kv_rows}), 0.0f);
+    t.q_bias = req("self_attn.q_proj.bias", {q_rows});
+    t.k_bias = req("self_attn.k_proj.bias", {kv_rows});
+    t.v_bias = req("self_attn.v_proj.bias", {kv_rows});
+  }
+  if (c.qk_norm) {
+    t.q_norm = req("self_attn.q_norm.weight", {D});
+    t.k_norm = req("self_attn.k_norm.weight", {D});
+  }
+  if (c.sandwich_norms) {
+    // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the
+    // MLP.
+    t.post_attn_norm = req("post_attention_layernorm.weight", {H});
+    t.ffn_norm = req("pre_feedforward_layernorm.weight", {H});
+    t.post_ffn_norm = req("post_feedforward_layernorm.weight", {H});
+  } else {
+    // Llama family: post_attention_layernorm is the norm before the MLP.
+    t.ffn_norm = req("post_attention_layernorm.weight", {H});
+  }
+  t.gate = req("mlp.gate_proj.weight", {I, H});
+  t.up = req("mlp.up_proj.weight", {I, H});
+  t.down = req("mlp.down_proj.weight", {H, I});
+  return t;
+}
+
+// Every tensor the config names, found and shape-checked before anything sized
+// by the config is allocated: a config that claims 1e9 layers or a huge vocab
+// fails on the first tensor it lacks.
+struct WeightPlan {
+  const TensorView* embed;
+  std::vector<LayerTensors> layers;
+  const TensorView* final_norm;
+  const TensorView* lm_head;  // the embedding when tied
+  size_t bytes = 0;           // what load_weights will allocate
+};
+
+WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
+  TensorSource src(ckpt);
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  WeightPlan plan;
+  plan.embed = &src.required("model.embed_tokens.weight", {V, H});
+  for (int l = 0; l < c.num_layers; ++l) plan.layers.push_back(find_layer(src, c, l));
+  plan.final_norm = &src.required("model.norm.weight", {H});
+  const TensorView* head = src.optional("lm_head.weight", {V, H});
+  check(head || c.tie_word_embeddings,
+        "checkpoint: tensor 'lm_head.weight' is missing and config.json does not tie word "
+        "embeddings");
+  plan.lm_head = head && !c.tie_word_embeddings ? head : plan.embed;
+  // Matrices become bf16, vectors fp32; an untied embedding is copied too.
+  auto add = [&](const TensorView* t) {
+    if (t) plan.bytes += static_cast<size_t>(t->numel()) * (t->shape.size() == 2 ? 2 : 4);
+  };
+  for (const LayerTensors& t : plan.layers)
+    for (const TensorView* v :
+         {t.attn_norm, t.q, t.k, t.v, t.o, t.ffn_norm, t.gate, t.up, t.down, t.q_bias, t.k_bias,
+          t.v_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm})
+      add(v);
+  add(plan.final_norm);
+  add(plan.lm_head);
+  if (plan.lm_head != plan.embed) add(plan.embed);
+  return plan;
+}
+
+// One layer's tensors, checked and packed. Layers are independent, so setup
+// packs them in parallel (validation and packing dominate setup time).
+LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, size_t& bytes) {
+  const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
+  LayerWeights L;
+  L.attn_norm = to_float(*t.attn_norm, norm_add);
+  L.qkv = pack({t.q, t.k, t.v}, bytes);
+  if (c.attention_bias) {
+    for (const TensorView* b : {t.q_bias, t.k_bias, t.v_bias}) {
+      auto v = to_float(*b, 0.0f);
       L.qkv_bias.insert(L.qkv_bias.end(), v.begin(), v.end());
     }
   }
   if (c.qk_norm) {
-    L.q_norm = to_float(src.required(p + "self_attn.q_norm.weight", {D}), norm_add);
-    L.k_norm = to_float(src.required(p + "self_attn.k_norm.weight", {D}), norm_add);
+    L.q_norm = to_float(*t.q_norm, norm_add);
+    L.k_norm = to_float(*t.k_norm, norm_add);
   }
-  L.o_proj = pack({&src.required(p + "self_attn.o_proj.weight", {H, q_rows})}, bytes);
+  L.o_proj = pack({t.o}, bytes);
   if (c.sandwich_norms) {
-    // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the
-    // MLP.
-    L.post_attn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
-    L.ffn_norm = to_float(src.required(p + "pre_feedforward_layernorm.weight", {H}), norm_add);
-    L.post_ffn_norm =
-        to_float(src.required(p + "post_feedforward_layernorm.weight", {H}), norm_add);
-  } else {
-    // Llama family: post_attention_layernorm is the norm before the MLP.
-    L.ffn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
+    L.post_attn_norm = to_float(*t.post_attn_norm, norm_add);
+    L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
   }
-  L.gate_up = pack({&src.required(p + "mlp.gate_proj.weight", {I, H}),
-                    &src.required(p + "mlp.up_proj.weight", {I, H})},
-                   bytes);
-  L.down = pack({&src.required(p + "mlp.down_proj.weight", {H, I})}, bytes);
+  L.ffn_norm = to_float(*t.ffn_norm, norm_add);
+  L.gate_up = pack({t.gate, t.up}, bytes);
+  L.down = pack({t.down}, bytes);
   return L;
 }
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int threads) {
-  TensorSource src(ckpt);
-  ModelWeights w;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
-  const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
+size_t check_weights(const Checkpoint& ckpt, const ModelConfig& config) {
+  return plan_weights(ckpt, config).bytes;
+}
 
-  const TensorView& embed = src.required("model.embed_tokens.weight", {V, H});
-  if (embed.dtype == DType::bf16) {
-    w.embed = static_cast<const uint16_t*>(embed.data);
-  } else {
-    append_bf16(embed, w.embed_owned);
-    w.embed = w.embed_owned.data();
-  }
+void ModelWeights::embed_row(size_t token, float* out) const {
+  if (embed.empty()) return kernels::unpack_row(lm_head, token, out);  // tied
+  const size_t H = lm_head.cols;
+  for (size_t i = 0; i < H; ++i) out[i] = bf16_to_float(embed[token * H + i]);
+}
+
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int threads) {
+  const WeightPlan plan = plan_weights(ckpt, c);
+  ModelWeights w;
+  const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
 
   std::vector<size_t> layer_bytes(static_cast<size_t>(c.num_layers), 0);
   w.layers.resize(static_cast<size_t>(c.num_layers));
@@ -160,7 +239,7 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int thre
   auto worker = [&] {
     for (int l; (l = next.fetch_add(1)) < c.num_layers;) {
       try {
-        w.layers[l] = load_layer(src, c, l, layer_bytes[l]);
+        w.layers[l] = load_layer(plan.layers[l], c, layer_bytes[l]);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!first_error) first_error = std::current_exception();
@@ -178,12 +257,11 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int thre
   for (auto& L : w.layers)
     if (!L.qkv_bias.empty()) L.qkv.bias = L.qkv_bias.data();
 
-  w.final_norm = to_float(src.required("model.norm.weight", {H}), norm_add);
-  const TensorView* head = src.optional("lm_head.weight", {V, H});
-  check(head || c.tie_word_embeddings,
-        "checkpoint: tensor 'lm_head.weight' is missing and config.json does not tie word "
-        "embeddings");
-  w.lm_head = pack({head && !c.tie_word_embeddings ? head : &embed}, w.decode_bytes);
+  w.final_norm = to_float(*plan.final_norm, norm_add);
+  // Nothing may point into the mapping after setup (the session unmaps it): a
+  // tied embedding is read back from the packed lm_head, an untied one copied.
+  if (plan.lm_head != plan.embed) append_bf16(*plan.embed, w.embed);
+  w.lm_head = pack({plan.lm_head}, w.decode_bytes);
   return w;
 }
 

@@ -26,17 +26,25 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  const uint16_t* embed = nullptr;    // [vocab, hidden] bf16 rows, for lookup
-  std::vector<uint16_t> embed_owned;  // when the checkpoint is not bf16
+  std::vector<uint16_t> embed;  // [vocab, hidden] bf16; empty when tied to lm_head
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
   kernels::PackedMatrix lm_head;  // [vocab, hidden] (the embedding when tied)
 
   size_t decode_bytes = 0;  // weight bytes one decode step reads
+
+  // Token's embedding row as fp32 (unscaled), from `embed` or the tied lm_head.
+  void embed_row(size_t token, float* out) const;
 };
 
-// Looks up every tensor the config needs (table in weights.cpp), checks its
-// shape and dtype, and packs it. Errors name the tensor, expected and actual.
+// Finds every tensor the config needs and checks its shape without reading
+// data; returns the bytes load_weights will allocate. Call it before sizing
+// anything by the config: it fails on the first tensor the checkpoint lacks.
+size_t check_weights(const Checkpoint& ckpt, const ModelConfig& config);
+
+// Looks up every tensor the config needs (find_layer in weights.cpp), checks
+// its shape and values, and packs it. Errors name the tensor, expected and
+// actual. The result holds no pointer into the checkpoint's mapping.
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, int threads = 1);
 
 }  // namespace edgellm

@@ -9,6 +9,7 @@
 
 #include "edgellm/error.h"
 #include "edgellm/tokenizer.h"
+#include "io/json_file.h"
 #include "json_util.h"
 #include "unicode.h"
 
@@ -125,11 +126,7 @@ ChatTemplate ChatTemplate::load(const std::filesystem::path& model_dir) {
   json config = json::object();
   if (std::filesystem::exists(config_path)) {
     const std::string text = read_file(config_path);
-    try {
-      config = json::parse(text);
-    } catch (const json::parse_error& e) {
-      throw Error(config_path.string() + ": parse error at byte " + std::to_string(e.byte));
-    }
+    config = parse_json(text, config_path.string());
     if (!config.is_object()) throw Error(config_path.string() + ": expected a JSON object");
   }
   const std::string where = config_path.string() + ": ";

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "edgellm/error.h"
+#include "io/json_file.h"
 #include "tokenizer_impl.h"
 #include "unicode.h"
 
@@ -12,22 +13,6 @@ namespace edgellm {
 namespace {
 
 using tok::json;
-
-json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string() + ": cannot open file");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    // e.what() is "[json.exception.parse_error.101] parse error at line L, column C: why".
-    std::string why = e.what();
-    if (auto p = why.find(": "); p != std::string::npos) why = why.substr(p + 2);
-    throw Error(path.string() + ": parse error at byte " + std::to_string(e.byte) + ": " + why);
-  }
-}
 
 // bos_token / eos_token in tokenizer_config.json: a string or {"content": ...}.
 std::optional<std::string> token_setting(const json& config, const char* key,
@@ -111,7 +96,7 @@ void apply_add_prefix_space(json& root, const json& config, const std::string& w
 Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
   const std::filesystem::path path = model_dir / "tokenizer.json";
   if (!std::filesystem::exists(path)) throw Error(path.string() + ": not found");
-  json root = read_json(path);
+  json root = read_json_file(path);
   const std::string where = path.string() + ": ";
   if (!root.is_object()) tok::fail(path.string(), "expected a JSON object at the top level");
   if (auto v = tok::optional_string(root, "version", where); v && *v != "1.0")
@@ -120,7 +105,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
   const std::filesystem::path config_path = model_dir / "tokenizer_config.json";
   json config = json::object();
   if (std::filesystem::exists(config_path)) {
-    config = read_json(config_path);
+    config = read_json_file(config_path);
     if (!config.is_object())
       tok::fail(config_path.string(), "expected a JSON object at the top level");
   }

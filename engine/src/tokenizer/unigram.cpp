@@ -52,8 +52,6 @@ class Trie {
     unsigned char byte;
     uint32_t child;
   };
-  uint32_t build_node(const std::vector<std::string>& keys, const std::vector<int32_t>& values,
-                      const std::vector<uint32_t>& order, size_t lo, size_t hi, size_t depth);
   std::vector<Node> nodes_;
   std::vector<Edge> edges_;
 };
@@ -61,40 +59,38 @@ class Trie {
 void Trie::build(const std::vector<std::string>& keys, const std::vector<int32_t>& values) {
   std::vector<uint32_t> order(keys.size());
   std::iota(order.begin(), order.end(), 0);
+  // std::string orders bytes as unsigned char, so each node's edges come out sorted.
   std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
-  nodes_.clear();
+  nodes_.assign(1, Node{});
   edges_.clear();
-  build_node(keys, values, order, 0, order.size(), 0);
-}
-
-uint32_t Trie::build_node(const std::vector<std::string>& keys, const std::vector<int32_t>& values,
-                          const std::vector<uint32_t>& order, size_t lo, size_t hi, size_t depth) {
-  const auto self = static_cast<uint32_t>(nodes_.size());
-  nodes_.emplace_back();
-  // Keys ending here sort first; duplicates keep the last value, like HF's
-  // token -> id map, which the caller already resolved into `values`.
-  while (lo < hi && keys[order[lo]].size() == depth) nodes_[self].value = values[order[lo++]];
-  // Count the distinct next bytes, reserve this node's edge block, then fill it.
-  size_t count = 0;
-  for (size_t i = lo; i < hi;) {
-    const char b = keys[order[i]][depth];
-    while (i < hi && keys[order[i]][depth] == b) ++i;
-    ++count;
+  // Iterative, not recursive: a piece is file content, and a 200 KB piece
+  // would otherwise recurse 200k frames deep. Each pending node owns the keys
+  // order[lo, hi), which share their first `depth` bytes.
+  struct Pending {
+    uint32_t node;
+    size_t lo, hi, depth;
+  };
+  std::vector<Pending> stack{{0, 0, order.size(), 0}};
+  while (!stack.empty()) {
+    auto [self, lo, hi, depth] = stack.back();
+    stack.pop_back();
+    // Keys ending here sort first; duplicates keep the last value, like HF's
+    // token -> id map, which the caller already resolved into `values`.
+    while (lo < hi && keys[order[lo]].size() == depth) nodes_[self].value = values[order[lo++]];
+    const auto first = static_cast<uint32_t>(edges_.size());
+    for (size_t i = lo; i < hi;) {
+      const char b = keys[order[i]][depth];
+      size_t j = i;
+      while (j < hi && keys[order[j]][depth] == b) ++j;
+      const auto child = static_cast<uint32_t>(nodes_.size());
+      nodes_.emplace_back();
+      edges_.push_back({static_cast<unsigned char>(b), child});
+      stack.push_back({child, i, j, depth + 1});
+      i = j;
+    }
+    nodes_[self].first_edge = first;
+    nodes_[self].edge_count = static_cast<uint32_t>(edges_.size()) - first;
   }
-  const auto first = static_cast<uint32_t>(edges_.size());
-  nodes_[self].first_edge = first;
-  nodes_[self].edge_count = static_cast<uint32_t>(count);
-  edges_.resize(edges_.size() + count);
-  size_t k = 0;
-  for (size_t i = lo; i < hi; ++k) {
-    const char b = keys[order[i]][depth];
-    size_t j = i;
-    while (j < hi && keys[order[j]][depth] == b) ++j;
-    const uint32_t child = build_node(keys, values, order, i, j, depth + 1);
-    edges_[first + k] = {static_cast<unsigned char>(b), child};
-    i = j;
-  }
-  return self;
 }
 
 class Unigram final : public Model {
@@ -138,8 +134,9 @@ Unigram::Unigram(const json& j, const std::string& where) {
   min_score_ = std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < vocab.size(); ++i) {
     const json& e = vocab[i];
-    if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number())
-      fail(at_index(vw, i), "expected [piece, score]");
+    if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number() ||
+        !std::isfinite(e[1].get<double>()))
+      fail(at_index(vw, i), "expected [piece, score] with a finite score");
     pieces_.push_back(e[0].get<std::string>());
     scores_.push_back(e[1].get<double>());
     min_score_ = std::min(min_score_, scores_.back());

@@ -1,0 +1,28 @@
+// Bounded JSON parsing for every JSON file the engine reads (config.json,
+// generation_config.json, the safetensors header and index, tokenizer.json,
+// tokenizer_config.json). nlohmann's parser itself is iterative, but dump(),
+// copies and the engine's own walks recurse once per level, so a value nested
+// 100k deep would overflow the stack later. Real files nest fewer than ten
+// levels; deeper ones are refused while parsing.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace edgellm {
+
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses `text`; `source` names it in errors ("<source>: parse error at byte N: ...").
+nlohmann::json parse_json(std::string_view text, const std::string& source);
+
+// Reads and parses a whole file; errors name the path.
+nlohmann::json read_json_file(const std::filesystem::path& path);
+
+// A value quoted in an error message: compact JSON, cut to `max_chars`.
+std::string json_excerpt(const nlohmann::json& value, size_t max_chars = 60);
+
+}  // namespace edgellm
