@@ -6,11 +6,18 @@ DEFAULT_DEPLOYMENT := llms/smollm2_135m
 # Models the test suite needs (fetched and converted once into the model store).
 TEST_MODELS := smollm2-135m-instruct gemma3-270m
 
-.PHONY: help bootstrap build fetch run test test-cpp test-py bench format lint clean
+SAN_DIR := build-sanitize
+FUZZ_DIR := build-fuzz
+FUZZ_SECONDS ?= 10
+
+.PHONY: help bootstrap build fetch run test test-cpp test-py test-sanitize build-sanitize \
+  build-fuzz fuzz bench format lint clean
 
 help:
 	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (N_TOKENS, PROMPT, MODEL, THREADS)"
 	@echo "make test       C++ unit tests (ctest), then pytest (end to end, gate, mutants, bad input)"
+	@echo "make test-sanitize  C++ tests + a short smollm2 run built with ASan+UBSan ($(SAN_DIR))"
+	@echo "make fuzz       every libFuzzer target in engine/fuzz for FUZZ_SECONDS each (default $(FUZZ_SECONDS))"
 	@echo "make bench      side-by-side benchmark against peers (docs/benchmarks.md)"
 	@echo "make format     clang-format the C++ and ruff-format the Python"
 	@echo "make lint       ruff check"
@@ -38,6 +45,39 @@ test-cpp:
 test-py:
 	$(PY) -m pytest -q
 
+build-sanitize: bootstrap
+	@if [ ! -f $(SAN_DIR)/build.ninja ]; then \
+	  cmake -S . -B $(SAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DEDGELLM_SANITIZE=ON \
+	    -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python >/dev/null; fi
+	@cmake --build $(SAN_DIR) --target edgellm_tests smollm2_135m_inference -- --quiet
+
+# ASan/UBSan abort on the first report; LeakSanitizer runs too.
+test-sanitize: build-sanitize fetch
+	cd $(SAN_DIR) && ctest --output-on-failure -j2
+	$(SAN_DIR)/smollm2_135m_inference --n-tokens 8 --max-context 256 --prompt "Name a color."
+
+build-fuzz: bootstrap
+	@if [ ! -f $(FUZZ_DIR)/build.ninja ]; then \
+	  cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+	    -DEDGELLM_SANITIZE=ON -DEDGELLM_FUZZ=ON \
+	    -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python >/dev/null; fi
+	@cmake --build $(FUZZ_DIR) --target fuzz_targets -- --quiet
+
+# Each target runs FUZZ_SECONDS from its checked-in seeds (engine/fuzz/corpus/<name>);
+# what it discovers goes to $(FUZZ_DIR)/work/<name>, its log beside it, and an
+# input that crashes to $(FUZZ_DIR)/crashes/.
+fuzz: build-fuzz
+	@mkdir -p $(FUZZ_DIR)/crashes
+	@for bin in $(FUZZ_DIR)/fuzz/fuzz_*; do \
+	  name=$$(basename $$bin); name=$${name#fuzz_}; work=$(FUZZ_DIR)/work/$$name; \
+	  mkdir -p $$work engine/fuzz/corpus/$$name; \
+	  if ! $$bin -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+	      -artifact_prefix=$(FUZZ_DIR)/crashes/$$name- -print_final_stats=1 \
+	      $$work engine/fuzz/corpus/$$name > $$work.log 2>&1; then \
+	    tail -n 40 $$work.log; echo "[fuzz] $$name FAILED (log: $$work.log)"; exit 1; fi; \
+	  echo "[fuzz] $$name: $$(grep -h number_of_executed_units $$work.log | tr -s ' ' | cut -d' ' -f2) runs in $(FUZZ_SECONDS) s, no finding"; \
+	done
+
 bench: build fetch
 	$(PY) bench/run_bench.py
 
@@ -49,4 +89,4 @@ lint:
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(SAN_DIR) $(FUZZ_DIR)

@@ -78,13 +78,9 @@ int checked_threads(int requested) {
   return requested;
 }
 
-double gb(double bytes) {
-  return bytes / 1e9;
-}
-
 std::string gb_str(double bytes) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f GB", gb(bytes));
+  std::snprintf(buf, sizeof(buf), "%.2f GB", bytes / 1e9);
   return buf;
 }
 
@@ -194,8 +190,13 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens, int sta
       throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
   st.profiler.set_phase(Phase::prefill);
   Profiler::Scope z(st.profiler, Zone::prefill);
-  st.model->forward(tokens.data(), tokens.size(), static_cast<size_t>(start_pos), st.logits.data(),
-                    capture);
+  try {
+    st.model->forward(tokens.data(), tokens.size(), static_cast<size_t>(start_pos),
+                      st.logits.data(), capture);
+  } catch (const std::bad_alloc&) {  // scratch grows with the longest prompt seen
+    throw Error("out of memory while allocating scratch for a prefill of " +
+                std::to_string(tokens.size()) + " tokens");
+  }
   return st.logits;
 }
 
