@@ -185,6 +185,10 @@ struct Api {
         bad("stop", "'stop' must be a string or an array of at most 4 strings");
       }
     }
+    if (const json* v = optional_field(body, "ignore_eos")) {  // vLLM's extension, for benchmarks
+      if (!v->is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
+      o.stop_at_eos = !v->get<bool>();
+    }
     if (const json* v = optional_field(body, "stream")) {
       if (!v->is_boolean()) bad("stream", "'stream' must be a boolean");
       r.stream = v->get<bool>();
