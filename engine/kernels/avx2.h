@@ -19,6 +19,7 @@ namespace edgellm::kernels::avx2 {
 inline constexpr size_t kPanelRows = 16;
 void pack(const uint16_t* bf16_row_major, size_t rows, size_t cols, PackedMatrix& out);
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 // Row r of a matrix packed by pack(), as fp32 (tied embeddings, tests).
 void unpack_row(const PackedMatrix& w, size_t r, float* out);
 

@@ -131,6 +131,12 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
                        [&](size_t r0, size_t r1) { scalar_matmul_rows(w, x, n, y, r0, r1); });
 }
 
+void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  if (w.isa == Isa::avx2) return avx2::matmul_rows(w, x, n, y, pool);
+  // Any other layout: one n == 1 call per row is identical by definition.
+  for (size_t t = 0; t < n; ++t) matmul(w, x + t * w.cols, 1, y + t * w.rows, pool);
+}
+
 void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y) {
   if (active_isa() == Isa::avx2) return avx2::rmsnorm(x, weight, dim, eps, y);
   ref::rmsnorm(x, weight, dim, eps, y);

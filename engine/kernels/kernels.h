@@ -49,6 +49,10 @@ void unpack_row(const PackedMatrix& w, size_t r, float* out);
 
 // y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n. n == 1 is decode's GEMV.
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+// The same product for n independent rows (batched decode: one token of each of
+// n sequences): the weights are read once, and row t is bit-identical to
+// matmul(w, x + t * cols, 1, ...), so a sequence decodes the same alone or batched.
+void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 
 // y = x / sqrt(mean(x^2) + eps) * weight, over `dim` elements (x may alias y).
 void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y);

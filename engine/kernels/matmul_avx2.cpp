@@ -8,7 +8,9 @@
 // n == 1 (decode, GEMV) is bandwidth bound: each thread streams a contiguous
 // run of panels once; per column one 32-byte weight load and one broadcast of
 // x feed two FMAs, with four columns in flight (8 accumulators) to cover the
-// FMA latency. Lanes are rows, so no horizontal sums.
+// FMA latency. Lanes are rows, so no horizontal sums. matmul_rows (batched
+// decode) runs that GEMV for each of n tokens while the panel is in L1/L2, so
+// the weights stream once per step and each row is bit-identical to n == 1.
 //
 // n > 1 (prefill, GEMM) is compute bound: per k-block of <= kKcMax columns a
 // thread converts one panel to fp32 into an L1-resident buffer (16 x kc), then
@@ -122,6 +124,12 @@ void gemv_panels(const PackedMatrix& w, const float* x, float* y, size_t p0, siz
   }
 }
 
+// Batched decode: the GEMV of every token over one panel before the next panel.
+void gemv_rows(const PackedMatrix& w, const float* x, size_t n, float* y, size_t p0, size_t p1) {
+  for (size_t p = p0; p < p1; ++p)
+    for (size_t t = 0; t < n; ++t) gemv_panels(w, x + t * w.cols, y + t * w.rows, p, p + 1);
+}
+
 // --- GEMM ---------------------------------------------------------------------
 
 // Converts columns [k0, k0 + kc) of one panel to fp32: out[k][0..15] = rows 0..15.
@@ -229,6 +237,12 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
   } else {
     pool.parallel_chunks(panels, [&](size_t p0, size_t p1) { gemm_panels(w, x, n, y, p0, p1); });
   }
+}
+
+void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  if (n == 0 || w.rows == 0 || w.cols == 0) return avx2::matmul(w, x, n, y, pool);
+  const size_t panels = (w.rows + kPanelRows - 1) / kPanelRows;
+  pool.parallel_chunks(panels, [&](size_t p0, size_t p1) { gemv_rows(w, x, n, y, p0, p1); });
 }
 
 }  // namespace edgellm::kernels::avx2

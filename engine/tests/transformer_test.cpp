@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <thread>
+#include <cstring>
 
 #include "edgellm/config.h"
 #include "edgellm/error.h"
@@ -75,7 +76,9 @@ TinyModel write_tiny(const std::string& architecture, const std::string& extra,
 std::vector<float> prefill_logits(Transformer& model, const std::vector<int32_t>& tokens,
                                   int vocab) {
   std::vector<float> logits(static_cast<size_t>(vocab));
-  model.forward(tokens.data(), tokens.size(), 0, logits.data(), nullptr);
+  KvCache kv = model.new_kv_cache();
+  Scratch scratch;
+  model.forward(kv, scratch, tokens.data(), tokens.size(), 0, logits.data(), nullptr);
   return logits;
 }
 
@@ -99,18 +102,73 @@ TEST_P(DecodeMatchesPrefill, AtEveryPosition) {
   Checkpoint ckpt = Checkpoint::open(m.dir);
   ThreadPool pool(2);
   Profiler prof;
-  Transformer cached(m.config, load_weights(ckpt, m.config), 64, pool, prof);
-  Transformer fresh(m.config, load_weights(ckpt, m.config), 64, pool, prof);
+  Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof);
   const std::vector<int32_t> tokens = {5, 17, 3,  96, 42, 8,
                                        0, 61, 23, 77, 11};  // longer than the window
   std::vector<float> logits(static_cast<size_t>(m.config.vocab_size));
-  cached.forward(tokens.data(), 3, 0, logits.data(), nullptr);
+  KvCache kv = model.new_kv_cache();
+  Scratch scratch;
+  model.forward(kv, scratch, tokens.data(), 3, 0, logits.data(), nullptr);
   for (size_t pos = 3; pos < tokens.size(); ++pos) {
-    cached.forward(&tokens[pos], 1, pos, logits.data(), nullptr);
+    model.forward(kv, scratch, &tokens[pos], 1, pos, logits.data(), nullptr);
     const std::vector<int32_t> prefix(tokens.begin(),
                                       tokens.begin() + static_cast<std::ptrdiff_t>(pos + 1));
-    expect_close(logits, prefill_logits(fresh, prefix, m.config.vocab_size),
+    expect_close(logits, prefill_logits(model, prefix, m.config.vocab_size),
                  arch + " pos " + std::to_string(pos));
+  }
+}
+
+// Continuous batching's promise: a sequence decodes to the same bits alone or
+// in a batch with others at different positions (and different batch sizes).
+TEST_P(DecodeMatchesPrefill, BatchedDecodeIsBitIdenticalToAlone) {
+  const auto& [arch, extra] = GetParam();
+  TinyModel m = write_tiny(arch, extra);
+  Checkpoint ckpt = Checkpoint::open(m.dir);
+  ThreadPool pool(2);
+  Profiler prof;
+  Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof);
+  const size_t vocab = static_cast<size_t>(m.config.vocab_size);
+  const std::vector<std::vector<int32_t>> prompts = {
+      {5, 17, 3}, {96, 42, 8, 0, 61, 23, 77}, {11}, {2, 4, 6, 8, 10}, {90, 1}};
+  const size_t B = prompts.size();
+  std::vector<KvCache> alone, batched;
+  std::vector<std::vector<float>> alone_logits(B, std::vector<float>(vocab)),
+      batch_logits(B, std::vector<float>(vocab));
+  Scratch scratch;
+  for (size_t i = 0; i < B; ++i) {
+    alone.push_back(model.new_kv_cache());
+    batched.push_back(model.new_kv_cache());
+    model.forward(alone[i], scratch, prompts[i].data(), prompts[i].size(), 0,
+                  alone_logits[i].data(), nullptr);
+    model.forward(batched[i], scratch, prompts[i].data(), prompts[i].size(), 0,
+                  batch_logits[i].data(), nullptr);
+  }
+  Scratch batch_scratch;
+  for (int step = 0; step < 8; ++step) {
+    // Sequences leave and join: step s runs the first B - s % 3 of them.
+    const size_t active = B - static_cast<size_t>(step % 3);
+    std::vector<SequenceRows> rows;
+    std::vector<int32_t> tokens;
+    for (size_t i = 0; i < active; ++i) {
+      const size_t pos = prompts[i].size() + static_cast<size_t>(step);
+      const int32_t token = static_cast<int32_t>((7 * i + 13 * step) % vocab);
+      if (pos >= 64) continue;
+      model.forward(alone[i], scratch, &token, 1, pos, alone_logits[i].data(), nullptr);
+      rows.push_back({&batched[i], pos, 1, batch_logits[i].data()});
+      tokens.push_back(token);
+    }
+    // Not-running sequences catch up alone, so every cache stays complete.
+    for (size_t i = active; i < B; ++i) {
+      const size_t pos = prompts[i].size() + static_cast<size_t>(step);
+      const int32_t token = static_cast<int32_t>((7 * i + 13 * step) % vocab);
+      model.forward(alone[i], scratch, &token, 1, pos, alone_logits[i].data(), nullptr);
+      model.forward(batched[i], scratch, &token, 1, pos, batch_logits[i].data(), nullptr);
+    }
+    model.decode_batch(rows, batch_scratch, tokens.data());
+    for (size_t i = 0; i < B; ++i)
+      ASSERT_EQ(0,
+                std::memcmp(alone_logits[i].data(), batch_logits[i].data(), vocab * sizeof(float)))
+          << arch << ": sequence " << i << " step " << step << " differs batched";
   }
 }
 

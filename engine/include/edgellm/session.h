@@ -28,6 +28,81 @@ struct PrefillCapture {
   std::vector<float> final_hidden;  // [n_tokens * hidden]: after model.norm
 };
 
+class Context;
+
+// The immutable part, loaded once: config, tokenizer, chat template, packed
+// weights, RoPE tables and the thread pool. Any number of Contexts share one
+// Model; its forward passes run one at a time (the thread pool takes one
+// caller), so Contexts may be used from several threads.
+class Model {
+ public:
+  Model();
+  ~Model();
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+
+  // ONE-TIME: map and validate config, tokenizer and weights; pre-pack weights
+  // for the kernels; build the RoPE tables and threads. options.max_context is
+  // the KV cache size of each Context.
+  void setup(const std::filesystem::path& model_dir, const SessionOptions& options = {});
+  bool ready() const { return state_ != nullptr; }
+
+  const ModelConfig& config() const;
+  const Tokenizer& tokenizer() const;
+  const ChatTemplate& chat_template() const;
+  Profiler& profiler() const;
+  int max_context() const;
+  int threads() const;
+  size_t weight_bytes() const;  // bytes one decode step streams from the weights
+
+  struct State;  // opaque (session.cpp)
+
+ private:
+  std::shared_ptr<State> state_;
+  friend class Context;
+};
+
+// One sequence: its KV cache, activation scratch, logits and position. It keeps
+// the model's weights alive, so it may outlive the Model object it came from.
+class Context {
+ public:
+  Context();  // empty: prefill/decode_step throw until assigned a Context(model)
+  explicit Context(const Model& model);  // allocates the KV cache
+  ~Context();
+  Context(Context&&) noexcept;
+  Context& operator=(Context&&) noexcept;
+  bool ready() const { return state_ != nullptr; }
+
+  // Runs `tokens` at positions [start_pos, start_pos + n) and returns the logits
+  // of the last one ([vocab]). start_pos > 0 continues a conversation whose
+  // earlier positions are already in the KV cache.
+  std::span<const float> prefill(std::span<const int32_t> tokens, int start_pos = 0,
+                                 PrefillCapture* capture = nullptr);
+
+  // Runs one token at `pos` and returns the logits for the next position.
+  std::span<const float> decode_step(int32_t token, int pos);
+
+  std::span<const float> logits() const;  // of the last prefill/decode_step
+  int position() const;                   // positions in the KV cache: next one to run
+  const ModelConfig& config() const;
+  const Tokenizer& tokenizer() const;
+  int max_context() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  friend void decode_batch(std::span<Context* const>, std::span<const int32_t>,
+                           std::span<const int>);
+};
+
+// One decode step for several Contexts of the same model in one pass over the
+// weights: contexts[i] runs tokens[i] at positions[i]. Each context's logits()
+// are then bit-identical to its own decode_step(tokens[i], positions[i]).
+void decode_batch(std::span<Context* const> contexts, std::span<const int32_t> tokens,
+                  std::span<const int> positions);
+
+// A Model with one Context: the seed-shaped programs' setup / prefill /
+// decode_step contract.
 class Session {
  public:
   Session();
@@ -59,10 +134,12 @@ class Session {
   int threads() const;
   size_t weight_bytes() const;  // bytes one decode step streams from the weights
 
+  const Model& model() const { return model_; }
+  Context& context() { return context_; }
+
  private:
-  struct State;
-  State& state() const;  // throws Error before a successful setup()
-  std::unique_ptr<State> state_;
+  Model model_;
+  Context context_;
 };
 
 // Picks the next token from logits: greedy when temperature == 0, otherwise

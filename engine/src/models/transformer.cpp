@@ -81,29 +81,41 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
     for (const RopeTable& t : rope_tables_)
       if (t.theta == spec.rope_theta && t.scaled == scaled) layer_rope_.push_back(&t);
   }
+}
+
+KvCache Transformer::new_kv_cache() const {
   const size_t cache =
       static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim;
-  k_cache_.assign(cache, 0.0f);
-  v_cache_.assign(cache, 0.0f);
-  ensure_scratch(1);
+  return KvCache{std::vector<float>(cache, 0.0f), std::vector<float>(cache, 0.0f)};
 }
 
-void Transformer::ensure_scratch(size_t n) {
-  if (n <= scratch_tokens_) return;
+void Transformer::ensure_scratch(Scratch& s, size_t n) const {
+  if (n <= s.tokens) return;
   const size_t H = c_.hidden_size, D = c_.head_dim, I = c_.intermediate_size;
   const size_t q_width = c_.num_heads * D, qkv_width = (c_.num_heads + 2 * c_.num_kv_heads) * D;
-  x_.resize(n * H);
-  xn_.resize(n * H);
-  qkv_.resize(n * qkv_width);
-  q_.resize(n * q_width);
-  attn_.resize(n * q_width);
-  proj_.resize(n * H);
-  gate_up_.resize(n * 2 * I);
-  act_.resize(n * I);
-  scratch_tokens_ = n;
+  s.x.resize(n * H);
+  s.xn.resize(n * H);
+  s.qkv.resize(n * qkv_width);
+  s.q.resize(n * q_width);
+  s.attn.resize(n * q_width);
+  s.proj.resize(n * H);
+  s.gate_up.resize(n * 2 * I);
+  s.act.resize(n * I);
+  s.tokens = n;
 }
 
-void Transformer::attention_block(size_t l, size_t n, size_t start) {
+// A decode batch uses matmul_rows so that each row matches its n == 1 GEMV
+// bit for bit; a prefill uses the GEMM.
+void Transformer::matmul(const kernels::PackedMatrix& w, const float* x, size_t n, float* y,
+                         const Scratch& s) const {
+  if (s.batch)
+    kernels::matmul_rows(w, x, n, y, pool_);
+  else
+    kernels::matmul(w, x, n, y, pool_);
+}
+
+void Transformer::attention_block(size_t l, Scratch& s, std::span<const SequenceRows> seqs,
+                                  size_t n) {
   const LayerWeights& L = weights_.layers[l];
   const size_t H = c_.hidden_size, D = c_.head_dim;
   const size_t nh = c_.num_heads, nkv = c_.num_kv_heads;
@@ -111,17 +123,17 @@ void Transformer::attention_block(size_t l, size_t n, size_t start) {
   {
     Profiler::Scope z(prof_, Zone::norm);
     for (size_t t = 0; t < n; ++t)
-      kernels::rmsnorm(&x_[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
+      kernels::rmsnorm(&s.x[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
   }
   {
     Profiler::Scope z(prof_, Zone::qkv_proj, 2.0 * L.qkv.rows * L.qkv.cols,
                       2.0 * n * L.qkv.rows * L.qkv.cols);
-    kernels::matmul(L.qkv, xn_.data(), n, qkv_.data(), pool_);
+    matmul(L.qkv, s.xn.data(), n, s.qkv.data(), s);
   }
   if (c_.qk_norm) {
     Profiler::Scope z(prof_, Zone::qk_norm);
     for (size_t t = 0; t < n; ++t) {
-      float* row = &qkv_[t * qkv_width];
+      float* row = &s.qkv[t * qkv_width];
       for (size_t h = 0; h < nh; ++h)
         kernels::rmsnorm(row + h * D, L.q_norm.data(), D, c_.rms_norm_eps, row + h * D);
       for (size_t h = 0; h < nkv; ++h)
@@ -133,29 +145,34 @@ void Transformer::attention_block(size_t l, size_t n, size_t start) {
   {
     Profiler::Scope z(prof_, Zone::rope);
     const RopeTable& rope = *layer_rope_[l];
-    for (size_t t = 0; t < n; ++t) {
-      const size_t pos = start + t;
-      float* row = &qkv_[t * qkv_width];
-      const float* cos = &rope.cos[pos * D / 2];
-      const float* sin = &rope.sin[pos * D / 2];
-      kernels::rope(row, nh + nkv, D, cos, sin);  // q heads and k heads are contiguous
-      std::memcpy(&q_[t * nh * D], row, nh * D * sizeof(float));
-      for (size_t h = 0; h < nkv; ++h) {
-        const size_t slot = layer_cache + (h * max_context_ + pos) * D;
-        std::memcpy(&k_cache_[slot], row + (nh + h) * D, D * sizeof(float));
-        std::memcpy(&v_cache_[slot], row + (nh + nkv + h) * D, D * sizeof(float));
+    size_t t = 0;
+    for (const SequenceRows& seq : seqs) {
+      for (size_t pos = seq.start; pos < seq.start + seq.n; ++pos, ++t) {
+        float* row = &s.qkv[t * qkv_width];
+        const float* cos = &rope.cos[pos * D / 2];
+        const float* sin = &rope.sin[pos * D / 2];
+        kernels::rope(row, nh + nkv, D, cos, sin);  // q heads and k heads are contiguous
+        std::memcpy(&s.q[t * nh * D], row, nh * D * sizeof(float));
+        for (size_t h = 0; h < nkv; ++h) {
+          const size_t slot = layer_cache + (h * max_context_ + pos) * D;
+          std::memcpy(&seq.kv->k[slot], row + (nh + h) * D, D * sizeof(float));
+          std::memcpy(&seq.kv->v[slot], row + (nh + nkv + h) * D, D * sizeof(float));
+        }
       }
     }
   }
-  {
-    const double keys = static_cast<double>(start + n);
-    Profiler::Scope z(prof_, Zone::attention, 2.0 * 4 * keys * nkv * D, 4.0 * n * keys * nh * D);
+  size_t row0 = 0;
+  for (const SequenceRows& seq : seqs) {
+    const size_t start = seq.start;
+    const double keys = static_cast<double>(start + seq.n);
+    Profiler::Scope z(prof_, Zone::attention, 2.0 * 4 * keys * nkv * D,
+                      4.0 * seq.n * keys * nh * D);
     kernels::AttentionArgs a;
-    a.q = q_.data();
-    a.k_cache = &k_cache_[layer_cache];
-    a.v_cache = &v_cache_[layer_cache];
-    a.out = attn_.data();
-    a.n = n;
+    a.q = &s.q[row0 * nh * D];
+    a.k_cache = &seq.kv->k[layer_cache];
+    a.v_cache = &seq.kv->v[layer_cache];
+    a.out = &s.attn[row0 * nh * D];
+    a.n = seq.n;
     a.start = start;
     a.n_heads = nh;
     a.n_kv_heads = nkv;
@@ -165,91 +182,117 @@ void Transformer::attention_block(size_t l, size_t n, size_t start) {
     a.scale = c_.query_scale;
     a.softcap = c_.attn_logit_softcap;
     kernels::attention(a, pool_);
+    row0 += seq.n;
   }
   {
     Profiler::Scope z(prof_, Zone::o_proj, 2.0 * L.o_proj.rows * L.o_proj.cols,
                       2.0 * n * L.o_proj.rows * L.o_proj.cols);
-    kernels::matmul(L.o_proj, attn_.data(), n, proj_.data(), pool_);
+    matmul(L.o_proj, s.attn.data(), n, s.proj.data(), s);
   }
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
     for (size_t t = 0; t < n; ++t)
-      kernels::rmsnorm(&proj_[t * H], L.post_attn_norm.data(), H, c_.rms_norm_eps, &proj_[t * H]);
+      kernels::rmsnorm(&s.proj[t * H], L.post_attn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H]);
   }
   Profiler::Scope z(prof_, Zone::residual);
-  kernels::add(x_.data(), proj_.data(), n * H);
+  kernels::add(s.x.data(), s.proj.data(), n * H);
 }
 
-void Transformer::mlp_block(size_t l, size_t n) {
+void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   const LayerWeights& L = weights_.layers[l];
   const size_t H = c_.hidden_size, I = c_.intermediate_size;
   {
     Profiler::Scope z(prof_, Zone::norm);
     for (size_t t = 0; t < n; ++t)
-      kernels::rmsnorm(&x_[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
+      kernels::rmsnorm(&s.x[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
   }
   {
     Profiler::Scope z(prof_, Zone::gate_up_proj, 2.0 * L.gate_up.rows * L.gate_up.cols,
                       2.0 * n * L.gate_up.rows * L.gate_up.cols);
-    kernels::matmul(L.gate_up, xn_.data(), n, gate_up_.data(), pool_);
+    matmul(L.gate_up, s.xn.data(), n, s.gate_up.data(), s);
   }
   {
     Profiler::Scope z(prof_, Zone::activation);
     for (size_t t = 0; t < n; ++t) {
-      const float* gate = &gate_up_[t * 2 * I];
+      const float* gate = &s.gate_up[t * 2 * I];
       if (c_.hidden_act == Activation::silu)
-        kernels::silu_mul(gate, gate + I, I, &act_[t * I]);
+        kernels::silu_mul(gate, gate + I, I, &s.act[t * I]);
       else
-        kernels::gelu_tanh_mul(gate, gate + I, I, &act_[t * I]);
+        kernels::gelu_tanh_mul(gate, gate + I, I, &s.act[t * I]);
     }
   }
   {
     Profiler::Scope z(prof_, Zone::down_proj, 2.0 * L.down.rows * L.down.cols,
                       2.0 * n * L.down.rows * L.down.cols);
-    kernels::matmul(L.down, act_.data(), n, proj_.data(), pool_);
+    matmul(L.down, s.act.data(), n, s.proj.data(), s);
   }
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
     for (size_t t = 0; t < n; ++t)
-      kernels::rmsnorm(&proj_[t * H], L.post_ffn_norm.data(), H, c_.rms_norm_eps, &proj_[t * H]);
+      kernels::rmsnorm(&s.proj[t * H], L.post_ffn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H]);
   }
   Profiler::Scope z(prof_, Zone::residual);
-  kernels::add(x_.data(), proj_.data(), n * H);
+  kernels::add(s.x.data(), s.proj.data(), n * H);
 }
 
-void Transformer::forward(const int32_t* tokens, size_t n, size_t start, float* logits,
-                          PrefillCapture* capture) {
-  ensure_scratch(n);
+void Transformer::forward(KvCache& kv, Scratch& s, const int32_t* tokens, size_t n, size_t start,
+                          float* logits, PrefillCapture* capture) {
+  const SequenceRows seq{&kv, start, n, logits};
+  s.batch = false;
+  run({&seq, 1}, s, tokens, n, capture);
+}
+
+void Transformer::decode_batch(std::span<const SequenceRows> rows, Scratch& s,
+                               const int32_t* tokens) {
+  for (const SequenceRows& r : rows)
+    if (r.n != 1) throw Error("decode_batch: each sequence decodes exactly one token");
+  s.batch = true;
+  run(rows, s, tokens, rows.size(), nullptr);
+}
+
+void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int32_t* tokens,
+                      size_t n, PrefillCapture* capture) {
+  ensure_scratch(s, n);
   const size_t H = c_.hidden_size;
   {
     Profiler::Scope z(prof_, Zone::embed);
     for (size_t t = 0; t < n; ++t) {
-      weights_.embed_row(static_cast<size_t>(tokens[t]), &x_[t * H]);
-      for (size_t i = 0; i < H; ++i) x_[t * H + i] *= c_.embedding_scale;
+      weights_.embed_row(static_cast<size_t>(tokens[t]), &s.x[t * H]);
+      for (size_t i = 0; i < H; ++i) s.x[t * H + i] *= c_.embedding_scale;
     }
   }
   if (capture) capture->layer_outputs.assign(c_.num_layers, {});
   for (size_t l = 0; l < static_cast<size_t>(c_.num_layers); ++l) {
-    attention_block(l, n, start);
-    mlp_block(l, n);
-    if (capture) capture->layer_outputs[l].assign(x_.begin(), x_.begin() + n * H);
+    attention_block(l, s, seqs, n);
+    mlp_block(l, s, n);
+    if (capture) capture->layer_outputs[l].assign(s.x.begin(), s.x.begin() + n * H);
   }
-  // Only the last position needs logits; diagnosis also wants every normed row.
-  const size_t first = capture ? 0 : n - 1;
+  // Only each sequence's last position needs logits (in a batch, every row is
+  // one); diagnosis also wants every normed row.
+  const size_t first = capture || s.batch ? 0 : n - 1;
   {
     Profiler::Scope z(prof_, Zone::norm);
     for (size_t t = first; t < n; ++t)
-      kernels::rmsnorm(&x_[t * H], weights_.final_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
+      kernels::rmsnorm(&s.x[t * H], weights_.final_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
   }
-  if (capture) capture->final_hidden.assign(xn_.begin(), xn_.begin() + n * H);
+  if (capture) capture->final_hidden.assign(s.xn.begin(), s.xn.begin() + n * H);
   {
     const kernels::PackedMatrix& head = weights_.lm_head;
+    const size_t rows = n - first;
     Profiler::Scope z(prof_, Zone::lm_head, 2.0 * head.rows * head.cols,
-                      2.0 * head.rows * head.cols);
-    kernels::matmul(head, &xn_[(n - 1) * H], 1, logits, pool_);
+                      2.0 * rows * head.rows * head.cols);
+    if (s.batch) {
+      s.logits.resize(rows * head.rows);
+      kernels::matmul_rows(head, s.xn.data(), rows, s.logits.data(), pool_);
+      for (size_t i = 0; i < rows; ++i)
+        std::copy_n(&s.logits[i * head.rows], head.rows, seqs[i].logits);
+    } else {
+      kernels::matmul(head, &s.xn[(n - 1) * H], 1, seqs[0].logits, pool_);
+    }
     if (c_.final_logit_softcap > 0.0f) {
       const float cap = c_.final_logit_softcap;
-      for (size_t i = 0; i < head.rows; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+      for (const SequenceRows& seq : seqs)
+        for (size_t i = 0; i < head.rows; ++i) seq.logits[i] = cap * std::tanh(seq.logits[i] / cap);
     }
   }
 }

@@ -2,6 +2,7 @@
 // SmolLM2, Qwen2/3, Gemma 3). Family differences are ModelConfig flags.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "edgellm/config.h"
@@ -19,22 +20,57 @@ struct RopeTable {
   std::vector<float> cos, sin;
 };
 
+// One sequence's memory: its keys and values, [layer][kv_head][max_context][head_dim].
+struct KvCache {
+  std::vector<float> k, v;
+};
+
+// Activations of one forward pass, sized for the largest row count seen.
+struct Scratch {
+  size_t tokens = 0;
+  bool batch = false;  // rows are separate sequences' decode tokens: see Transformer::matmul
+  std::vector<float> x, xn, qkv, q, attn, proj, gate_up, act, logits;
+};
+
+// The rows of one sequence inside a forward pass: positions [start, start + n)
+// of the sequence whose cache is `kv`; the last row's logits go to `logits`.
+struct SequenceRows {
+  KvCache* kv;
+  size_t start, n;
+  float* logits;
+};
+
+// The immutable model: config, packed weights, RoPE tables. The per-sequence
+// state (KvCache) and the activations (Scratch) are the caller's, so many
+// sequences share one set of weights. One forward pass runs at a time (the
+// thread pool takes one caller).
 class Transformer {
  public:
   Transformer(const ModelConfig& config, ModelWeights weights, int max_context, ThreadPool& pool,
               Profiler& profiler);
 
+  KvCache new_kv_cache() const;
+
   // Runs tokens at positions [start, start + n), appends their K/V to the
   // cache and writes the last position's logits to `logits` ([vocab]).
-  void forward(const int32_t* tokens, size_t n, size_t start, float* logits,
-               PrefillCapture* capture);
+  void forward(KvCache& kv, Scratch& s, const int32_t* tokens, size_t n, size_t start,
+               float* logits, PrefillCapture* capture);
+
+  // Batched decode: one token per sequence (rows[i].n == 1, tokens[i]), each at
+  // its own position against its own cache, in one pass over the weights. Each
+  // sequence's logits are bit-identical to its own forward() of that token.
+  void decode_batch(std::span<const SequenceRows> rows, Scratch& s, const int32_t* tokens);
 
   size_t decode_bytes() const { return weights_.decode_bytes; }
 
  private:
-  void ensure_scratch(size_t n);
-  void attention_block(size_t layer, size_t n, size_t start);
-  void mlp_block(size_t layer, size_t n);
+  void run(std::span<const SequenceRows> seqs, Scratch& s, const int32_t* tokens, size_t n,
+           PrefillCapture* capture);
+  void ensure_scratch(Scratch& s, size_t n) const;
+  void matmul(const kernels::PackedMatrix& w, const float* x, size_t n, float* y,
+              const Scratch& s) const;
+  void attention_block(size_t layer, Scratch& s, std::span<const SequenceRows> seqs, size_t n);
+  void mlp_block(size_t layer, Scratch& s, size_t n);
 
   const ModelConfig& c_;
   ModelWeights weights_;
@@ -44,11 +80,6 @@ class Transformer {
 
   std::vector<RopeTable> rope_tables_;
   std::vector<const RopeTable*> layer_rope_;  // per layer
-  std::vector<float> k_cache_, v_cache_;      // [layer][kv_head][max_context][head_dim]
-
-  // Scratch, sized for the largest n seen (decode's n = 1 is allocated in setup).
-  size_t scratch_tokens_ = 0;
-  std::vector<float> x_, xn_, qkv_, q_, attn_, proj_, gate_up_, act_;
 };
 
 }  // namespace edgellm

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -21,7 +22,7 @@
 
 namespace edgellm {
 
-struct Session::State {
+struct Model::State {
   std::filesystem::path model_dir;
   ModelConfig config;
   std::optional<Tokenizer> tokenizer;
@@ -29,10 +30,27 @@ struct Session::State {
   std::unique_ptr<ThreadPool> pool;
   Profiler profiler;
   std::unique_ptr<Transformer> model;
-  std::vector<float> logits;
   int max_context = 0;
+  std::mutex forward_mutex;  // one forward pass at a time: the pool takes one caller
+  Scratch batch_scratch;     // decode_batch's activations (under forward_mutex)
 };
 
+struct Context::State {
+  std::shared_ptr<Model::State> model;
+  KvCache kv;
+  Scratch scratch;
+  std::vector<float> logits;
+  int position = 0;
+};
+
+Model::Model() = default;
+Model::~Model() = default;
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Context::Context() = default;
+Context::~Context() = default;
+Context::Context(Context&&) noexcept = default;
+Context& Context::operator=(Context&&) noexcept = default;
 Session::Session() = default;
 Session::~Session() = default;
 Session::Session(Session&&) noexcept = default;
@@ -121,14 +139,14 @@ void check_memory(const ModelConfig& c, size_t weight_bytes, int max_context) {
 
 }  // namespace
 
-void Session::setup(const std::filesystem::path& model_dir, const SessionOptions& options) {
+void Model::setup(const std::filesystem::path& model_dir, const SessionOptions& options) {
   check(std::filesystem::is_directory(model_dir),
         model_dir.string() +
             ": checkpoint directory not found (fetch it with `make fetch` or set MODEL=<dir>)");
   check(options.max_context > 0,
         "max_context must be positive, got " + std::to_string(options.max_context));
   const int threads = checked_threads(options.threads);
-  auto s = std::make_unique<State>();
+  auto s = std::make_shared<State>();
   s->profiler.enable(options.profile);
   const auto t0 = std::chrono::steady_clock::now();
   // Names the step an out-of-memory error interrupted.
@@ -154,10 +172,9 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
     s->pool = std::make_unique<ThreadPool>(threads);
     step = "packing " + gb_str(weight_bytes) + " of weights";
     ModelWeights weights = load_weights(checkpoint, s->config, s->pool->size());
-    step = "allocating the KV cache for " + std::to_string(s->max_context) + " positions";
+    step = "building the RoPE tables for " + std::to_string(s->max_context) + " positions";
     s->model = std::make_unique<Transformer>(s->config, std::move(weights), s->max_context,
                                              *s->pool, s->profiler);
-    s->logits.resize(static_cast<size_t>(s->config.vocab_size));
   } catch (const std::bad_alloc&) {
     throw Error("out of memory while " + step);
   } catch (const std::length_error&) {
@@ -169,70 +186,190 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
   state_ = std::move(s);
 }
 
-Session::State& Session::state() const {
+namespace {
+
+const Model::State& ready_model(const std::shared_ptr<Model::State>& s) {
   // Plain if, not check(): this runs per call and must not build a message on success.
-  if (!state_) throw Error("the session is not set up (setup() was not called or failed)");
-  return *state_;
+  if (!s) throw Error("the model is not set up (setup() was not called or failed)");
+  return *s;
 }
 
-std::span<const float> Session::prefill(std::span<const int32_t> tokens, int start_pos,
+}  // namespace
+
+const ModelConfig& Model::config() const {
+  return ready_model(state_).config;
+}
+const Tokenizer& Model::tokenizer() const {
+  return *ready_model(state_).tokenizer;
+}
+const ChatTemplate& Model::chat_template() const {
+  return ready_model(state_).chat_template;
+}
+Profiler& Model::profiler() const {
+  ready_model(state_);
+  return state_->profiler;
+}
+int Model::max_context() const {
+  return ready_model(state_).max_context;
+}
+int Model::threads() const {
+  return ready_model(state_).pool->size();
+}
+size_t Model::weight_bytes() const {
+  return ready_model(state_).model->decode_bytes();
+}
+
+Context::Context(const Model& model) : state_(std::make_unique<State>()) {
+  ready_model(model.state_);
+  state_->model = model.state_;
+  try {
+    state_->kv = model.state_->model->new_kv_cache();
+    state_->logits.resize(static_cast<size_t>(model.state_->config.vocab_size));
+  } catch (const std::bad_alloc&) {
+    throw Error("out of memory while allocating the KV cache for " +
+                std::to_string(model.state_->max_context) + " positions");
+  }
+}
+
+std::span<const float> Context::prefill(std::span<const int32_t> tokens, int start_pos,
                                         PrefillCapture* capture) {
   // Plain ifs, not check(): these run per call and must not build messages on success.
-  State& st = state();
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  Model::State& m = *state_->model;
   if (tokens.empty()) throw Error("prefill needs at least one token");
   if (start_pos < 0 ||
-      static_cast<size_t>(start_pos) + tokens.size() > static_cast<size_t>(st.max_context))
+      static_cast<size_t>(start_pos) + tokens.size() > static_cast<size_t>(m.max_context))
     throw Error("prompt of " + std::to_string(tokens.size()) + " tokens at position " +
                 std::to_string(start_pos) + " exceeds the context of " +
-                std::to_string(st.max_context) + " tokens");
+                std::to_string(m.max_context) + " tokens");
   for (int32_t t : tokens)
-    if (t < 0 || t >= st.config.vocab_size)
+    if (t < 0 || t >= m.config.vocab_size)
       throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
-  st.profiler.set_phase(Phase::prefill);
-  Profiler::Scope z(st.profiler, Zone::prefill);
+  const std::lock_guard lock(m.forward_mutex);
+  m.profiler.set_phase(Phase::prefill);
+  Profiler::Scope z(m.profiler, Zone::prefill);
   try {
-    st.model->forward(tokens.data(), tokens.size(), static_cast<size_t>(start_pos),
-                      st.logits.data(), capture);
+    m.model->forward(state_->kv, state_->scratch, tokens.data(), tokens.size(),
+                     static_cast<size_t>(start_pos), state_->logits.data(), capture);
   } catch (const std::bad_alloc&) {  // scratch grows with the longest prompt seen
     throw Error("out of memory while allocating scratch for a prefill of " +
                 std::to_string(tokens.size()) + " tokens");
   }
-  return st.logits;
+  state_->position = start_pos + static_cast<int>(tokens.size());
+  return state_->logits;
+}
+
+namespace {
+
+void check_decode(const Model::State& m, int32_t token, int pos) {
+  if (pos < 0 || pos >= m.max_context)
+    throw Error("decode position " + std::to_string(pos) + " is outside the context of " +
+                std::to_string(m.max_context) + " tokens");
+  if (token < 0 || token >= m.config.vocab_size)
+    throw Error("token id " + std::to_string(token) + " is outside the vocabulary");
+}
+
+}  // namespace
+
+std::span<const float> Context::decode_step(int32_t token, int pos) {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  Model::State& m = *state_->model;
+  check_decode(m, token, pos);
+  const std::lock_guard lock(m.forward_mutex);
+  m.profiler.set_phase(Phase::decode);
+  Profiler::Scope z(m.profiler, Zone::decode);
+  m.model->forward(state_->kv, state_->scratch, &token, 1, static_cast<size_t>(pos),
+                   state_->logits.data(), nullptr);
+  state_->position = pos + 1;
+  return state_->logits;
+}
+
+std::span<const float> Context::logits() const {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  return state_->logits;
+}
+int Context::position() const {
+  return state_ ? state_->position : 0;
+}
+const ModelConfig& Context::config() const {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  return state_->model->config;
+}
+const Tokenizer& Context::tokenizer() const {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  return *state_->model->tokenizer;
+}
+int Context::max_context() const {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  return state_->model->max_context;
+}
+
+void decode_batch(std::span<Context* const> contexts, std::span<const int32_t> tokens,
+                  std::span<const int> positions) {
+  if (contexts.empty()) return;
+  if (tokens.size() != contexts.size() || positions.size() != contexts.size())
+    throw Error("decode_batch: one token and one position per context");
+  for (const Context* c : contexts)
+    if (!c || !c->state_) throw Error("decode_batch: a context is not set up");
+  Model::State& m = *contexts[0]->state_->model;
+  std::vector<SequenceRows> rows;
+  rows.reserve(contexts.size());
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    Context::State& c = *contexts[i]->state_;
+    if (c.model.get() != &m) throw Error("decode_batch: contexts of different models");
+    for (size_t j = 0; j < i; ++j)
+      if (contexts[j] == contexts[i]) throw Error("decode_batch: a context appears twice");
+    check_decode(m, tokens[i], positions[i]);
+    rows.push_back({&c.kv, static_cast<size_t>(positions[i]), 1, c.logits.data()});
+  }
+  const std::lock_guard lock(m.forward_mutex);
+  m.profiler.set_phase(Phase::decode);
+  Profiler::Scope z(m.profiler, Zone::decode);
+  m.model->decode_batch(rows, m.batch_scratch, tokens.data());
+  for (size_t i = 0; i < contexts.size(); ++i) contexts[i]->state_->position = positions[i] + 1;
+}
+
+// ---- Session: one Model, one Context ----------------------------------------
+
+void Session::setup(const std::filesystem::path& model_dir, const SessionOptions& options) {
+  Model model;
+  model.setup(model_dir, options);
+  Context context(model);
+  model_ = std::move(model);
+  context_ = std::move(context);
+}
+
+std::span<const float> Session::prefill(std::span<const int32_t> tokens, int start_pos,
+                                        PrefillCapture* capture) {
+  if (!context_.ready()) throw Error("the session is not set up (setup() was not called or failed)");
+  return context_.prefill(tokens, start_pos, capture);
 }
 
 std::span<const float> Session::decode_step(int32_t token, int pos) {
-  State& st = state();
-  if (pos < 0 || pos >= st.max_context)
-    throw Error("decode position " + std::to_string(pos) + " is outside the context of " +
-                std::to_string(st.max_context) + " tokens");
-  if (token < 0 || token >= st.config.vocab_size)
-    throw Error("token id " + std::to_string(token) + " is outside the vocabulary");
-  st.profiler.set_phase(Phase::decode);
-  Profiler::Scope z(st.profiler, Zone::decode);
-  st.model->forward(&token, 1, static_cast<size_t>(pos), st.logits.data(), nullptr);
-  return st.logits;
+  if (!context_.ready()) throw Error("the session is not set up (setup() was not called or failed)");
+  return context_.decode_step(token, pos);
 }
 
 const ModelConfig& Session::config() const {
-  return state().config;
+  return model_.config();
 }
 const Tokenizer& Session::tokenizer() const {
-  return *state().tokenizer;
+  return model_.tokenizer();
 }
 const ChatTemplate& Session::chat_template() const {
-  return state().chat_template;
+  return model_.chat_template();
 }
 Profiler& Session::profiler() {
-  return state().profiler;
+  return model_.profiler();
 }
 int Session::max_context() const {
-  return state().max_context;
+  return model_.max_context();
 }
 int Session::threads() const {
-  return state().pool->size();
+  return model_.threads();
 }
 size_t Session::weight_bytes() const {
-  return state().model->decode_bytes();
+  return model_.weight_bytes();
 }
 
 }  // namespace edgellm

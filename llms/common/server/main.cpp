@@ -1,0 +1,102 @@
+// edgellm_server: the OpenAI-compatible server over one model.
+//   edgellm_server --model <checkpoint dir | name in the model store> [--host --port ...]
+// SIGTERM / SIGINT drain the running requests (up to --drain seconds), cancel
+// the rest and exit 0.
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include <pthread.h>
+#include <CLI/CLI.hpp>
+
+#include "edgellm/error.h"
+#include "inference_driver.h"
+#include "server.h"
+
+int main(int argc, char** argv) {
+  using namespace edgellm;
+  std::string model = "smollm2-135m-instruct";
+  ServerOptions so;
+  int threads = 0, max_context = 2048;
+  double drain_seconds = 10;
+  CLI::App app{"edgellm_server: OpenAI-compatible HTTP server with continuous batching"};
+  app.add_option("--model", model, "checkpoint directory, or its name in the model store")
+      ->capture_default_str();
+  app.add_option("--name", so.model_name, "model id clients send (default: the directory name)");
+  app.add_option("--host", so.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", so.port, "port")->check(CLI::Range(1, 65535))->capture_default_str();
+  app.add_option("--threads", threads, "engine threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-context", max_context, "KV cache positions per sequence")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--parallel", so.scheduler.max_batch, "sequences decoded together")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--queue", so.scheduler.max_queue, "waiting requests beyond which 429 is returned")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app.add_option("--prefill-chunk", so.scheduler.prefill_chunk, "prompt tokens per prefill step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-body", so.max_body_bytes, "largest request body in bytes (413 beyond)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--drain", drain_seconds, "seconds running requests get on SIGTERM")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    std::filesystem::path dir = model;
+    if (!std::filesystem::is_directory(dir) && model.find('/') == std::string::npos)
+      dir = model_store() / model;
+    if (!std::filesystem::is_directory(dir))
+      throw Error(model + ": no such checkpoint directory (nor in the model store " +
+                  model_store().string() + ")");
+    if (so.model_name.empty()) so.model_name = std::filesystem::absolute(dir).filename().string();
+    Model m;
+    SessionOptions mo;
+    mo.threads = threads;
+    mo.max_context = max_context;
+    m.setup(dir, mo);
+    so.drain = std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
+    Server server(m, so);
+    std::thread signals([&] {
+      int sig = 0;
+      sigwait(&stop_signals, &sig);
+      std::fprintf(stderr, "edgellm server: %s, draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      server.stop();
+    });
+    const bool ok = server.run();
+    server.stop();
+    if (ok) {
+      signals.join();
+    } else {
+      pthread_kill(signals.native_handle(), SIGTERM);
+      signals.join();
+      return 1;
+    }
+    std::fprintf(stderr, "edgellm server: stopped\n");
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "internal error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,238 @@
+#include "scheduler.h"
+
+#include <algorithm>
+
+#include "edgellm/error.h"
+
+namespace edgellm {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+}  // namespace
+
+bool RequestStream::wait(std::string& text, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  cv_.wait_for(lock, timeout, [&] { return !text_.empty() || done_; });
+  text += text_;
+  text_.clear();
+  return done_;
+}
+
+void RequestStream::push(const std::string& text, bool done) {
+  {
+    const std::lock_guard lock(mutex_);
+    text_ += text;
+    done_ = done_ || done;
+  }
+  cv_.notify_all();
+}
+
+struct Scheduler::Job {
+  std::vector<int32_t> prompt;
+  GenerateOptions options;
+  std::shared_ptr<RequestStream> stream;
+  std::unique_ptr<Context> context;
+  std::optional<Generation> gen;
+  size_t prefilled = 0;
+  int32_t last_token = -1;
+  int pos = 0;  // the position of the next decode step
+  Clock::time_point submitted = Clock::now(), last_token_at;
+
+  bool prefilling() const { return prefilled < prompt.size(); }
+};
+
+Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metrics& metrics)
+    : model_(model), options_(options), metrics_(metrics) {
+  check(options.max_batch >= 1, "--parallel must be >= 1");
+  check(options.max_queue >= 0, "--queue must be >= 0");
+  check(options.prefill_chunk >= 1, "--prefill-chunk must be >= 1");
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  if (thread_.joinable()) shutdown(std::chrono::milliseconds(0));
+}
+
+std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt,
+                                                 GenerateOptions options) {
+  auto job = std::make_unique<Job>();
+  job->stream = std::make_shared<RequestStream>();
+  job->prompt = std::move(prompt);
+  job->options = std::move(options);
+  job->options.cancel = &job->stream->cancelled_;
+  job->stream->prompt_tokens = job->prompt.size();
+  auto stream = job->stream;
+  {
+    const std::lock_guard lock(mutex_);
+    const size_t free_slots = static_cast<size_t>(options_.max_batch) - active_count_;
+    if (stopping_ || waiting_.size() >= static_cast<size_t>(options_.max_queue) + free_slots)
+      return nullptr;
+    waiting_.push_back(std::move(job));
+    metrics_.set_queue(waiting_.size(), active_count_);
+  }
+  cv_.notify_one();
+  return stream;
+}
+
+void Scheduler::shutdown(std::chrono::milliseconds drain) {
+  stopping_ = true;
+  cv_.notify_one();
+  const auto deadline = Clock::now() + drain;
+  while (!exited_ && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  cancel_all_ = true;
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return !waiting_.empty() || !active_.empty() || stopping_; });
+      if (cancel_all_)
+        for (auto& job : waiting_) job->stream->cancel();
+      if (stopping_ && waiting_.empty() && active_.empty()) break;
+      admit();
+      active_count_ = active_.size();
+      metrics_.set_queue(waiting_.size(), active_count_);
+    }
+    if (cancel_all_)
+      for (auto& job : active_) job->stream->cancel();
+    prefill_one();
+    decode_all();
+    retire_finished();
+  }
+  {
+    const std::lock_guard lock(mutex_);
+    active_count_ = 0;
+    metrics_.set_queue(waiting_.size(), 0);
+  }
+  exited_ = true;
+}
+
+// Under mutex_: moves waiting requests into free slots.
+void Scheduler::admit() {
+  while (!waiting_.empty() && active_.size() < static_cast<size_t>(options_.max_batch)) {
+    std::unique_ptr<Job> job = std::move(waiting_.front());
+    waiting_.pop_front();
+    try {
+      job->gen.emplace(model_.tokenizer(), model_.config(), job->options);
+      if (job->stream->cancelled_) {
+        publish(*job, job->gen->finish(FinishReason::cancelled));
+        continue;
+      }
+      if (free_contexts_.empty()) {
+        job->context = std::make_unique<Context>(model_);
+      } else {
+        job->context = std::move(free_contexts_.back());
+        free_contexts_.pop_back();
+      }
+      active_.push_back(std::move(job));
+    } catch (const std::exception& e) {
+      fail(*job, e.what());
+    }
+  }
+}
+
+void Scheduler::fail(Job& job, const std::string& message) {
+  job.stream->error = message;
+  job.stream->finish = FinishReason::cancelled;
+  job.stream->push("", true);
+  if (job.gen && !job.gen->done()) job.gen->finish(FinishReason::cancelled);
+}
+
+// One chunk of the oldest prompt still prefilling; its first token when done.
+void Scheduler::prefill_one() {
+  for (auto& job : active_) {
+    if (!job->prefilling() || job->gen->done()) continue;
+    if (job->stream->cancelled_) {
+      publish(*job, job->gen->finish(FinishReason::cancelled));
+      continue;
+    }
+    const size_t n =
+        std::min(job->prompt.size() - job->prefilled, static_cast<size_t>(options_.prefill_chunk));
+    try {
+      const std::span<const int32_t> chunk(job->prompt.data() + job->prefilled, n);
+      const std::span<const float> logits =
+          job->context->prefill(chunk, static_cast<int>(job->prefilled));
+      job->prefilled += n;
+      if (!job->prefilling()) {
+        const Generation::Step step = job->gen->next(logits);
+        metrics_.observe_ttft(seconds_since(job->submitted));
+        job->pos = static_cast<int>(job->prompt.size());
+        publish(*job, step);
+      }
+    } catch (const std::exception& e) {
+      fail(*job, e.what());
+    }
+    return;
+  }
+}
+
+// One decode step for every sequence past its prefill, in one batch.
+void Scheduler::decode_all() {
+  std::vector<Job*> batch;
+  std::vector<Context*> contexts;
+  std::vector<int32_t> tokens;
+  std::vector<int> positions;
+  for (auto& job : active_) {
+    if (job->prefilling() || job->gen->done()) continue;
+    if (job->stream->cancelled_) {
+      publish(*job, job->gen->finish(FinishReason::cancelled));
+    } else if (job->pos >= job->context->max_context()) {
+      publish(*job, job->gen->finish(FinishReason::length));
+    } else {
+      batch.push_back(job.get());
+      contexts.push_back(job->context.get());
+      tokens.push_back(job->last_token);
+      positions.push_back(job->pos);
+    }
+  }
+  if (batch.empty()) return;
+  try {
+    decode_batch(contexts, tokens, positions);
+  } catch (const std::exception& e) {
+    for (Job* job : batch) fail(*job, e.what());
+    return;
+  }
+  for (Job* job : batch) {
+    ++job->pos;
+    publish(*job, job->gen->next(job->context->logits()));
+  }
+}
+
+void Scheduler::publish(Job& job, const Generation::Step& step) {
+  const auto now = Clock::now();
+  if (step.token >= 0) {
+    if (job.last_token >= 0)
+      metrics_.observe_token_latency(
+          std::chrono::duration<double>(now - job.last_token_at).count());
+    job.last_token = step.token;
+    job.last_token_at = now;
+  }
+  if (step.done) {
+    job.stream->finish = job.gen->finish_reason();
+    job.stream->completion_tokens = job.gen->tokens().size();
+    metrics_.add_tokens(job.prefilled, job.gen->tokens().size());
+  }
+  if (!step.text.empty() || step.done) job.stream->push(step.text, step.done);
+}
+
+void Scheduler::retire_finished() {
+  for (auto& job : active_) {
+    if (!job->gen->done() && job->stream->error.empty()) continue;
+    free_contexts_.push_back(std::move(job->context));
+    job.reset();
+  }
+  std::erase(active_, nullptr);
+  const std::lock_guard lock(mutex_);
+  active_count_ = active_.size();
+  metrics_.set_queue(waiting_.size(), active_count_);
+}
+
+}  // namespace edgellm

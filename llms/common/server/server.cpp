@@ -1,0 +1,452 @@
+#include "server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "chat_prompt.h"
+#include "edgellm/error.h"
+#include "metrics.h"
+
+namespace edgellm {
+
+using json = nlohmann::json;
+
+namespace {
+
+// An OpenAI-style error: {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int status;
+  std::string message;
+  std::string param;
+  std::string code;
+};
+
+std::string error_type(int status) {
+  if (status == 404) return "not_found_error";
+  if (status == 413 || status == 400) return "invalid_request_error";
+  if (status == 429) return "rate_limit_error";
+  if (status == 503) return "service_unavailable";
+  return status >= 500 ? "server_error" : "invalid_request_error";
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  json err = {{"message", e.message},
+              {"type", error_type(e.status)},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  res.status = e.status;
+  if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
+  res.set_content(json{{"error", err}}.dump(), "application/json");
+}
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw ApiError{400, message, param, ""};
+}
+
+const json* optional_field(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+// A message's content: a string, or an array of {"type": "text", "text": ...} parts.
+std::string content_text(const json& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) bad(where, where + " must be a string or an array of text parts");
+  std::string text;
+  for (const json& part : content) {
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+        !part["text"].is_string())
+      bad(where, where + ": only {\"type\": \"text\", \"text\": ...} parts are supported");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// What every generation request shares, parsed and checked.
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  GenerateOptions options;
+  bool stream = false;
+  bool include_usage = false;
+};
+
+struct Api {
+  const Model& model;
+  const ServerOptions& options;
+  Scheduler& scheduler;
+  Metrics& metrics;
+  std::atomic<uint64_t> next_id{1};
+
+  json parse_body(const httplib::Request& req) const {
+    json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded()) bad("", "the request body is not valid JSON");
+    if (!body.is_object()) bad("", "the request body must be a JSON object");
+    const json* m = optional_field(body, "model");
+    if (!m) bad("model", "missing required field 'model'");
+    if (!m->is_string()) bad("model", "'model' must be a string");
+    if (m->get<std::string>() != options.model_name)
+      throw ApiError{404,
+                     "The model '" + m->get<std::string>() + "' does not exist (this server has '" +
+                         options.model_name + "')",
+                     "model", "model_not_found"};
+    return body;
+  }
+
+  std::vector<int32_t> chat_prompt(const json& body) const {
+    const json* messages = optional_field(body, "messages");
+    if (!messages) bad("messages", "missing required field 'messages'");
+    if (!messages->is_array() || messages->empty())
+      bad("messages", "'messages' must be a non-empty array");
+    if (!model.chat_template().available())
+      bad("messages", "this model has no chat template; use /v1/completions");
+    std::vector<ChatMessage> chat;
+    for (size_t i = 0; i < messages->size(); ++i) {
+      const json& m = (*messages)[i];
+      const std::string where = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object()) bad(where, where + " must be an object");
+      const json* role = optional_field(m, "role");
+      if (!role || !role->is_string()) bad(where + ".role", where + ".role must be a string");
+      std::string r = role->get<std::string>();
+      if (r == "developer") r = "system";
+      if (r != "system" && r != "user" && r != "assistant")
+        bad(where + ".role", where + ".role must be system, user or assistant");
+      const json* content = optional_field(m, "content");
+      if (!content) bad(where + ".content", "missing " + where + ".content");
+      chat.push_back({r, content_text(*content, where + ".content")});
+    }
+    try {
+      return encode_chat(model.tokenizer(), model.chat_template(), chat);
+    } catch (const Error& e) {
+      bad("messages", e.what());
+    }
+  }
+
+  std::vector<int32_t> completion_prompt(const json& body) const {
+    const json* prompt = optional_field(body, "prompt");
+    if (!prompt) bad("prompt", "missing required field 'prompt'");
+    if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string())
+      prompt = &(*prompt)[0];
+    if (!prompt->is_string()) bad("prompt", "'prompt' must be a string");
+    std::vector<int32_t> ids = model.tokenizer().encode(prompt->get<std::string>(), true);
+    if (ids.empty()) bad("prompt", "'prompt' is empty");
+    return ids;
+  }
+
+  GenerationRequest parse(const json& body, std::vector<int32_t> prompt) const {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    GenerateOptions& o = r.options;
+    o.sampling.temperature = 1.0f;  // OpenAI's defaults
+    o.sampling.seed = std::random_device{}();
+    if (const json* v = optional_field(body, "n"); v && *v != 1)
+      bad("n", "only n = 1 is supported");
+    int max_tokens = -1;
+    for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+      if (const json* v = optional_field(body, name)) {
+        if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > 1 << 30)
+          bad(name, std::string("'") + name + "' must be a positive integer");
+        max_tokens = v->get<int>();
+      }
+    }
+    if (const json* v = optional_field(body, "temperature")) {
+      if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 2)
+        bad("temperature", "'temperature' must be a number in [0, 2]");
+      o.sampling.temperature = v->get<float>();
+    }
+    if (const json* v = optional_field(body, "top_p")) {
+      if (!v->is_number() || v->get<double>() <= 0 || v->get<double>() > 1)
+        bad("top_p", "'top_p' must be a number in (0, 1]");
+      o.sampling.top_p = v->get<float>();
+    }
+    if (const json* v = optional_field(body, "top_k")) {
+      if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > 1 << 30)
+        bad("top_k", "'top_k' must be a non-negative integer");
+      o.sampling.top_k = v->get<int>();
+    }
+    if (const json* v = optional_field(body, "seed")) {
+      if (!v->is_number_integer()) bad("seed", "'seed' must be an integer");
+      o.sampling.seed = static_cast<uint64_t>(v->get<int64_t>());
+    }
+    if (const json* v = optional_field(body, "stop")) {
+      if (v->is_string()) {
+        o.stop_strings.push_back(v->get<std::string>());
+      } else if (v->is_array() && v->size() <= 4) {
+        for (const json& s : *v) {
+          if (!s.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+          o.stop_strings.push_back(s.get<std::string>());
+        }
+      } else {
+        bad("stop", "'stop' must be a string or an array of at most 4 strings");
+      }
+    }
+    if (const json* v = optional_field(body, "ignore_eos")) {  // vLLM's extension, for benchmarks
+      if (!v->is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
+      o.stop_at_eos = !v->get<bool>();
+    }
+    if (const json* v = optional_field(body, "stream")) {
+      if (!v->is_boolean()) bad("stream", "'stream' must be a boolean");
+      r.stream = v->get<bool>();
+    }
+    if (const json* v = optional_field(body, "stream_options")) {
+      if (!v->is_object()) bad("stream_options", "'stream_options' must be an object");
+      const json* u = optional_field(*v, "include_usage");
+      if (u && !u->is_boolean()) bad("stream_options", "'include_usage' must be a boolean");
+      r.include_usage = u && u->get<bool>();
+    }
+    const size_t context = static_cast<size_t>(model.max_context());
+    const size_t room = context > r.prompt.size() ? context - r.prompt.size() : 0;
+    if (room == 0 || (max_tokens > 0 && static_cast<size_t>(max_tokens) > room))
+      throw ApiError{400,
+                     "This model's maximum context length is " + std::to_string(context) +
+                         " tokens. However, you requested " +
+                         std::to_string(r.prompt.size() + std::max(max_tokens, 0)) + " tokens (" +
+                         std::to_string(r.prompt.size()) + " in the prompt, " +
+                         std::to_string(std::max(max_tokens, 0)) + " for the completion).",
+                     max_tokens > 0 ? "max_tokens" : "messages", "context_length_exceeded"};
+    o.max_tokens = max_tokens > 0 ? max_tokens : static_cast<int>(room);
+    return r;
+  }
+
+  void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+    const json body = parse_body(req);
+    GenerationRequest r = parse(body, chat ? chat_prompt(body) : completion_prompt(body));
+    std::shared_ptr<RequestStream> stream = scheduler.submit(r.prompt, r.options);
+    if (!stream) {
+      if (scheduler.stopping()) throw ApiError{503, "the server is shutting down", "", ""};
+      throw ApiError{429, "the request queue is full; retry later", "", "queue_full"};
+    }
+    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+    const json head = {{"id", id},
+                       {"object", chat ? (r.stream ? "chat.completion.chunk" : "chat.completion")
+                                       : "text_completion"},
+                       {"created", static_cast<int64_t>(std::time(nullptr))},
+                       {"model", options.model_name}};
+    if (r.stream)
+      stream_response(res, stream, head, chat, r.include_usage);
+    else
+      complete_response(res, stream, head, chat);
+  }
+
+  static json usage(const RequestStream& s) {
+    return {{"prompt_tokens", s.prompt_tokens},
+            {"completion_tokens", s.completion_tokens},
+            {"total_tokens", s.prompt_tokens + s.completion_tokens}};
+  }
+
+  static json finish_reason(const RequestStream& s) {
+    return s.finish == FinishReason::length ? "length" : "stop";
+  }
+
+  void complete_response(httplib::Response& res, const std::shared_ptr<RequestStream>& stream,
+                         json out, bool chat) const {
+    std::string text;
+    while (!stream->wait(text, std::chrono::milliseconds(1000))) {
+    }
+    if (!stream->error.empty()) throw ApiError{500, stream->error, "", ""};
+    json choice = {{"index", 0}, {"finish_reason", finish_reason(*stream)}};
+    if (chat)
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+    else
+      choice.update({{"text", text}, {"logprobs", nullptr}});
+    out["choices"] = json::array({choice});
+    out["usage"] = usage(*stream);
+    res.set_content(out.dump(), "application/json");
+  }
+
+  // Server-sent events: one chunk per piece of text, a last chunk with the
+  // finish_reason and usage, then [DONE]. A failed write means the client is
+  // gone: the request is cancelled and its context freed.
+  void stream_response(httplib::Response& res, std::shared_ptr<RequestStream> stream, json head,
+                       bool chat, bool include_usage) const {
+    auto chunk = [head, chat](const std::string& text, const json& finish) {
+      json c = head;
+      json choice = {{"index", 0}, {"finish_reason", finish}};
+      if (chat)
+        choice["delta"] = text.empty() && finish.is_null()
+                              ? json{{"role", "assistant"}, {"content", ""}}
+                          : finish.is_null() ? json{{"content", text}}
+                                             : json::object();
+      else
+        choice.update({{"text", text}, {"logprobs", nullptr}});
+      c["choices"] = json::array({choice});
+      return "data: " + c.dump() + "\n\n";
+    };
+    res.set_header("Cache-Control", "no-cache");
+    auto started = std::make_shared<bool>(false);
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [stream, started, chunk, head, chat, include_usage](size_t, httplib::DataSink& sink) {
+          auto send = [&](const std::string& s) {
+            if (sink.write(s.data(), s.size())) return true;
+            stream->cancel();
+            return false;
+          };
+          if (!*started) {
+            *started = true;
+            if (chat && !send(chunk("", nullptr))) return false;
+          }
+          std::string text;
+          const bool done = stream->wait(text, std::chrono::milliseconds(500));
+          // An SSE comment while nothing comes (queued, long prefill) finds a closed socket.
+          if (!text.empty() || !done) {
+            if (!send(text.empty() ? std::string(": waiting\n\n") : chunk(text, nullptr)))
+              return false;
+          }
+          if (!done) return true;
+          if (!stream->error.empty()) {
+            if (!send(
+                    "data: " +
+                    json{{"error", {{"message", stream->error}, {"type", "server_error"}}}}.dump() +
+                    "\n\n"))
+              return false;
+          } else {
+            std::string last = chunk("", finish_reason(*stream));
+            json tail = json::parse(last.substr(6));
+            tail["usage"] = usage(*stream);
+            if (!send("data: " + tail.dump() + "\n\n")) return false;
+            if (include_usage) {
+              json u = head;
+              u["choices"] = json::array();
+              u["usage"] = usage(*stream);
+              if (!send("data: " + u.dump() + "\n\n")) return false;
+            }
+          }
+          if (!send("data: [DONE]\n\n")) return false;
+          sink.done();
+          return true;
+        },
+        [stream](bool success) {
+          if (!success) stream->cancel();
+        });
+  }
+
+  void models(httplib::Response& res) const {
+    const json m = {{"id", options.model_name},
+                    {"object", "model"},
+                    {"created", static_cast<int64_t>(std::time(nullptr))},
+                    {"owned_by", "edgellm"},
+                    {"max_model_len", model.max_context()}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+                    "application/json");
+  }
+};
+
+}  // namespace
+
+struct Server::Impl {
+  const Model& model;
+  ServerOptions options;
+  Metrics metrics;
+  Scheduler scheduler;
+  Api api;
+  httplib::Server http;
+  std::atomic<bool> stopped{false};
+
+  Impl(const Model& m, const ServerOptions& o)
+      : model(m),
+        options(o),
+        scheduler(m, o.scheduler, metrics),
+        api{m, options, scheduler, metrics} {}
+
+  // Runs a handler, turning ApiError / engine errors into JSON error responses.
+  template <typename Fn>
+  httplib::Server::Handler wrap(Fn fn) {
+    return [this, fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        fn(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const Error& e) {
+        send_error(res, {400, e.what(), "", ""});
+      }
+    };
+  }
+};
+
+Server::Server(const Model& model, const ServerOptions& options)
+    : impl_(std::make_unique<Impl>(model, options)) {
+  Impl& s = *impl_;
+  httplib::Server& http = s.http;
+  // Enough HTTP threads that every admitted or queued request has one; more
+  // connections wait in the listener's backlog.
+  const size_t threads =
+      static_cast<size_t>(options.scheduler.max_batch + options.scheduler.max_queue) + 8;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_payload_max_length(options.max_body_bytes);
+  http.set_keep_alive_timeout(5);
+
+  http.Get("/health", s.wrap([&s](const httplib::Request&, httplib::Response& res) {
+    if (s.scheduler.stopping()) throw ApiError{503, "the server is shutting down", "", ""};
+    const Metrics::Snapshot m = s.metrics.load();
+    res.set_content(json{{"status", "ok"}, {"active", m.active}, {"waiting", m.waiting}}.dump(),
+                    "application/json");
+  }));
+  http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(s.metrics.render(), "text/plain; version=0.0.4");
+  });
+  http.Get("/v1/models",
+           s.wrap([&s](const httplib::Request&, httplib::Response& res) { s.api.models(res); }));
+  http.Post("/v1/chat/completions",
+            s.wrap([&s](const httplib::Request& req, httplib::Response& res) {
+              s.api.generate(req, res, /*chat=*/true);
+            }));
+  http.Post("/v1/completions", s.wrap([&s](const httplib::Request& req, httplib::Response& res) {
+    s.api.generate(req, res, /*chat=*/false);
+  }));
+  // Statuses httplib sets itself (404 no route, 413 body too large, ...) get the same JSON shape.
+  http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string message = "HTTP error " + std::to_string(res.status);
+    if (res.status == 404) message = "no route for " + req.method + " " + req.path;
+    if (res.status == 413)
+      message = "the request body exceeds " + std::to_string(s.options.max_body_bytes) + " bytes";
+    send_error(res, {res.status, message, "", ""});
+  });
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string message = "internal error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          message = std::string("internal error: ") + e.what();
+        } catch (...) {
+        }
+        send_error(res, {500, message, "", ""});
+      });
+  http.set_logger([&s](const httplib::Request&, const httplib::Response& res) {
+    s.metrics.count_response(res.status);
+  });
+}
+
+Server::~Server() {
+  stop();
+}
+
+bool Server::run() {
+  Impl& s = *impl_;
+  if (!s.http.bind_to_port(s.options.host, s.options.port)) {
+    std::fprintf(stderr, "error: cannot listen on %s:%d (in use, or not a local address)\n",
+                 s.options.host.c_str(), s.options.port);
+    return false;
+  }
+  std::fprintf(stderr,
+               "edgellm server: http://%s:%d/v1 serving '%s' (%d sequences, %d-token context)\n",
+               s.options.host.c_str(), s.options.port, s.options.model_name.c_str(),
+               s.options.scheduler.max_batch, s.model.max_context());
+  return s.http.listen_after_bind();
+}
+
+void Server::stop() {
+  Impl& s = *impl_;
+  if (s.stopped.exchange(true)) return;
+  s.scheduler.shutdown(s.options.drain);
+  s.http.stop();
+}
+
+}  // namespace edgellm

@@ -1,0 +1,42 @@
+// The OpenAI-compatible HTTP server (cpp-httplib): GET /v1/models,
+// POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics.
+// Requests are validated here and answered with OpenAI-style JSON errors;
+// generation runs on the Scheduler's continuous batch.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "edgellm/session.h"
+#include "scheduler.h"
+
+namespace edgellm {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string model_name;                  // the id clients name in "model"
+  size_t max_body_bytes = 1 << 20;         // larger bodies get 413
+  std::chrono::milliseconds drain{10000};  // on shutdown, time given to running requests
+  SchedulerOptions scheduler;
+};
+
+class Server {
+ public:
+  Server(const Model& model, const ServerOptions& options);
+  ~Server();
+
+  // Binds and serves until stop(); false (with a message on stderr) when the
+  // address cannot be bound.
+  bool run();
+  // From any thread: refuse new requests (503), let running ones finish for
+  // options.drain, cancel the rest, close the listener.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace edgellm
