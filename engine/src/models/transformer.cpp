@@ -114,7 +114,7 @@ void Transformer::attention_block(size_t l, size_t n, size_t start) {
       kernels::rmsnorm(&x_[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
   }
   {
-    Profiler::Scope z(prof_, Zone::qkv_proj, 2.0 * L.qkv.rows * L.qkv.cols,
+    Profiler::Scope z(prof_, Zone::qkv_proj, static_cast<double>(L.qkv.byte_size()),
                       2.0 * n * L.qkv.rows * L.qkv.cols);
     kernels::matmul(L.qkv, xn_.data(), n, qkv_.data(), pool_);
   }
@@ -167,7 +167,7 @@ void Transformer::attention_block(size_t l, size_t n, size_t start) {
     kernels::attention(a, pool_);
   }
   {
-    Profiler::Scope z(prof_, Zone::o_proj, 2.0 * L.o_proj.rows * L.o_proj.cols,
+    Profiler::Scope z(prof_, Zone::o_proj, static_cast<double>(L.o_proj.byte_size()),
                       2.0 * n * L.o_proj.rows * L.o_proj.cols);
     kernels::matmul(L.o_proj, attn_.data(), n, proj_.data(), pool_);
   }
@@ -189,7 +189,7 @@ void Transformer::mlp_block(size_t l, size_t n) {
       kernels::rmsnorm(&x_[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &xn_[t * H]);
   }
   {
-    Profiler::Scope z(prof_, Zone::gate_up_proj, 2.0 * L.gate_up.rows * L.gate_up.cols,
+    Profiler::Scope z(prof_, Zone::gate_up_proj, static_cast<double>(L.gate_up.byte_size()),
                       2.0 * n * L.gate_up.rows * L.gate_up.cols);
     kernels::matmul(L.gate_up, xn_.data(), n, gate_up_.data(), pool_);
   }
@@ -204,7 +204,7 @@ void Transformer::mlp_block(size_t l, size_t n) {
     }
   }
   {
-    Profiler::Scope z(prof_, Zone::down_proj, 2.0 * L.down.rows * L.down.cols,
+    Profiler::Scope z(prof_, Zone::down_proj, static_cast<double>(L.down.byte_size()),
                       2.0 * n * L.down.rows * L.down.cols);
     kernels::matmul(L.down, act_.data(), n, proj_.data(), pool_);
   }
@@ -244,7 +244,7 @@ void Transformer::forward(const int32_t* tokens, size_t n, size_t start, float* 
   if (capture) capture->final_hidden.assign(xn_.begin(), xn_.begin() + n * H);
   {
     const kernels::PackedMatrix& head = weights_.lm_head;
-    Profiler::Scope z(prof_, Zone::lm_head, 2.0 * head.rows * head.cols,
+    Profiler::Scope z(prof_, Zone::lm_head, static_cast<double>(head.byte_size()),
                       2.0 * head.rows * head.cols);
     kernels::matmul(head, &xn_[(n - 1) * H], 1, logits, pool_);
     if (c_.final_logit_softcap > 0.0f) {
