@@ -44,6 +44,11 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
 uint16_t* bf16_scratch(size_t count);
 void to_bf16_rows(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
                   uint16_t* out, ThreadPool& pool);
+// Prefill attention (flash style, keys in lanes via a transposed K block);
+// needs head_dim % 16 == 0 and at most kMaxGroup query heads per kv head.
+inline constexpr size_t kMinPrefillTokens = 16;
+inline constexpr size_t kMaxGroup = 256;
+void attention_prefill(const AttentionArgs& args, ThreadPool& pool);
 }  // namespace avx512
 
 namespace amx {

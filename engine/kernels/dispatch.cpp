@@ -134,9 +134,10 @@ const std::vector<KernelInfo>& registered_kernels() {
        "any rows x cols x n (0 included)",
        all},
       {"attention",
-       {S, A2},
+       {S, A2, A5},
        "q, K/V cache, out fp32",
-       "causal, GQA, any n / start, sliding window, softcap; avx2 needs head_dim % 8 == 0",
+       "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
+       "(prefill, n >= 16): head_dim % 16 == 0",
        all},
       {"rmsnorm", {S, A2}, "fp32 (sum of squares in double)", "any dim; in place allowed", all},
       {"rope", {S, A2}, "fp32", "any n_heads, even head_dim (HF rotate_half)", all},
@@ -238,6 +239,10 @@ void add(float* acc, const float* x, size_t n) {
 
 void attention(const AttentionArgs& args, ThreadPool& pool) {
   // The AVX2 path works on whole vectors of head_dim; others take the reference.
+  // Prefill on avx512; decode (few rows per kv head) splits keys on avx2.
+  if (at_least(Isa::avx512) && args.n >= avx512::kMinPrefillTokens && args.head_dim % 16 == 0 &&
+      args.n_heads <= avx512::kMaxGroup * args.n_kv_heads)
+    return avx512::attention_prefill(args, pool);
   if (at_least(Isa::avx2) && args.head_dim % 8 == 0) return avx2::attention(args, pool);
   ref::attention(args);
 }

@@ -67,8 +67,7 @@ constexpr size_t kTileTokens = 12;
 constexpr size_t kBlockBytes = 256 * 1024;
 
 inline __m512 bf16_even(__m512i v) {  // the pair's first column, as fp32
-  // maskz form: GCC 12's plain _mm512_slli_epi32 warns (its undefined source).
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, v, 16));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 inline __m512 bf16_odd(__m512i v) {  // the pair's second column
   return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));

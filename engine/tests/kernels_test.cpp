@@ -392,7 +392,7 @@ TEST_P(KernelAttention, Sweep) {
   const size_t heads[][2] = {{9, 3}, {4, 1}, {2, 2}, {8, 2}};
   for (const auto& h : heads) {
     for (size_t hd : {8, 24, 64, 256}) {
-      for (size_t n : {1, 2, 3, 5, 8, 9, 33}) {
+      for (size_t n : {1, 2, 3, 5, 8, 9, 17, 33, 40}) {
         for (size_t start : {0, 1, 7, 130}) {
           for (size_t window : {0, 4, 100}) {
             const float softcap = (n + start) % 2 ? 0.0f : 1.5f;
