@@ -1,6 +1,8 @@
 // Rough throughput of the hot kernels against this machine's own ceilings,
-// measured in the same run: memory read bandwidth for the decode GEMV, FMA
-// peak for the prefill GEMM, and the thread pool's per-op cost. Prints one
+// measured in the same run: memory read bandwidth for the decode GEMV, the
+// active tier's GEMM-instruction peak for the prefill GEMM (fp32 FMA on avx2,
+// vdpbf16ps on avx512, TDPBF16PS on amx; EDGELLM_ISA picks the tier), and the
+// thread pool's per-op cost. Prints one
 // line per measurement; numbers drift on shared machines, ratios hold.
 //
 //   kernel_bench [--threads N] [--quick]
@@ -61,7 +63,7 @@ MatmulResult bench_matmul(size_t n, size_t rows, size_t cols, Isa isa, ThreadPoo
   std::vector<float> x(n * cols), y(n * rows);
   for (auto& e : x) e = dist(rng);
   const double t = median_time(reps, [&] { matmul(m, x.data(), n, y.data(), pool); });
-  return {t, 2.0 * n * rows * cols / t / 1e9, 2.0 * rows * cols / t / 1e9};
+  return {t, 2.0 * n * rows * cols / t / 1e9, m.byte_size() / t / 1e9};
 }
 
 // GEMV streaming from DRAM: cycles through enough distinct copies of the
@@ -81,7 +83,7 @@ double bench_gemv_cold(size_t rows, size_t cols, Isa isa, ThreadPool& pool, size
   for (int pass = 0; pass < 3; ++pass)
     for (const auto& m : ms) matmul(m, x.data(), 1, y.data(), pool);
   const double t = seconds_since(t0) / (3.0 * copies);
-  return 2.0 * rows * cols / t / 1e9;
+  return ms[0].byte_size() / t / 1e9;
 }
 
 double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t hd,
@@ -158,9 +160,11 @@ int main(int argc, char** argv) {
   ThreadPool pool(threads);
   ThreadPool one(1);
   const Isa isa = active_isa();
-  std::printf("isa %s, %d threads\n", std::string(isa_name(isa)).c_str(), pool.size());
-  // The ceilings below are measured with AVX2 loops.
-  if (detect_isa() != Isa::avx2) {
+  std::printf("isa %s, prefill GEMM activations %s, %d threads\n",
+              std::string(isa_name(isa)).c_str(),
+              std::string(gemm_precision_name(gemm_precision())).c_str(), pool.size());
+  // The read-bandwidth ceiling is measured with AVX2 loops.
+  if (detect_isa() < Isa::avx2) {
     std::printf("no AVX2 on this CPU: nothing to measure against\n");
     return 0;
   }
@@ -168,10 +172,13 @@ int main(int argc, char** argv) {
   const int reps = quick ? 5 : 21;
   bench_pool(pool);
 
-  const double peak1 = edgellm::measure_fma_peak(one.size()),
-               peak = edgellm::measure_fma_peak(pool.size());
-  std::printf("ceiling  FMA peak fp32: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n", peak1,
-              peak, pool.size());
+  // fp32 GEMMs on avx512 run FMAs, not vdpbf16ps: judge them by the FMA peak.
+  const Isa peak_isa =
+      isa >= Isa::avx512 && gemm_precision() == GemmPrecision::fp32 ? Isa::avx2 : isa;
+  const double peak1 = edgellm::measure_matmul_peak(one.size(), peak_isa),
+               peak = edgellm::measure_matmul_peak(pool.size(), peak_isa);
+  std::printf("ceiling  %s GEMM peak: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n",
+              std::string(isa_name(peak_isa)).c_str(), peak1, peak, pool.size());
   const size_t gemv_bytes = 49152ull * 576 * 2;
   const double bw_l = edgellm::measure_read_bandwidth(gemv_bytes, pool.size());
   const double bw_big = edgellm::measure_read_bandwidth(size_t{1} << 30, pool.size());
@@ -199,6 +206,8 @@ int main(int argc, char** argv) {
   const Shape gemms[] = {{"gate smollm2", 128, 1536, 576},
                          {"down smollm2", 128, 576, 1536},
                          {"gate_up smollm2", 128, 3072, 576},
+                         {"gate_up smollm2", 512, 3072, 576},
+                         {"qkv smollm2", 512, 960, 576},
                          {"llama down", 128, 2048, 8192}};
   for (const Shape& s : gemms) {
     if (quick && s.cols > 4096) continue;

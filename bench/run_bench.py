@@ -1,11 +1,12 @@
 """Side-by-side benchmark: our engine and its peers, in one run, on one machine.
 
 Each engine runs in its own subprocess (so peak RSS is its own) on the same
-token ids: TTFT for 32/128/512-token prompts and decode tokens/s, medians of
-several repetitions. The roofline (read bandwidth, FMA peak) is measured in the
-same run and the table reports ratios to it and to each peer.
+token ids: TTFT for 32..4096-token prompts and decode tokens/s after a short and
+a long prompt, medians of several repetitions. The roofline (read bandwidth,
+the active ISA tier's matmul peak) is measured in the same run and the tables
+report ratios to it and to each peer. One section per model.
 
-    .venv/bin/python bench/run_bench.py [--model DIR] [--reps 5] [--out docs/benchmarks.md]
+    .venv/bin/python bench/run_bench.py [--model DIR ...] [--reps 5] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -26,9 +27,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "build" / "python"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PROMPT_LENGTHS = (32, 128, 512)
+PROMPT_LENGTHS = (32, 128, 512, 2048, 4096)
+# Decode speed is measured after a prompt of each of these lengths (position matters:
+# attention reads the whole KV cache every step).
+DECODE_AFTER = (32, 512, 4096)
 DECODE_STEPS = 32
 THREADS = 2
+MAX_CONTEXT = max(PROMPT_LENGTHS) + DECODE_STEPS
+DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 
 
 def prompt_ids(model_dir: Path, n: int) -> list[int]:
@@ -45,10 +51,11 @@ def time_ours(model_dir: Path, reps: int) -> dict:
     import edgellm_py
 
     session = edgellm_py.Session()
-    session.setup(str(model_dir), threads=THREADS, max_context=1024)
+    session.setup(str(model_dir), threads=THREADS, max_context=MAX_CONTEXT)
     out: dict = {
         "weight_bytes": session.weight_bytes,
         "lm_head_params": session.vocab_size * session.hidden_size,
+        "precision": edgellm_py.precision_path(),
     }
     for n in PROMPT_LENGTHS:
         ids = prompt_ids(model_dir, n)
@@ -58,16 +65,17 @@ def time_ours(model_dir: Path, reps: int) -> dict:
             session.prefill(ids)
             samples.append(time.perf_counter() - t0)
         out[f"ttft_{n}"] = statistics.median(samples) * 1e3
-    ids = prompt_ids(model_dir, 32)
-    tps = []
-    for _ in range(reps):
-        logits = session.prefill(ids)
-        tok = int(logits.argmax())
-        t0 = time.perf_counter()
-        for pos in range(len(ids), len(ids) + DECODE_STEPS):
-            tok = int(session.decode_step(tok, pos).argmax())
-        tps.append(DECODE_STEPS / (time.perf_counter() - t0))
-    out["tps"] = statistics.median(tps)
+    for n in DECODE_AFTER:
+        ids = prompt_ids(model_dir, n)
+        tps = []
+        for _ in range(reps):
+            logits = session.prefill(ids)
+            tok = int(logits.argmax())
+            t0 = time.perf_counter()
+            for pos in range(len(ids), len(ids) + DECODE_STEPS):
+                tok = int(session.decode_step(tok, pos).argmax())
+            tps.append(DECODE_STEPS / (time.perf_counter() - t0))
+        out[f"tps_{n}"] = statistics.median(tps)
     return out
 
 
@@ -88,24 +96,27 @@ def time_hf(model_dir: Path, reps: int, dtype_name: str) -> dict:
                 model(ids, use_cache=True)
                 samples.append(time.perf_counter() - t0)
             out[f"ttft_{n}"] = statistics.median(samples) * 1e3
-        ids = torch.tensor([prompt_ids(model_dir, 32)])
-        tps = []
-        for _ in range(reps):
-            res = model(ids, use_cache=True)
-            past, tok = res.past_key_values, res.logits[0, -1].argmax().view(1, 1)
-            t0 = time.perf_counter()
-            for _ in range(DECODE_STEPS):
-                res = model(tok, past_key_values=past, use_cache=True)
+        for n in DECODE_AFTER:
+            ids = torch.tensor([prompt_ids(model_dir, n)])
+            tps = []
+            for _ in range(reps):
+                res = model(ids, use_cache=True)
                 past, tok = res.past_key_values, res.logits[0, -1].argmax().view(1, 1)
-            tps.append(DECODE_STEPS / (time.perf_counter() - t0))
-        out["tps"] = statistics.median(tps)
+                t0 = time.perf_counter()
+                for _ in range(DECODE_STEPS):
+                    res = model(tok, past_key_values=past, use_cache=True)
+                    past, tok = res.past_key_values, res.logits[0, -1].argmax().view(1, 1)
+                tps.append(DECODE_STEPS / (time.perf_counter() - t0))
+            out[f"tps_{n}"] = statistics.median(tps)
     return out
 
 
 def time_llamacpp(gguf: Path, model_dir: Path, reps: int) -> dict:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(gguf), n_ctx=1024, n_threads=THREADS, n_batch=512, verbose=False)
+    llm = Llama(
+        model_path=str(gguf), n_ctx=MAX_CONTEXT, n_threads=THREADS, n_batch=512, verbose=False
+    )
     out: dict = {}
     for n in PROMPT_LENGTHS:
         ids = prompt_ids(model_dir, n)
@@ -116,16 +127,17 @@ def time_llamacpp(gguf: Path, model_dir: Path, reps: int) -> dict:
             llm.eval(ids)
             samples.append(time.perf_counter() - t0)
         out[f"ttft_{n}"] = statistics.median(samples) * 1e3
-    tps = []
-    for _ in range(reps):
-        llm.reset()
-        llm.eval(prompt_ids(model_dir, 32))
-        t0 = time.perf_counter()
-        for _ in range(DECODE_STEPS):
-            tok = int(llm.scores[llm.n_tokens - 1].argmax())
-            llm.eval([tok])
-        tps.append(DECODE_STEPS / (time.perf_counter() - t0))
-    out["tps"] = statistics.median(tps)
+    for n in DECODE_AFTER:
+        tps = []
+        for _ in range(reps):
+            llm.reset()
+            llm.eval(prompt_ids(model_dir, n))
+            t0 = time.perf_counter()
+            for _ in range(DECODE_STEPS):
+                tok = int(llm.scores[llm.n_tokens - 1].argmax())
+                llm.eval([tok])
+            tps.append(DECODE_STEPS / (time.perf_counter() - t0))
+        out[f"tps_{n}"] = statistics.median(tps)
     return out
 
 
@@ -142,20 +154,22 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_worker(name: str, args: argparse.Namespace, gguf: Path | None = None) -> dict | None:
+def run_worker(
+    name: str, model: str, args: argparse.Namespace, gguf: Path | None = None
+) -> dict | None:
     cmd = [
         sys.executable,
         __file__,
         "--worker",
         name,
         "--model",
-        args.model,
+        model,
         "--reps",
         str(args.reps),
     ]
     if gguf:
         cmd += ["--gguf", str(gguf)]
-    print(f"[bench] {name} ...", flush=True)
+    print(f"[bench] {Path(model).name}: {name} ...", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -166,41 +180,57 @@ def run_worker(name: str, args: argparse.Namespace, gguf: Path | None = None) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="checkpoint directory (repeatable); default: " + ", ".join(DEFAULT_MODELS),
+    )
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--out", type=Path, help="also write the Markdown table here")
+    parser.add_argument("--out", type=Path, help="also write the Markdown tables here")
     parser.add_argument(
         "--gguf", action="append", default=[], help="llama.cpp peer: LABEL=PATH.gguf"
+    )
+    parser.add_argument(
+        "--no-hf-float32", action="store_true", help="skip the HF float32 row (saves time)"
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        args.model = args.model[-1]
         return worker(args)
-    if not (Path(args.model) / "config.json").exists():
-        print(f"error: {args.model}: no checkpoint (run `make fetch`)", file=sys.stderr)
-        return 2
+    models = args.model or [str(REPO / "models" / m) for m in DEFAULT_MODELS]
+    for m in models:
+        if not (Path(m) / "config.json").exists():
+            print(f"error: {m}: no checkpoint (run `make fetch`)", file=sys.stderr)
+            return 2
 
     import edgellm_py
 
     read_bw, fma_peak = edgellm_py.measure_roofline(THREADS)
-    rows: dict[str, dict] = {}
-    for name in ("ours", "hf-float32", "hf-bfloat16"):
-        if (res := run_worker(name, args)) is not None:
-            rows[name] = res
-    for spec in args.gguf:
-        label, _, path = spec.partition("=")
-        if (res := run_worker("llamacpp", args, Path(path))) is not None:
-            rows[f"llama.cpp {label}"] = res
+    peers = ["ours", "hf-bfloat16"] + ([] if args.no_hf_float32 else ["hf-float32"])
+    sections: list[tuple[str, dict[str, dict]]] = []
+    for m in models:
+        rows: dict[str, dict] = {}
+        for name in peers:
+            if (res := run_worker(name, m, args)) is not None:
+                rows[name] = res
+        for spec in args.gguf:
+            label, _, path = spec.partition("=")
+            if (res := run_worker("llamacpp", m, args, Path(path))) is not None:
+                rows[f"llama.cpp {label}"] = res
+        sections.append((m, rows))
     read_bw2, fma_peak2 = edgellm_py.measure_roofline(THREADS)
     read_bw, fma_peak = max(read_bw, read_bw2), max(fma_peak, fma_peak2)
-    table = render(rows, read_bw, fma_peak, args)
-    print(table)
+    text = "\n".join(render(Path(m).name, rows, read_bw, fma_peak, args) for m, rows in sections)
+    print(text)
     if args.out:
-        args.out.write_text(table)
-    return 0 if "ours" in rows else 1
+        args.out.write_text(text)
+    return 0 if all("ours" in rows for _, rows in sections) else 1
 
 
-def render(rows: dict[str, dict], read_bw: float, fma_peak: float, args: argparse.Namespace) -> str:
+def render(
+    name: str, rows: dict[str, dict], read_bw: float, peak: float, args: argparse.Namespace
+) -> str:
     ours = rows.get("ours", {})
     roof_tps = read_bw * 1e9 / ours["weight_bytes"] if ours else 0.0
     cpu = next(
@@ -211,54 +241,64 @@ def render(rows: dict[str, dict], read_bw: float, fma_peak: float, args: argpars
         ),
         platform.processor(),
     )
+    ttft_cols = " | ".join(f"TTFT {n}" for n in PROMPT_LENGTHS)
+    tps_cols = " | ".join(f"decode @{n}" for n in DECODE_AFTER)
+    ncols = len(PROMPT_LENGTHS) + len(DECODE_AFTER)
     lines = [
-        f"# Benchmark: {Path(args.model).name}, {THREADS} threads",
+        f"# Benchmark: {name}, {THREADS} threads",
         "",
         f"- date: {datetime.date.today()}; machine: {cpu}, {os.cpu_count()} cores; "
-        f"medians of {args.reps} repetitions; "
-        f"decode = {DECODE_STEPS} greedy steps after a 32-token prompt",
+        f"medians of {args.reps} repetitions; TTFT in ms; decode in tokens/s over "
+        f"{DECODE_STEPS} greedy steps after a prompt of the given length",
+        f"- our precision path: {ours.get('precision', '?')}",
         f"- roofline measured in this run: read bandwidth {read_bw:.1f} GB/s, "
-        f"FMA peak {fma_peak:.1f} GFLOP/s; "
+        f"matmul peak {peak:.1f} GFLOP/s (the active tier's GEMM instruction); "
         f"decode reads {ours.get('weight_bytes', 0) / 1e6:.0f} MB of weights per token -> "
         f"roofline {roof_tps:.1f} tokens/s",
         "",
-        "| engine | TTFT 32 (ms) | TTFT 128 (ms) | TTFT 512 (ms) | decode (tok/s) "
-        "| peak RSS (MB) |",
-        "|---|---|---|---|---|---|",
+        f"| engine | {ttft_cols} | {tps_cols} | peak RSS (MB) |",
+        "|---" * (ncols + 2) + "|",
     ]
-    for name, r in rows.items():
+    for peer, r in rows.items():
         lines.append(
-            f"| {name} | "
+            f"| {peer} | "
             + " | ".join(f"{r[f'ttft_{n}']:.1f}" for n in PROMPT_LENGTHS)
-            + f" | {r['tps']:.1f} | {r['peak_rss_mb']:.0f} |"
+            + " | "
+            + " | ".join(f"{r[f'tps_{n}']:.1f}" for n in DECODE_AFTER)
+            + f" | {r['peak_rss_mb']:.0f} |"
         )
     if ours:
         lines += [
             "",
             "Ratios (ours vs peer: >1 means we are faster):",
             "",
-            "| peer | TTFT 32 | TTFT 128 | TTFT 512 | decode |",
-            "|---|---|---|---|---|",
+            f"| peer | {ttft_cols} | {tps_cols} |",
+            "|---" * (ncols + 1) + "|",
         ]
-        for name, r in rows.items():
-            if name == "ours":
+        for peer, r in rows.items():
+            if peer == "ours":
                 continue
             lines.append(
-                f"| {name} | "
+                f"| {peer} | "
                 + " | ".join(f"{r[f'ttft_{n}'] / ours[f'ttft_{n}']:.2f}x" for n in PROMPT_LENGTHS)
-                + f" | {ours['tps'] / r['tps']:.2f}x |"
+                + " | "
+                + " | ".join(f"{ours[f'tps_{n}'] / r[f'tps_{n}']:.2f}x" for n in DECODE_AFTER)
+                + " |"
             )
         # 2 flops per weight per token; prefill runs the LM head for the last position only.
         layer_params = ours["weight_bytes"] / 2 - ours["lm_head_params"]
         flops512 = 2 * layer_params * 512 + 2 * ours["lm_head_params"]
         gflops512 = flops512 / (ours["ttft_512"] / 1e3) / 1e9
+        long_short = ours[f"tps_{DECODE_AFTER[-1]}"] / ours["tps_512"]
         lines += [
             "",
-            f"Ours vs roofline: decode {100 * ours['tps'] / roof_tps:.0f}% of the bandwidth "
-            "roofline; "
-            f"prefill-512 {gflops512:.1f} GFLOP/s in the projections = "
-            f"{100 * gflops512 / fma_peak:.0f}% of FMA peak "
-            "(weight matmuls only; attention's flops are not counted, so this is a lower bound).",
+            f"Ours vs roofline: decode after 32 tokens {100 * ours['tps_32'] / roof_tps:.0f}% "
+            f"of the bandwidth roofline; decode at {DECODE_AFTER[-1]} runs at "
+            f"{100 * long_short:.0f}% of its speed at 512; "
+            f"prefill-512 {gflops512:.1f} GFLOP/s over the whole prefill = "
+            f"{100 * gflops512 / peak:.0f}% of the matmul peak (counts the weight matmuls' "
+            "flops only, over the whole TTFT including attention: a lower bound for the "
+            "projections; `make profile` gives them per kernel).",
         ]
     return "\n".join(lines) + "\n"
 

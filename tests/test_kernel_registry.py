@@ -1,43 +1,77 @@
-"""kernel_registry/supported_kernels.md stays true to what the engine registers."""
+"""kernel_registry/supported_kernels.md is generated from the engine's kernel table, and
+EDGELLM_ISA picks the tier the engine reports."""
 
 from __future__ import annotations
 
-import re
+import os
+import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import edgellm_py  # a missing binding is a failure (conftest), never a skip
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "build" / "python"))
-edgellm_py = pytest.importorskip("edgellm_py", reason="binding not built (make build)")
+sys.path.insert(0, str(REPO / "kernel_registry"))
+import generate  # noqa: E402
 
-REGISTRY = REPO / "kernel_registry" / "supported_kernels.md"
-
-
-def registry_rows() -> list[dict[str, str]]:
-    lines = [ln for ln in REGISTRY.read_text().splitlines() if ln.startswith("| `")]
-    header = ["kernel", "dtypes", "shapes", "isa", "throughput", "used_by"]
-    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
-    return [dict(zip(header, row, strict=True)) for row in cells]
+TIERS = ["scalar", "avx2", "avx512", "amx"]
 
 
-def test_every_registered_kernel_has_a_row_and_no_row_is_stale() -> None:
-    registered = dict(edgellm_py.registered_kernels())
-    rows = registry_rows()
-    documented = {re.match(r"`(\w+)`", r["kernel"]).group(1) for r in rows}
-    assert documented == set(registered), (
-        f"registry {sorted(documented)} vs engine {sorted(registered)}"
+def test_registry_table_is_generated_from_the_kernel_table() -> None:
+    text = generate.REGISTRY.read_text()
+    assert generate.updated(text, edgellm_py.kernel_table()) == text, (
+        "supported_kernels.md is stale: run .venv/bin/python kernel_registry/generate.py"
     )
-    for row in rows:
-        name = re.match(r"`(\w+)`", row["kernel"]).group(1)
-        for isa in registered[name]:
-            assert isa in row["isa"], f"{name}: ISA path {isa} missing from the registry row"
+
+
+def test_generated_table_follows_the_engine() -> None:
+    # A kernel or path the engine gains appears in the table without a hand edit.
+    table = edgellm_py.kernel_table()
+    table.append({**table[0], "name": "new_kernel", "paths": ["scalar", "amx"]})
+    rendered = generate.render(table)
+    assert "| `new_kernel` |" in rendered and "scalar, amx" in rendered
+    names = [k["name"] for k in edgellm_py.kernel_table()]
+    assert names == [name for name, _ in edgellm_py.registered_kernels()]
 
 
 def test_used_by_names_real_deployments() -> None:
     deployments = {p.name for p in (REPO / "llms").iterdir() if (p / "Makefile").exists()}
-    for row in registry_rows():
-        used = re.findall(r"[a-z0-9]+_[a-z0-9_]+", row["used_by"])
-        assert used, f"{row['kernel']}: empty Used by"
-        assert set(used) <= deployments, f"{row['kernel']}: unknown deployment in {used}"
+    for k in edgellm_py.kernel_table():
+        used = {u.strip() for u in k["used_by"].split(",")}
+        assert used and used <= deployments, f"{k['name']}: unknown deployment in {used}"
+        assert set(k["paths"]) <= set(TIERS) and "scalar" in k["paths"], k
+
+
+def active_isa_with(env_value: str) -> tuple[str, str]:
+    """(active_isa(), stderr) of a fresh process with EDGELLM_ISA=env_value."""
+    env = {**os.environ, "EDGELLM_ISA": env_value}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "build" / "python"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", "import edgellm_py; print(edgellm_py.active_isa())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout.strip(), proc.stderr
+
+
+def test_edgellm_isa_selects_each_supported_tier() -> None:
+    detected = edgellm_py.detected_isa()
+    for tier in TIERS:
+        active, err = active_isa_with(tier)
+        if TIERS.index(tier) <= TIERS.index(detected):
+            assert active == tier and err == "", (tier, active, err)
+        else:  # one stderr line, then the best tier there is
+            assert active == detected, (tier, active)
+            assert err.count("\n") == 1 and f"EDGELLM_ISA={tier} is not supported" in err, err
+
+
+def test_edgellm_isa_unknown_value_is_one_line_and_the_default() -> None:
+    default, _ = active_isa_with("")
+    assert default in TIERS and default != "amx"  # AMX is opt-in
+    for bad in ["avx", "AVX2", "native"]:
+        active, err = active_isa_with(bad)
+        assert active == default, (bad, active)
+        assert err.count("\n") == 1 and f"unknown EDGELLM_ISA={bad}" in err, err

@@ -1,17 +1,24 @@
-// Routes each kernel to the active ISA's implementation. The ISA is detected
-// once from cpuid (EDGELLM_ISA=scalar|avx2 overrides it, clamped to what the
-// CPU supports); set_isa() switches it for tests. A new ISA adds an enum
-// value, a file of kernels and a case in each switch below.
+// Routes each kernel to the active ISA's implementation. The tier is detected
+// once (cpu_features.cpp); EDGELLM_ISA=scalar|avx2|avx512|amx overrides it,
+// clamped to what the CPU and OS support; set_isa() switches it for tests.
+// A new ISA adds an enum value, a file of kernels, a row in
+// registered_kernels() and a case where it has a kernel. Tiers are ordered, so
+// a kernel without a path of its own on a tier runs its best lower one
+// (e.g. rmsnorm runs avx2 on avx512).
 //
 // This file is compiled without ISA flags, so it runs on any x86-64 (and
 // other architectures) and must not use SIMD intrinsics itself.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "edgellm/bf16.h"
 #include "kernels/avx2.h"
+#include "kernels/avx512.h"
 #include "kernels/kernels.h"
 
 namespace edgellm::kernels {
@@ -19,21 +26,27 @@ namespace edgellm::kernels {
 namespace {
 
 Isa clamp_to_cpu(Isa isa) {
-  return static_cast<int>(isa) <= static_cast<int>(detect_isa()) ? isa : detect_isa();
+  return std::min(isa, detect_isa());
 }
 
 Isa initial_isa() {
   const char* env = std::getenv("EDGELLM_ISA");
-  if (env == nullptr || *env == '\0') return detect_isa();
-  if (std::strcmp(env, "scalar") == 0) return Isa::scalar;
-  if (std::strcmp(env, "avx2") == 0) {
-    if (detect_isa() != Isa::avx2)
-      std::fprintf(stderr, "edgellm: EDGELLM_ISA=avx2 but this CPU lacks AVX2/FMA/F16C; using %s\n",
-                   std::string(isa_name(detect_isa())).c_str());
-    return clamp_to_cpu(Isa::avx2);
+  if (env == nullptr || *env == '\0') return default_isa();
+  const std::optional<Isa> wanted = parse_isa(env);
+  if (!wanted) {
+    std::fprintf(
+        stderr, "edgellm: ignoring unknown EDGELLM_ISA=%s (expected scalar, avx2, avx512 or amx)\n",
+        env);
+    return default_isa();
   }
-  std::fprintf(stderr, "edgellm: ignoring unknown EDGELLM_ISA=%s (expected scalar or avx2)\n", env);
-  return detect_isa();
+  if (*wanted > detect_isa())
+    std::fprintf(stderr, "edgellm: EDGELLM_ISA=%s is not supported on this CPU/OS; using %s\n", env,
+                 std::string(isa_name(detect_isa())).c_str());
+  return clamp_to_cpu(*wanted);
+}
+
+bool at_least(Isa isa) {
+  return active_isa() >= isa;
 }
 
 // Initialised on first use, so kernels called from other static
@@ -59,35 +72,81 @@ void scalar_matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* 
   }
 }
 
+GemmPrecision initial_precision() {
+  const char* env = std::getenv("EDGELLM_GEMM_PRECISION");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "bf16") == 0) return GemmPrecision::bf16;
+  if (std::strcmp(env, "fp32") == 0) return GemmPrecision::fp32;
+  std::fprintf(
+      stderr, "edgellm: ignoring unknown EDGELLM_GEMM_PRECISION=%s (expected bf16 or fp32)\n", env);
+  return GemmPrecision::bf16;
+}
+
+std::atomic<GemmPrecision>& precision_slot() {
+  static std::atomic<GemmPrecision> slot{initial_precision()};
+  return slot;
+}
+
 }  // namespace
 
+std::string_view gemm_precision_name(GemmPrecision p) {
+  return p == GemmPrecision::bf16 ? "bf16" : "fp32";
+}
+GemmPrecision gemm_precision() {
+  return precision_slot().load(std::memory_order_relaxed);
+}
+void set_gemm_precision(GemmPrecision p) {
+  precision_slot().store(p, std::memory_order_relaxed);
+}
+
 std::string_view isa_name(Isa isa) {
-  return isa == Isa::avx2 ? "avx2" : "scalar";
+  switch (isa) {
+    case Isa::scalar:
+      return "scalar";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
+    case Isa::amx:
+      return "amx";
+  }
+  return "?";
+}
+
+std::optional<Isa> parse_isa(std::string_view name) {
+  for (Isa isa : kAllIsas)
+    if (name == isa_name(isa)) return isa;
+  return std::nullopt;
+}
+
+Isa default_isa() {
+  // AMX is opt-in: its GEMM was written and reviewed on a CPU without AMX and
+  // has not yet run on AMX hardware (the kernel tests run it wherever it exists).
+  return std::min(detect_isa(), Isa::avx512);
 }
 
 const std::vector<KernelInfo>& registered_kernels() {
+  constexpr Isa S = Isa::scalar, A2 = Isa::avx2, A5 = Isa::avx512, AMX = Isa::amx;
+  constexpr std::string_view all = "smollm2_135m, gemma3_270m, llama32_1b";
   static const std::vector<KernelInfo> kernels = {
-      {"matmul", {Isa::scalar, Isa::avx2}},   {"attention", {Isa::scalar, Isa::avx2}},
-      {"rmsnorm", {Isa::scalar, Isa::avx2}},  {"rope", {Isa::scalar, Isa::avx2}},
-      {"silu_mul", {Isa::scalar, Isa::avx2}}, {"gelu_tanh_mul", {Isa::scalar, Isa::avx2}},
-      {"add", {Isa::scalar, Isa::avx2}},      {"top_k", {Isa::scalar, Isa::avx2}},
+      {"matmul",
+       {S, A2, A5, AMX},
+       "W bf16 (pre-packed), x/y fp32, optional fp32 bias; n > 1 on avx512/amx rounds x to bf16",
+       "any rows x cols x n (0 included)",
+       all},
+      {"attention",
+       {S, A2, A5},
+       "q, K/V cache, out fp32",
+       "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
+       "(prefill, n >= 16): head_dim % 16 == 0",
+       all},
+      {"rmsnorm", {S, A2}, "fp32 (sum of squares in double)", "any dim; in place allowed", all},
+      {"rope", {S, A2}, "fp32", "any n_heads, even head_dim (HF rotate_half)", all},
+      {"silu_mul", {S, A2}, "fp32", "any n; in place allowed", "smollm2_135m, llama32_1b"},
+      {"gelu_tanh_mul", {S, A2}, "fp32", "any n; in place allowed", "gemma3_270m"},
+      {"add", {S, A2}, "fp32", "any n", all},
+      {"top_k", {S, A2}, "fp32 in, int32 indices", "any n, k; NaN ranks last", all},
   };
   return kernels;
-}
-
-Isa detect_isa() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const Isa best = [] {
-    // __builtin_cpu_supports("avx2") also checks that the OS saves YMM state.
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
-    return avx2 ? Isa::avx2 : Isa::scalar;
-  }();
-  return best;
-#else
-  return Isa::scalar;
-#endif
 }
 
 Isa active_isa() {
@@ -100,6 +159,10 @@ void set_isa(Isa isa) {
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols, Isa isa) {
   PackedMatrix m;
   switch (clamp_to_cpu(isa)) {
+    case Isa::amx:
+    case Isa::avx512:
+      vnni::pack(bf16_row_major, rows, cols, clamp_to_cpu(isa), m);
+      break;
     case Isa::avx2:
       avx2::pack(bf16_row_major, rows, cols, m);
       break;
@@ -117,7 +180,22 @@ PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t col
   return pack_matrix(bf16_row_major, rows, cols, active_isa());
 }
 
+size_t PackedMatrix::byte_size() const {
+  switch (isa) {
+    case Isa::scalar:
+      return rows * cols * sizeof(uint16_t);
+    case Isa::avx2:
+      return (rows + avx2::kPanelRows - 1) / avx2::kPanelRows * avx2::kPanelRows * cols *
+             sizeof(uint16_t);
+    case Isa::avx512:
+    case Isa::amx:
+      return vnni::panels(rows) * vnni::kPanelRows * vnni::padded_cols(cols) * sizeof(uint16_t);
+  }
+  return 0;
+}
+
 void unpack_row(const PackedMatrix& w, size_t r, float* out) {
+  if (w.isa >= Isa::avx512) return vnni::unpack_row(w, r, out);
   if (w.isa == Isa::avx2) return avx2::unpack_row(w, r, out);
   const uint16_t* row = w.data.data() + w.offset + r * w.cols;
   for (size_t c = 0; c < w.cols; ++c) out[c] = bf16_to_float(row[c]);
@@ -125,7 +203,10 @@ void unpack_row(const PackedMatrix& w, size_t r, float* out) {
 
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
   // The layout decides, not the active ISA: a matrix packed for AVX2 stays
-  // valid (the CPU has AVX2) after set_isa(scalar).
+  // valid (the CPU has AVX2) after set_isa(scalar). The avx512 and amx
+  // layouts are one, so a matrix packed for amx runs avx512 when that is active.
+  if (w.isa == Isa::amx && active_isa() == Isa::amx) return amx::matmul(w, x, n, y, pool);
+  if (w.isa >= Isa::avx512) return avx512::matmul(w, x, n, y, pool);
   if (w.isa == Isa::avx2) return avx2::matmul(w, x, n, y, pool);
   pool.parallel_chunks(w.rows,
                        [&](size_t r0, size_t r1) { scalar_matmul_rows(w, x, n, y, r0, r1); });
@@ -138,38 +219,42 @@ void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, Thre
 }
 
 void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y) {
-  if (active_isa() == Isa::avx2) return avx2::rmsnorm(x, weight, dim, eps, y);
+  if (at_least(Isa::avx2)) return avx2::rmsnorm(x, weight, dim, eps, y);
   ref::rmsnorm(x, weight, dim, eps, y);
 }
 
 void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin) {
-  if (active_isa() == Isa::avx2) return avx2::rope(x, n_heads, head_dim, cos, sin);
+  if (at_least(Isa::avx2)) return avx2::rope(x, n_heads, head_dim, cos, sin);
   ref::rope(x, n_heads, head_dim, cos, sin);
 }
 
 void silu_mul(const float* gate, const float* up, size_t n, float* out) {
-  if (active_isa() == Isa::avx2) return avx2::silu_mul(gate, up, n, out);
+  if (at_least(Isa::avx2)) return avx2::silu_mul(gate, up, n, out);
   ref::silu_mul(gate, up, n, out);
 }
 
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out) {
-  if (active_isa() == Isa::avx2) return avx2::gelu_tanh_mul(gate, up, n, out);
+  if (at_least(Isa::avx2)) return avx2::gelu_tanh_mul(gate, up, n, out);
   ref::gelu_tanh_mul(gate, up, n, out);
 }
 
 void add(float* acc, const float* x, size_t n) {
-  if (active_isa() == Isa::avx2) return avx2::add(acc, x, n);
+  if (at_least(Isa::avx2)) return avx2::add(acc, x, n);
   ref::add(acc, x, n);
 }
 
 void attention(const AttentionArgs& args, ThreadPool& pool) {
   // The AVX2 path works on whole vectors of head_dim; others take the reference.
-  if (active_isa() == Isa::avx2 && args.head_dim % 8 == 0) return avx2::attention(args, pool);
+  // Prefill on avx512; decode (few rows per kv head) splits keys on avx2.
+  if (at_least(Isa::avx512) && args.n >= avx512::kMinPrefillTokens && args.head_dim % 16 == 0 &&
+      args.n_heads <= avx512::kMaxGroup * args.n_kv_heads)
+    return avx512::attention_prefill(args, pool);
+  if (at_least(Isa::avx2) && args.head_dim % 8 == 0) return avx2::attention(args, pool);
   ref::attention(args);
 }
 
 void top_k(const float* x, size_t n, size_t k, int32_t* out_indices) {
-  if (active_isa() == Isa::avx2) return avx2::top_k(x, n, k, out_indices);
+  if (at_least(Isa::avx2)) return avx2::top_k(x, n, k, out_indices);
   ref::top_k(x, n, k, out_indices);
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -15,37 +16,63 @@
 
 namespace edgellm::kernels {
 
-enum class Isa { scalar, avx2 };
+// ISA tiers, each a superset of the one before (a CPU with a tier has every
+// lower one). avx512 = AVX-512 F/BW/VL/BF16; amx = avx512 + AMX-TILE/BF16.
+enum class Isa { scalar, avx2, avx512, amx };
+inline constexpr Isa kAllIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx};
 std::string_view isa_name(Isa isa);
+// "scalar" | "avx2" | "avx512" | "amx" (EDGELLM_ISA's values); nullopt otherwise.
+std::optional<Isa> parse_isa(std::string_view name);
 
 // What the engine registers: each kernel and the ISA paths it has. The kernel
-// registry (kernel_registry/supported_kernels.md) is tested against this list.
+// registry (kernel_registry/supported_kernels.md) is generated from this list
+// (scripts/gen_kernel_registry.py).
 struct KernelInfo {
   std::string_view name;
-  std::vector<Isa> paths;
+  std::vector<Isa> paths;   // tiers with a path of their own; others run the best lower one
+  std::string_view dtypes;  // what the registry documents
+  std::string_view shapes;
+  std::string_view used_by;  // deployments, as llms/<name>
 };
 const std::vector<KernelInfo>& registered_kernels();
-Isa detect_isa();       // best ISA this CPU supports (cpuid)
-Isa active_isa();       // detect_isa() unless overridden
-void set_isa(Isa isa);  // tests and EDGELLM_ISA=scalar|avx2; clamped to detect_isa()
+Isa detect_isa();  // best tier this CPU and OS support (cpuid, XCR0, AMX permission)
+// The tier used when EDGELLM_ISA is unset: detect_isa(), except that AMX is
+// opt-in (EDGELLM_ISA=amx) until its kernels are validated on AMX hardware.
+Isa default_isa();
+Isa active_isa();       // default_isa() unless overridden
+void set_isa(Isa isa);  // tests and EDGELLM_ISA; clamped to detect_isa()
 
 // A bf16 weight matrix W[rows][cols], laid out once at setup for the matmul of
 // the ISA active at packing time. `data` owns the packed copy; the layout
-// starts at data[offset] (the AVX2 layout pads `data` to start on a 64-byte
+// starts at data[offset] (the SIMD layouts pad `data` to start on a 64-byte
 // boundary). Isa::scalar is plain row-major; Isa::avx2 is row panels, see
-// kernels/avx2.h. matmul() follows `isa`, whatever the active ISA is now.
+// kernels/avx2.h; Isa::avx512 and Isa::amx share one layout of row panels
+// holding bf16 column pairs (VNNI order), see kernels/avx512.h. matmul()
+// follows `isa` (clamped to the active ISA where the layouts agree).
 struct PackedMatrix {
   size_t rows = 0, cols = 0;
   Isa isa = Isa::scalar;
   std::vector<uint16_t> data;
   size_t offset = 0;
   const float* bias = nullptr;  // optional [rows], not owned
+  // Bytes of packed weights one pass over the matrix reads (layout padding
+  // included): what the profiler and roofline charge a matmul.
+  size_t byte_size() const;
 };
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols);
 // Packs for a given ISA (tests, benchmarks); one the CPU lacks falls back to detect_isa().
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols, Isa isa);
 // Row r of W as fp32, whatever the layout (tied embeddings, tests).
 void unpack_row(const PackedMatrix& w, size_t r, float* out);
+
+// Activation precision of the prefill GEMM (n > 1) on the avx512/amx tiers:
+// bf16 rounds x to bf16 (vdpbf16ps / TDPBF16PS, 2x / ~16x the fp32 FMA rate),
+// fp32 keeps x exact. Products and sums are fp32 either way; decode (n == 1)
+// always keeps x in fp32. Set once from EDGELLM_GEMM_PRECISION=bf16|fp32.
+enum class GemmPrecision { bf16, fp32 };
+std::string_view gemm_precision_name(GemmPrecision p);
+GemmPrecision gemm_precision();
+void set_gemm_precision(GemmPrecision p);  // tests
 
 // y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n. n == 1 is decode's GEMV.
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
@@ -87,6 +114,7 @@ struct AttentionArgs {
 void attention(const AttentionArgs& args, ThreadPool& pool);
 
 // Indices of the k largest values, largest first; ties toward the smaller index.
+// NaN ranks below every number (-inf included); NaNs among themselves by index.
 void top_k(const float* x, size_t n, size_t k, int32_t* out_indices);
 
 namespace ref {

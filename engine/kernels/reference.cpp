@@ -94,8 +94,13 @@ void top_k(const float* x, size_t n, size_t k, int32_t* out_indices) {
   k = std::min(k, n);
   std::vector<int32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
+  // NaN ranks below every number, so the order stays strict and weak.
   std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
-                    [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+                    [&](int32_t a, int32_t b) {
+                      const bool na = std::isnan(x[a]), nb = std::isnan(x[b]);
+                      if (na || nb) return nb && (!na || a < b);
+                      return x[a] > x[b] || (x[a] == x[b] && a < b);
+                    });
   std::copy_n(idx.begin(), k, out_indices);
 }
 

@@ -5,8 +5,10 @@
 // Order: value descending, ties toward the smaller index, exactly as
 // ref::top_k. Indices are scanned in increasing order, so a later element
 // enters the full buffer only if strictly greater than its worst value.
-// NaN never compares greater, so NaNs are skipped once the buffer is full.
+// NaN ranks below every number: NaNs never enter the buffer, and fill what it
+// lacks at the end (fewer than k numbers), in index order.
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/avx2.h"
 #include "kernels/vec_avx2.h"
@@ -46,30 +48,27 @@ void top_k(const float* x, size_t n, size_t k, int32_t* out_indices) {
   float vals[kMaxBufferedK];
   int32_t idx[kMaxBufferedK];
   size_t count = 0;
-  // Fill: the first k elements always enter.
-  for (size_t i = 0; i < k; ++i) insert(vals, idx, count, k, x[i], static_cast<int32_t>(i));
-  float worst = vals[k - 1];
-  size_t i = k;
+  // Until the buffer is full every number enters (the compare is "ordered",
+  // i.e. not NaN); then only what beats its worst value.
+  auto wanted = [&](float v) { return count < k ? !std::isnan(v) : v > vals[k - 1]; };
+  size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(x + i);
-    unsigned mask = static_cast<unsigned>(
-        _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(worst), _CMP_GT_OQ)));
+    const __m256 hit = count < k ? _mm256_cmp_ps(v, v, _CMP_ORD_Q)
+                                 : _mm256_cmp_ps(v, _mm256_set1_ps(vals[k - 1]), _CMP_GT_OQ);
+    unsigned mask = static_cast<unsigned>(_mm256_movemask_ps(hit));
     while (mask) {
       const unsigned lane = static_cast<unsigned>(__builtin_ctz(mask));
       mask &= mask - 1;
       const float xv = x[i + lane];
-      if (xv > worst) {  // `worst` may have risen since the compare
-        insert(vals, idx, count, k, xv, static_cast<int32_t>(i + lane));
-        worst = vals[k - 1];
-      }
+      // The buffer may have filled or its worst risen since the compare.
+      if (wanted(xv)) insert(vals, idx, count, k, xv, static_cast<int32_t>(i + lane));
     }
   }
-  for (; i < n; ++i) {
-    if (x[i] > worst) {
-      insert(vals, idx, count, k, x[i], static_cast<int32_t>(i));
-      worst = vals[k - 1];
-    }
-  }
+  for (; i < n; ++i)
+    if (wanted(x[i])) insert(vals, idx, count, k, x[i], static_cast<int32_t>(i));
+  for (size_t j = 0; j < n && count < k; ++j)
+    if (std::isnan(x[j])) idx[count++] = static_cast<int32_t>(j);
   std::copy_n(idx, k, out_indices);
 }
 

@@ -56,6 +56,40 @@ NB_MODULE(edgellm_py, m) {
   });
 
   m.def(
+      "kernel_table",
+      [] {
+        nb::list out;
+        for (const auto& k : edgellm::kernels::registered_kernels()) {
+          nb::list paths;
+          for (auto isa : k.paths) paths.append(std::string(edgellm::kernels::isa_name(isa)));
+          nb::dict row;
+          row["name"] = nb::str(k.name.data(), k.name.size());
+          row["paths"] = paths;
+          row["dtypes"] = nb::str(k.dtypes.data(), k.dtypes.size());
+          row["shapes"] = nb::str(k.shapes.data(), k.shapes.size());
+          row["used_by"] = nb::str(k.used_by.data(), k.used_by.size());
+          out.append(row);
+        }
+        return out;
+      },
+      "registered_kernels() with the registry's columns, for kernel_registry/generate.py");
+
+  m.def(
+      "precision_path",
+      [] {
+        namespace k = edgellm::kernels;
+        std::string path(k::isa_name(k::active_isa()));
+        if (k::active_isa() >= k::Isa::avx512)
+          return path + " (prefill GEMM activations " +
+                 std::string(k::gemm_precision_name(k::gemm_precision())) + ", decode fp32)";
+        return path + " (activations fp32)";
+      },
+      "the active tier and the activation precision of its matmuls, for reports");
+
+  m.def("detected_isa",
+        [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::detect_isa())); });
+
+  m.def(
       "measure_roofline",
       [](int threads) {
         const edgellm::Roofline r = edgellm::measure_roofline(threads);

@@ -1,22 +1,33 @@
 // Optimized kernels against the scalar references (kernels/reference.cpp).
 //
-// Every test runs once per ISA this CPU supports, through the public
-// dispatching functions (set_isa), over odd sizes (not multiples of the
-// vector width or the matmul panel), misaligned pointers (float* offset by
-// one) and a few model-sized shapes.
+// Each suite is instantiated once per ISA tier that has its own path for the
+// kernel (registered_kernels()), and reports a skip for a tier this CPU lacks.
+// An instance sets the tier (set_isa) and calls the public dispatching
+// function, so "avx512" means "what dispatch runs on avx512". Where the
+// scalar dispatch IS the reference (every kernel but matmul) there is no
+// scalar instance: it would compare the reference with itself. The scalar
+// matmul instance checks dispatch's row-split, thread-parallel scalar loop.
+// Inputs: odd sizes (not multiples of the vector width or the panel),
+// misaligned pointers (float* offset by one), a few model-sized shapes; every
+// output buffer has guard values before and after it.
 //
 // Tolerances come from fp32 rounding: a dot product of K terms summed in a
 // different order differs by at most about K * eps * sum|a_i b_i| in the worst
 // case and sqrt(K) * eps * sum|a_i b_i| in practice; 1e-5 * sum|a_i b_i| is
-// ~84 eps, which covers K up to 8192 (sqrt(8192) = 90) with margin.
+// ~84 eps, which covers K up to 8192 (sqrt(8192) = 90) with margin. Tiers that
+// round activations to bf16 (avx512/amx GEMM) are held to the reference run on
+// the same bf16-rounded x, with that same tolerance; a separate test bounds
+// their distance to the fp32-x reference by the bf16 rounding itself.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "edgellm/bf16.h"
@@ -29,11 +40,22 @@ namespace {
 
 constexpr float kEps = std::numeric_limits<float>::epsilon();
 
-// The ISAs to hold against the reference: all that this CPU supports.
-std::vector<Isa> test_isas() {
-  std::vector<Isa> isas{Isa::scalar};
-  if (detect_isa() == Isa::avx2) isas.push_back(Isa::avx2);
-  return isas;
+// The tiers with their own path for `kernel`, scalar only where the scalar
+// dispatch is not the reference itself (see the file comment).
+std::vector<Isa> tiers_of(std::string_view kernel) {
+  for (const KernelInfo& k : registered_kernels()) {
+    if (k.name != kernel) continue;
+    std::vector<Isa> tiers;
+    for (Isa isa : k.paths)
+      if (isa != Isa::scalar || kernel == "matmul") tiers.push_back(isa);
+    return tiers;
+  }
+  ADD_FAILURE() << "kernel " << kernel << " is not registered";
+  return {};
+}
+
+std::string tier_name(const ::testing::TestParamInfo<Isa>& info) {
+  return std::string(isa_name(info.param));
 }
 
 // Sets the active ISA for a scope.
@@ -46,12 +68,24 @@ class IsaScope {
   Isa saved_;
 };
 
+// A test run on one tier, skipped (and reported so) when the CPU lacks it.
+class TierTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (GetParam() > detect_isa())
+      GTEST_SKIP() << "this CPU/OS lacks the " << isa_name(GetParam()) << " tier (best is "
+                   << isa_name(detect_isa()) << ")";
+  }
+  Isa isa() const { return GetParam(); }
+};
+
 // A float buffer whose data() is deliberately misaligned by one float (4 bytes
-// off any vector boundary), with a guard value after the end to catch
-// out-of-bounds stores.
+// off any vector boundary), with a guard value before the start and after the
+// end to catch out-of-bounds stores.
 class OddBuffer {
  public:
   explicit OddBuffer(size_t n, float fill = 0.0f) : buf_(n + 2, fill), n_(n) {
+    buf_[0] = kGuard;
     buf_[n + 1] = kGuard;
   }
   float* data() { return buf_.data() + 1; }
@@ -59,7 +93,7 @@ class OddBuffer {
   float& operator[](size_t i) { return buf_[i + 1]; }
   float operator[](size_t i) const { return buf_[i + 1]; }
   size_t size() const { return n_; }
-  bool guard_intact() const { return buf_[n_ + 1] == kGuard; }
+  bool guard_intact() const { return buf_[0] == kGuard && buf_[n_ + 1] == kGuard; }
 
  private:
   static constexpr float kGuard = 12345.678f;
@@ -90,13 +124,32 @@ ThreadPool& test_pool() {
 
 // --- matmul -------------------------------------------------------------------
 
+// Whether `isa`'s matmul rounds x to bf16 for n tokens (see kernels.h).
+bool rounds_activations(Isa isa, size_t n) {
+  return isa >= Isa::avx512 && n > 1 && gemm_precision() == GemmPrecision::bf16;
+}
+
+// Sets the GEMM activation precision for a scope.
+class PrecisionScope {
+ public:
+  explicit PrecisionScope(GemmPrecision p) : saved_(gemm_precision()) { set_gemm_precision(p); }
+  ~PrecisionScope() { set_gemm_precision(saved_); }
+
+ private:
+  GemmPrecision saved_;
+};
+
 // Checks matmul(isa) against ref::matmul for one shape; returns false (after
-// reporting) on the first mismatch so sweeps stop early.
+// reporting) on the first mismatch so sweeps stop early. The reference sees x
+// exactly as the tier does (bf16-rounded where it rounds).
 bool check_matmul(Isa isa, size_t rows, size_t cols, size_t n, bool with_bias, std::mt19937& rng,
                   ThreadPool& pool) {
   const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
   const OddBuffer x = random_buffer(n * cols, rng);
   const OddBuffer bias = random_buffer(rows, rng);
+  std::vector<float> x_seen(x.data(), x.data() + n * cols);
+  if (rounds_activations(isa, n))
+    for (float& v : x_seen) v = round_to_bf16(v);
 
   PackedMatrix ref_w = pack_matrix(w.data(), rows, cols, Isa::scalar);
   PackedMatrix opt_w = pack_matrix(w.data(), rows, cols, isa);
@@ -104,18 +157,18 @@ bool check_matmul(Isa isa, size_t rows, size_t cols, size_t n, bool with_bias, s
   if (with_bias) ref_w.bias = opt_w.bias = bias.data();
 
   std::vector<float> expected(n * rows);
-  ref::matmul(ref_w, x.data(), n, expected.data());
+  ref::matmul(ref_w, x_seen.data(), n, expected.data());
   OddBuffer got(n * rows, std::nanf(""));
   {
     IsaScope scope(isa);
     matmul(opt_w, x.data(), n, got.data(), pool);
   }
-  EXPECT_TRUE(got.guard_intact()) << "store past the end";
+  EXPECT_TRUE(got.guard_intact()) << "store out of bounds";
   for (size_t t = 0; t < n; ++t) {
     for (size_t r = 0; r < rows; ++r) {
       double mag = with_bias ? std::fabs(bias[r]) : 0.0;
       for (size_t c = 0; c < cols; ++c)
-        mag += std::fabs(bf16_to_float(w[r * cols + c]) * x[t * cols + c]);
+        mag += std::fabs(bf16_to_float(w[r * cols + c]) * x_seen[t * cols + c]);
       const float e = expected[t * rows + r], g = got[t * rows + r];
       const double tol = 1e-5 * mag + 1e-30;
       if (!(std::fabs(e - g) <= tol)) {
@@ -129,85 +182,143 @@ bool check_matmul(Isa isa, size_t rows, size_t cols, size_t n, bool with_bias, s
   return true;
 }
 
-TEST(KernelMatmul, OddShapesSweep) {
+class KernelMatmul : public TierTest {};
+
+TEST_P(KernelMatmul, OddShapesSweep) {
   std::mt19937 rng(1);
-  for (Isa isa : test_isas()) {
-    for (size_t rows = 1; rows <= 37; ++rows) {
-      for (size_t cols = 1; cols <= 70; ++cols) {
-        // GEMV, and a GEMM with 2..9 tokens (partial register tiles).
-        const size_t n = 2 + (rows * 7 + cols) % 8;
-        const bool bias = (rows + cols) % 3 == 0;
-        ASSERT_TRUE(check_matmul(isa, rows, cols, 1, bias, rng, test_pool()));
-        ASSERT_TRUE(check_matmul(isa, rows, cols, n, !bias, rng, test_pool()));
+  for (size_t rows = 1; rows <= 37; ++rows) {
+    for (size_t cols = 1; cols <= 70; ++cols) {
+      // GEMV, a GEMM with 2..9 tokens (partial register tiles), and on every
+      // fifth shape one of 16..55 tokens (AMX tiles, partial 32-token blocks).
+      const size_t n = 2 + (rows * 7 + cols) % 8;
+      const bool bias = (rows + cols) % 3 == 0;
+      ASSERT_TRUE(check_matmul(isa(), rows, cols, 1, bias, rng, test_pool()));
+      ASSERT_TRUE(check_matmul(isa(), rows, cols, n, !bias, rng, test_pool()));
+      if ((rows + cols) % 5 == 0) {
+        ASSERT_TRUE(
+            check_matmul(isa(), rows, cols, 16 + (rows * 3 + cols) % 40, bias, rng, test_pool()));
       }
     }
   }
 }
 
-TEST(KernelMatmul, EmptyShapes) {
-  std::mt19937 rng(2);
-  for (Isa isa : test_isas()) {
-    EXPECT_TRUE(check_matmul(isa, 0, 5, 3, false, rng, test_pool()));
-    EXPECT_TRUE(check_matmul(isa, 5, 0, 3, true, rng, test_pool()));
-    EXPECT_TRUE(check_matmul(isa, 5, 7, 0, false, rng, test_pool()));
+// EDGELLM_GEMM_PRECISION=fp32: the same tiers with x kept in fp32.
+TEST_P(KernelMatmul, Fp32PrecisionShapes) {
+  PrecisionScope precision(GemmPrecision::fp32);
+  std::mt19937 rng(19);
+  ThreadPool pool2(2);
+  for (size_t rows = 1; rows <= 37; rows += 3) {
+    for (size_t cols = 1; cols <= 70; cols += 2) {
+      ASSERT_TRUE(
+          check_matmul(isa(), rows, cols, 2 + (rows + cols) % 13, cols % 3 == 0, rng, test_pool()));
+      ASSERT_TRUE(check_matmul(isa(), rows, cols, 16 + (rows + cols) % 21, cols % 3 == 1, rng,
+                               test_pool()));
+    }
   }
+  EXPECT_TRUE(check_matmul(isa(), 576, 1536, 64, false, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa(), 40, 8192, 70, true, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa(), 5, 0, 20, true, rng, pool2));
 }
 
-TEST(KernelMatmul, ModelShapes) {
+TEST_P(KernelMatmul, EmptyShapes) {
+  std::mt19937 rng(2);
+  for (size_t n : {1, 3, 40}) {
+    EXPECT_TRUE(check_matmul(isa(), 0, 5, n, false, rng, test_pool()));
+    EXPECT_TRUE(check_matmul(isa(), 5, 0, n, true, rng, test_pool()));
+  }
+  EXPECT_TRUE(check_matmul(isa(), 5, 7, 0, false, rng, test_pool()));
+}
+
+TEST_P(KernelMatmul, ModelShapes) {
   std::mt19937 rng(3);
   ThreadPool pool2(2);
-  for (Isa isa : test_isas()) {
-    // SmolLM2 projections, decode and prefill.
-    EXPECT_TRUE(check_matmul(isa, 1536, 576, 1, false, rng, pool2));
-    EXPECT_TRUE(check_matmul(isa, 576, 1536, 1, true, rng, pool2));
-    EXPECT_TRUE(check_matmul(isa, 1536, 576, 37, false, rng, pool2));
-    EXPECT_TRUE(check_matmul(isa, 576, 1536, 64, false, rng, pool2));
-    // More tokens than one token block (192), and Llama's K = 8192 (many k-blocks).
-    EXPECT_TRUE(check_matmul(isa, 50, 300, 200, true, rng, pool2));
-    EXPECT_TRUE(check_matmul(isa, 40, 8192, 13, false, rng, pool2));
-    EXPECT_TRUE(check_matmul(isa, 2048, 64, 1, false, rng, test_pool()));
-    EXPECT_TRUE(check_matmul(isa, 67, 8192, 1, false, rng, test_pool()));
-  }
+  // SmolLM2 projections, decode and prefill.
+  EXPECT_TRUE(check_matmul(isa(), 1536, 576, 1, false, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa(), 576, 1536, 1, true, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa(), 1536, 576, 37, false, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa(), 576, 1536, 64, false, rng, pool2));
+  // More tokens than one token block, and Llama's K = 8192 (many k-blocks).
+  EXPECT_TRUE(check_matmul(isa(), 50, 300, 200, true, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa(), 40, 8192, 13, false, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa(), 40, 8192, 70, false, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa(), 2048, 64, 1, false, rng, test_pool()));
+  EXPECT_TRUE(check_matmul(isa(), 67, 8192, 1, false, rng, test_pool()));
 }
 
-TEST(KernelMatmul, SingleThreadPool) {
+TEST_P(KernelMatmul, SingleThreadPool) {
   std::mt19937 rng(4);
   ThreadPool serial(1);
-  for (Isa isa : test_isas()) {
-    EXPECT_TRUE(check_matmul(isa, 33, 65, 1, true, rng, serial));
-    EXPECT_TRUE(check_matmul(isa, 33, 65, 8, false, rng, serial));
-  }
+  EXPECT_TRUE(check_matmul(isa(), 33, 65, 1, true, rng, serial));
+  EXPECT_TRUE(check_matmul(isa(), 33, 65, 8, false, rng, serial));
+  EXPECT_TRUE(check_matmul(isa(), 33, 65, 33, false, rng, serial));
 }
 
-TEST(KernelMatmul, PackRoundTrip) {
+TEST_P(KernelMatmul, PackRoundTrip) {
   std::mt19937 rng(5);
-  for (Isa isa : test_isas()) {
-    for (size_t rows : {1, 15, 16, 17, 40}) {
-      for (size_t cols : {1, 9, 64}) {
-        const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
-        const PackedMatrix m = pack_matrix(w.data(), rows, cols, isa);
-        EXPECT_EQ(m.rows, rows);
-        EXPECT_EQ(m.cols, cols);
-        std::vector<float> row(cols);
-        for (size_t r = 0; r < rows; ++r) {
-          unpack_row(m, r, row.data());
-          for (size_t c = 0; c < cols; ++c)
-            ASSERT_EQ(row[c], bf16_to_float(w[r * cols + c])) << isa_name(isa) << " r=" << r;
-        }
+  for (size_t rows : {1, 15, 16, 17, 40}) {
+    for (size_t cols : {1, 9, 33, 64}) {
+      const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
+      const PackedMatrix m = pack_matrix(w.data(), rows, cols, isa());
+      EXPECT_EQ(m.rows, rows);
+      EXPECT_EQ(m.cols, cols);
+      EXPECT_GE(m.byte_size(), rows * cols * sizeof(uint16_t));
+      EXPECT_LE(m.byte_size(), m.data.size() * sizeof(uint16_t));
+      std::vector<float> row(cols);
+      for (size_t r = 0; r < rows; ++r) {
+        unpack_row(m, r, row.data());
+        for (size_t c = 0; c < cols; ++c)
+          ASSERT_EQ(row[c], bf16_to_float(w[r * cols + c])) << isa_name(isa()) << " r=" << r;
       }
     }
   }
 }
 
-// A matrix packed for AVX2 keeps working after set_isa(scalar): the layout,
-// not the active ISA, picks the kernel.
-TEST(KernelMatmul, LayoutPicksKernel) {
-  if (detect_isa() != Isa::avx2) GTEST_SKIP() << "no AVX2";
+// The bf16 rounding of x costs at most 2^-8 relative per term (round to
+// nearest with 8 significant bits), so the distance to the fp32-x reference is
+// bounded by 2^-8 * sum|w x| (+ the fp32 summation term). Checked on model
+// shapes so a systematic error (a dropped column block, a wrong pair) shows.
+TEST_P(KernelMatmul, Bf16ActivationErrorBound) {
+  if (!rounds_activations(isa(), 2)) GTEST_SKIP() << isa_name(isa()) << " keeps x in fp32";
+  std::mt19937 rng(17);
+  ThreadPool pool2(2);
+  for (const auto& [rows, cols, n] :
+       {std::tuple<size_t, size_t, size_t>{576, 1536, 48}, {1536, 576, 17}, {96, 8192, 33}}) {
+    const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
+    const OddBuffer x = random_buffer(n * cols, rng);
+    const PackedMatrix ref_w = pack_matrix(w.data(), rows, cols, Isa::scalar);
+    const PackedMatrix opt_w = pack_matrix(w.data(), rows, cols, isa());
+    std::vector<float> want(n * rows), got(n * rows);
+    ref::matmul(ref_w, x.data(), n, want.data());
+    {
+      IsaScope scope(isa());
+      matmul(opt_w, x.data(), n, got.data(), pool2);
+    }
+    double worst = 0.0;  // largest error as a fraction of sum|w x|
+    for (size_t t = 0; t < n; ++t)
+      for (size_t r = 0; r < rows; ++r) {
+        double mag = 0.0;
+        for (size_t c = 0; c < cols; ++c)
+          mag += std::fabs(bf16_to_float(w[r * cols + c]) * x[t * cols + c]);
+        worst = std::max(worst, std::fabs(got[t * rows + r] - want[t * rows + r]) / mag);
+      }
+    EXPECT_LE(worst, 1.0 / 256 + 1e-5) << rows << "x" << cols << " n=" << n;
+    // And the rounding really happens (else the tier would not be bf16):
+    // random x loses ~2^-9 relative per term, far above the fp32 floor.
+    EXPECT_GT(worst, 1e-5) << rows << "x" << cols << " n=" << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelMatmul, ::testing::ValuesIn(tiers_of("matmul")), tier_name);
+
+// A matrix packed for a SIMD tier keeps working after set_isa(scalar): the
+// layout, not the active ISA, picks the kernel.
+TEST(KernelMatmulLayout, LayoutPicksKernel) {
+  if (detect_isa() < Isa::avx2) GTEST_SKIP() << "no SIMD tier on this CPU";
   std::mt19937 rng(6);
   const std::vector<uint16_t> w = random_bf16(20 * 30, rng);
   const OddBuffer x = random_buffer(30, rng);
   const PackedMatrix ref_w = pack_matrix(w.data(), 20, 30, Isa::scalar);
-  const PackedMatrix opt_w = pack_matrix(w.data(), 20, 30, Isa::avx2);
+  const PackedMatrix opt_w = pack_matrix(w.data(), 20, 30, detect_isa());
   std::vector<float> want(20), got(20);
   ref::matmul(ref_w, x.data(), 1, want.data());
   IsaScope scope(Isa::scalar);
@@ -228,6 +339,10 @@ std::string describe(const AttnCase& c) {
          " start=" + std::to_string(c.start) + " window=" + std::to_string(c.window) +
          " softcap=" + std::to_string(c.softcap);
 }
+
+class KernelAttention : public TierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelAttention, ::testing::ValuesIn(tiers_of("attention")),
+                         tier_name);
 
 bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& pool) {
   const size_t keys = c.start + c.n;
@@ -254,10 +369,8 @@ bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& 
   ref::attention(a);
   OddBuffer got(want.size(), std::nanf(""));
   a.out = got.data();
-  {
-    IsaScope scope(isa);
-    attention(a, pool);
-  }
+  IsaScope scope(isa);
+  attention(a, pool);
   EXPECT_TRUE(got.guard_intact()) << "store past the end";
   // The output is a convex combination of |v| <= 1: errors in the softmax
   // weights (exp approximated to ~2 ulp, scores summed in another order) and
@@ -273,19 +386,18 @@ bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& 
   return true;
 }
 
-TEST(KernelAttention, Sweep) {
+TEST_P(KernelAttention, Sweep) {
+  const Isa isa = GetParam();
   std::mt19937 rng(7);
   const size_t heads[][2] = {{9, 3}, {4, 1}, {2, 2}, {8, 2}};
-  for (Isa isa : test_isas()) {
-    for (const auto& h : heads) {
-      for (size_t hd : {8, 24, 64, 256}) {
-        for (size_t n : {1, 2, 3, 5, 8, 9, 33}) {
-          for (size_t start : {0, 1, 7, 130}) {
-            for (size_t window : {0, 4, 100}) {
-              const float softcap = (n + start) % 2 ? 0.0f : 1.5f;
-              ASSERT_TRUE(check_attention(isa, {h[0], h[1], hd, n, start, window, softcap}, rng,
-                                          test_pool()));
-            }
+  for (const auto& h : heads) {
+    for (size_t hd : {8, 24, 64, 256}) {
+      for (size_t n : {1, 2, 3, 5, 8, 9, 17, 33, 40}) {
+        for (size_t start : {0, 1, 7, 130}) {
+          for (size_t window : {0, 4, 100}) {
+            const float softcap = (n + start) % 2 ? 0.0f : 1.5f;
+            ASSERT_TRUE(check_attention(isa, {h[0], h[1], hd, n, start, window, softcap}, rng,
+                                        test_pool()));
           }
         }
       }
@@ -295,7 +407,8 @@ TEST(KernelAttention, Sweep) {
 
 // Decode over a long cache splits the keys across threads (flash-decoding);
 // long prefills have many query tiles.
-TEST(KernelAttention, LongContexts) {
+TEST_P(KernelAttention, LongContexts) {
+  const Isa isa = GetParam();
   std::mt19937 rng(8);
   ThreadPool pool2(2);
   const AttnCase cases[] = {
@@ -303,72 +416,75 @@ TEST(KernelAttention, LongContexts) {
       {32, 8, 64, 1, 777, 0, 30.0f}, {9, 3, 64, 70, 0, 0, 0.0f},    {4, 1, 256, 100, 300, 64, 0.0f},
       {8, 2, 64, 3, 600, 0, 0.0f},
   };
-  for (Isa isa : test_isas())
-    for (const AttnCase& c : cases) {
-      EXPECT_TRUE(check_attention(isa, c, rng, pool2));
-      EXPECT_TRUE(check_attention(isa, c, rng, test_pool()));
-    }
+  for (const AttnCase& c : cases) {
+    EXPECT_TRUE(check_attention(isa, c, rng, pool2));
+    EXPECT_TRUE(check_attention(isa, c, rng, test_pool()));
+  }
 }
 
 // head_dim not a multiple of 8 takes the scalar fallback.
-TEST(KernelAttention, OddHeadDim) {
+TEST_P(KernelAttention, OddHeadDim) {
+  const Isa isa = GetParam();
   std::mt19937 rng(9);
-  for (Isa isa : test_isas())
-    for (size_t hd : {2, 6, 12, 66})
-      EXPECT_TRUE(check_attention(isa, {4, 2, hd, 5, 3, 0, 0.0f}, rng, test_pool()));
+  for (size_t hd : {2, 6, 12, 66})
+    EXPECT_TRUE(check_attention(isa, {4, 2, hd, 5, 3, 0, 0.0f}, rng, test_pool()));
 }
 
 // --- element-wise -------------------------------------------------------------
 
-TEST(KernelRmsnorm, Sweep) {
+class KernelRmsnorm : public TierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelRmsnorm, ::testing::ValuesIn(tiers_of("rmsnorm")), tier_name);
+
+TEST_P(KernelRmsnorm, Sweep) {
+  const Isa isa = GetParam();
   std::mt19937 rng(10);
-  for (Isa isa : test_isas()) {
-    IsaScope scope(isa);
-    std::vector<size_t> dims;
-    for (size_t d = 1; d <= 70; ++d) dims.push_back(d);
-    for (size_t d : {256, 576, 640, 2048}) dims.push_back(d);
-    for (size_t dim : dims) {
-      const OddBuffer x = random_buffer(dim, rng, -3.0f, 3.0f);
-      const OddBuffer w = random_buffer(dim, rng);
-      std::vector<float> want(dim);
-      OddBuffer got(dim);
-      ref::rmsnorm(x.data(), w.data(), dim, 1e-6f, want.data());
-      rmsnorm(x.data(), w.data(), dim, 1e-6f, got.data());
-      ASSERT_TRUE(got.guard_intact());
-      // Same rounding sequence up to 1 ulp in the scale: a few eps relative.
-      for (size_t i = 0; i < dim; ++i)
-        ASSERT_NEAR(got[i], want[i], 4 * kEps * std::fabs(want[i]) + 1e-30)
-            << isa_name(isa) << " dim=" << dim << " i=" << i;
-      // In place (x aliases y), as the forward pass calls it.
-      OddBuffer inplace = x;
-      rmsnorm(inplace.data(), w.data(), dim, 1e-6f, inplace.data());
-      for (size_t i = 0; i < dim; ++i) ASSERT_EQ(inplace[i], got[i]) << "dim=" << dim;
-    }
+  IsaScope scope(isa);
+  std::vector<size_t> dims;
+  for (size_t d = 1; d <= 70; ++d) dims.push_back(d);
+  for (size_t d : {256, 576, 640, 2048}) dims.push_back(d);
+  for (size_t dim : dims) {
+    const OddBuffer x = random_buffer(dim, rng, -3.0f, 3.0f);
+    const OddBuffer w = random_buffer(dim, rng);
+    std::vector<float> want(dim);
+    OddBuffer got(dim);
+    ref::rmsnorm(x.data(), w.data(), dim, 1e-6f, want.data());
+    rmsnorm(x.data(), w.data(), dim, 1e-6f, got.data());
+    ASSERT_TRUE(got.guard_intact());
+    // Same rounding sequence up to 1 ulp in the scale: a few eps relative.
+    for (size_t i = 0; i < dim; ++i)
+      ASSERT_NEAR(got[i], want[i], 4 * kEps * std::fabs(want[i]) + 1e-30)
+          << isa_name(isa) << " dim=" << dim << " i=" << i;
+    // In place (x aliases y), as the forward pass calls it.
+    OddBuffer inplace = x;
+    rmsnorm(inplace.data(), w.data(), dim, 1e-6f, inplace.data());
+    for (size_t i = 0; i < dim; ++i) ASSERT_EQ(inplace[i], got[i]) << "dim=" << dim;
   }
 }
 
-TEST(KernelRope, Sweep) {
+class KernelRope : public TierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelRope, ::testing::ValuesIn(tiers_of("rope")), tier_name);
+
+TEST_P(KernelRope, Sweep) {
+  const Isa isa = GetParam();
   std::mt19937 rng(11);
-  for (Isa isa : test_isas()) {
-    IsaScope scope(isa);
-    for (size_t hd : {2, 4, 8, 14, 16, 18, 32, 48, 64, 80, 128, 256}) {
-      for (size_t heads : {1, 3, 12}) {
-        const OddBuffer x0 = random_buffer(heads * hd, rng, -4.0f, 4.0f);
-        const OddBuffer cs = random_buffer(hd / 2, rng), sn = random_buffer(hd / 2, rng);
-        std::vector<float> want(x0.data(), x0.data() + heads * hd);
-        OddBuffer got = x0;
-        ref::rope(want.data(), heads, hd, cs.data(), sn.data());
-        rope(got.data(), heads, hd, cs.data(), sn.data());
-        ASSERT_TRUE(got.guard_intact());
-        for (size_t h = 0; h < heads; ++h) {
-          for (size_t i = 0; i < hd; ++i) {
-            const size_t j = i < hd / 2 ? i : i - hd / 2;
-            const float a = x0[h * hd + j], b = x0[h * hd + j + hd / 2];
-            const double mag = std::fabs(a * cs[j]) + std::fabs(b * sn[j]) + std::fabs(b * cs[j]) +
-                               std::fabs(a * sn[j]);
-            ASSERT_NEAR(got[h * hd + i], want[h * hd + i], 2 * kEps * mag + 1e-30)
-                << isa_name(isa) << " hd=" << hd << " h=" << h << " i=" << i;
-          }
+  IsaScope scope(isa);
+  for (size_t hd : {2, 4, 8, 14, 16, 18, 32, 48, 64, 80, 128, 256}) {
+    for (size_t heads : {1, 3, 12}) {
+      const OddBuffer x0 = random_buffer(heads * hd, rng, -4.0f, 4.0f);
+      const OddBuffer cs = random_buffer(hd / 2, rng), sn = random_buffer(hd / 2, rng);
+      std::vector<float> want(x0.data(), x0.data() + heads * hd);
+      OddBuffer got = x0;
+      ref::rope(want.data(), heads, hd, cs.data(), sn.data());
+      rope(got.data(), heads, hd, cs.data(), sn.data());
+      ASSERT_TRUE(got.guard_intact());
+      for (size_t h = 0; h < heads; ++h) {
+        for (size_t i = 0; i < hd; ++i) {
+          const size_t j = i < hd / 2 ? i : i - hd / 2;
+          const float a = x0[h * hd + j], b = x0[h * hd + j + hd / 2];
+          const double mag = std::fabs(a * cs[j]) + std::fabs(b * sn[j]) + std::fabs(b * cs[j]) +
+                             std::fabs(a * sn[j]);
+          ASSERT_NEAR(got[h * hd + i], want[h * hd + i], 2 * kEps * mag + 1e-30)
+              << isa_name(isa) << " hd=" << hd << " h=" << h << " i=" << i;
         }
       }
     }
@@ -384,63 +500,71 @@ OddBuffer activation_inputs(size_t n, std::mt19937& rng) {
   return g;
 }
 
-TEST(KernelActivation, SiluMulSweep) {
+class KernelSiluMul : public TierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelSiluMul, ::testing::ValuesIn(tiers_of("silu_mul")),
+                         tier_name);
+
+TEST_P(KernelSiluMul, Sweep) {
+  const Isa isa = GetParam();
   std::mt19937 rng(12);
-  for (Isa isa : test_isas()) {
-    IsaScope scope(isa);
-    for (size_t n = 0; n <= 70; ++n) {
-      const OddBuffer g = activation_inputs(n, rng), u = random_buffer(n, rng, -2.0f, 2.0f);
-      std::vector<float> want(n);
-      OddBuffer got(n);
-      ref::silu_mul(g.data(), u.data(), n, want.data());
-      silu_mul(g.data(), u.data(), n, got.data());
-      ASSERT_TRUE(got.guard_intact());
-      for (size_t i = 0; i < n; ++i)
-        ASSERT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-37)
-            << isa_name(isa) << " g=" << g[i] << " n=" << n;
-    }
+  IsaScope scope(isa);
+  for (size_t n = 0; n <= 70; ++n) {
+    const OddBuffer g = activation_inputs(n, rng), u = random_buffer(n, rng, -2.0f, 2.0f);
+    std::vector<float> want(n);
+    OddBuffer got(n);
+    ref::silu_mul(g.data(), u.data(), n, want.data());
+    silu_mul(g.data(), u.data(), n, got.data());
+    ASSERT_TRUE(got.guard_intact());
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-37)
+          << isa_name(isa) << " g=" << g[i] << " n=" << n;
   }
 }
 
-TEST(KernelActivation, GeluTanhMulSweep) {
+class KernelGeluTanhMul : public TierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelGeluTanhMul, ::testing::ValuesIn(tiers_of("gelu_tanh_mul")),
+                         tier_name);
+
+TEST_P(KernelGeluTanhMul, Sweep) {
+  const Isa isa = GetParam();
   std::mt19937 rng(13);
-  for (Isa isa : test_isas()) {
-    IsaScope scope(isa);
-    for (size_t n = 0; n <= 70; ++n) {
-      const OddBuffer g = activation_inputs(n, rng), u = random_buffer(n, rng, -2.0f, 2.0f);
-      std::vector<float> want(n);
-      OddBuffer got(n);
-      ref::gelu_tanh_mul(g.data(), u.data(), n, want.data());
-      gelu_tanh_mul(g.data(), u.data(), n, got.data());
-      ASSERT_TRUE(got.guard_intact());
-      // The reference's 1 + tanh(z) cancels for z << 0 and is then only good
-      // to eps absolute: its error is ~eps * |g * up| / 2, hence the second term.
-      for (size_t i = 0; i < n; ++i)
-        ASSERT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-7 * std::fabs(g[i] * u[i]))
-            << isa_name(isa) << " g=" << g[i] << " n=" << n;
-    }
+  IsaScope scope(isa);
+  for (size_t n = 0; n <= 70; ++n) {
+    const OddBuffer g = activation_inputs(n, rng), u = random_buffer(n, rng, -2.0f, 2.0f);
+    std::vector<float> want(n);
+    OddBuffer got(n);
+    ref::gelu_tanh_mul(g.data(), u.data(), n, want.data());
+    gelu_tanh_mul(g.data(), u.data(), n, got.data());
+    ASSERT_TRUE(got.guard_intact());
+    // The reference's 1 + tanh(z) cancels for z << 0 and is then only good
+    // to eps absolute: its error is ~eps * |g * up| / 2, hence the second term.
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-7 * std::fabs(g[i] * u[i]))
+          << isa_name(isa) << " g=" << g[i] << " n=" << n;
   }
 }
 
-TEST(KernelAdd, Sweep) {
+class KernelAdd : public TierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelAdd, ::testing::ValuesIn(tiers_of("add")), tier_name);
+
+TEST_P(KernelAdd, Sweep) {
+  const Isa isa = GetParam();
   std::mt19937 rng(14);
-  for (Isa isa : test_isas()) {
-    IsaScope scope(isa);
-    for (size_t n = 0; n <= 70; ++n) {
-      const OddBuffer x = random_buffer(n, rng);
-      OddBuffer want = random_buffer(n, rng), got = want;
-      ref::add(want.data(), x.data(), n);
-      add(got.data(), x.data(), n);
-      ASSERT_TRUE(got.guard_intact());
-      for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " n=" << n;
-    }
+  IsaScope scope(isa);
+  for (size_t n = 0; n <= 70; ++n) {
+    const OddBuffer x = random_buffer(n, rng);
+    OddBuffer want = random_buffer(n, rng), got = want;
+    ref::add(want.data(), x.data(), n);
+    add(got.data(), x.data(), n);
+    ASSERT_TRUE(got.guard_intact());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " n=" << n;
   }
 }
 
 // The vector exp/tanh behind the activations and the softmax, held to the
 // std:: versions element by element.
 TEST(KernelVecMath, ExpMatchesStd) {
-  if (detect_isa() != Isa::avx2) GTEST_SKIP() << "no AVX2";
+  if (detect_isa() < Isa::avx2) GTEST_SKIP() << "this CPU lacks the avx2 tier";
   std::vector<float> x;
   for (float v = -87.0f; v <= 88.7f; v += 0.000731f) x.push_back(v);
   std::vector<float> got(x.size());
@@ -471,7 +595,7 @@ TEST(KernelVecMath, ExpMatchesStd) {
 }
 
 TEST(KernelVecMath, TanhMatchesStd) {
-  if (detect_isa() != Isa::avx2) GTEST_SKIP() << "no AVX2";
+  if (detect_isa() < Isa::avx2) GTEST_SKIP() << "this CPU lacks the avx2 tier";
   std::vector<float> x;
   for (float v = -12.0f; v <= 12.0f; v += 0.000317f) x.push_back(v);
   for (float v = 1e-30f; v < 1.0f; v *= 1.7f) {
@@ -490,66 +614,127 @@ TEST(KernelVecMath, TanhMatchesStd) {
 
 // --- top_k --------------------------------------------------------------------
 
-TEST(KernelTopK, MatchesReferenceWithTies) {
+class KernelTopK : public TierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelTopK, ::testing::ValuesIn(tiers_of("top_k")), tier_name);
+
+TEST_P(KernelTopK, MatchesReferenceWithTies) {
+  const Isa isa = GetParam();
   std::mt19937 rng(15);
-  for (Isa isa : test_isas()) {
-    IsaScope scope(isa);
-    for (size_t n = 0; n <= 90; ++n) {
-      for (size_t k : {size_t{0}, size_t{1}, size_t{2}, size_t{5}, n / 2, n, n + 3}) {
-        // Few distinct values, so ties are everywhere.
-        std::uniform_int_distribution<int> level(-3, 3);
-        OddBuffer x(n);
-        for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(level(rng));
-        if (n > 4) x[n / 3] = -std::numeric_limits<float>::infinity();
-        const size_t kk = std::min(k, n);
-        std::vector<int32_t> want(kk + 1, -7), got(kk + 1, -7);
-        ref::top_k(x.data(), n, k, want.data());
-        top_k(x.data(), n, k, got.data());
-        ASSERT_EQ(got, want) << isa_name(isa) << " n=" << n << " k=" << k;
-      }
+  IsaScope scope(isa);
+  for (size_t n = 0; n <= 90; ++n) {
+    for (size_t k : {size_t{0}, size_t{1}, size_t{2}, size_t{5}, n / 2, n, n + 3}) {
+      // Few distinct values, so ties are everywhere.
+      std::uniform_int_distribution<int> level(-3, 3);
+      OddBuffer x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(level(rng));
+      if (n > 4) x[n / 3] = -std::numeric_limits<float>::infinity();
+      const size_t kk = std::min(k, n);
+      std::vector<int32_t> want(kk + 1, -7), got(kk + 1, -7);
+      ref::top_k(x.data(), n, k, want.data());
+      top_k(x.data(), n, k, got.data());
+      ASSERT_EQ(got, want) << isa_name(isa) << " n=" << n << " k=" << k;
     }
   }
 }
 
-TEST(KernelTopK, VocabSized) {
+TEST_P(KernelTopK, VocabSized) {
+  const Isa isa = GetParam();
   std::mt19937 rng(16);
-  for (Isa isa : test_isas()) {
-    IsaScope scope(isa);
-    for (size_t n : {49152, 262144}) {
-      OddBuffer x = random_buffer(n, rng, -10.0f, 10.0f);
-      for (size_t i = 0; i < n; i += 97) x[i] = 9.5f;  // a band of ties near the top
-      for (size_t k : {1, 5, 40, 256, 300}) {
-        std::vector<int32_t> want(k), got(k);
-        ref::top_k(x.data(), n, k, want.data());
-        top_k(x.data(), n, k, got.data());
-        ASSERT_EQ(got, want) << isa_name(isa) << " n=" << n << " k=" << k;
-      }
-      // Ascending input: every element enters the buffer (worst case).
-      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i) * 1e-3f;
-      std::vector<int32_t> want(50), got(50);
-      ref::top_k(x.data(), n, 50, want.data());
-      top_k(x.data(), n, 50, got.data());
-      ASSERT_EQ(got, want) << isa_name(isa) << " ascending n=" << n;
+  IsaScope scope(isa);
+  for (size_t n : {49152, 262144}) {
+    OddBuffer x = random_buffer(n, rng, -10.0f, 10.0f);
+    for (size_t i = 0; i < n; i += 97) x[i] = 9.5f;  // a band of ties near the top
+    for (size_t k : {1, 5, 40, 256, 300}) {
+      std::vector<int32_t> want(k), got(k);
+      ref::top_k(x.data(), n, k, want.data());
+      top_k(x.data(), n, k, got.data());
+      ASSERT_EQ(got, want) << isa_name(isa) << " n=" << n << " k=" << k;
     }
+    // Ascending input: every element enters the buffer (worst case).
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i) * 1e-3f;
+    std::vector<int32_t> want(50), got(50);
+    ref::top_k(x.data(), n, 50, want.data());
+    top_k(x.data(), n, 50, got.data());
+    ASSERT_EQ(got, want) << isa_name(isa) << " ascending n=" << n;
   }
 }
 
-// --- dispatch -----------------------------------------------------------------
+// NaN logits (a broken model, an overflow) get a defined order: below every
+// number, -inf included; among themselves by index.
+TEST_P(KernelTopK, NanRanksLast) {
+  const Isa isa = GetParam();
+  IsaScope scope(isa);
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(18);
+  for (size_t n : {1, 5, 8, 9, 17, 40, 1000}) {
+    OddBuffer x = random_buffer(n, rng, -5.0f, 5.0f);
+    for (size_t i = 0; i < n; i += 3) x[i] = nan;
+    if (n > 4) x[n - 2] = -inf;
+    for (size_t k : {size_t{1}, size_t{2}, n / 2, n - 1, n, n + 2}) {
+      const size_t kk = std::min(k, n);
+      std::vector<int32_t> want(kk), got(kk);
+      ref::top_k(x.data(), n, k, want.data());
+      top_k(x.data(), n, k, got.data());
+      ASSERT_EQ(got, want) << isa_name(isa) << " n=" << n << " k=" << k;
+      // The defined order, independently of either implementation: numbers
+      // descending (ties by index), then NaNs by index.
+      std::vector<int32_t> order(n);
+      for (size_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        if (std::isnan(x[a]) || std::isnan(x[b])) return !std::isnan(x[a]) && std::isnan(x[b]);
+        return x[a] > x[b];
+      });
+      order.resize(kk);
+      ASSERT_EQ(got, order) << isa_name(isa) << " n=" << n << " k=" << k;
+    }
+  }
+  // All NaN: indices in order.
+  std::vector<float> all(11, nan);
+  std::vector<int32_t> got(4);
+  top_k(all.data(), all.size(), 4, got.data());
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2, 3})) << isa_name(isa);
+}
 
-TEST(KernelDispatch, IsaSelection) {
+// --- ISA selection ------------------------------------------------------------
+
+TEST(KernelDispatch, ParseIsa) {
+  for (Isa isa : kAllIsas) {
+    EXPECT_EQ(parse_isa(isa_name(isa)), isa);
+  }
+  EXPECT_EQ(parse_isa("scalar"), Isa::scalar);
+  EXPECT_EQ(parse_isa("avx2"), Isa::avx2);
+  EXPECT_EQ(parse_isa("avx512"), Isa::avx512);
+  EXPECT_EQ(parse_isa("amx"), Isa::amx);
+  for (const char* bad : {"", "AVX2", "avx", "avx-512", "avx512 ", " amx", "sse", "native"})
+    EXPECT_EQ(parse_isa(bad), std::nullopt) << "'" << bad << "'";
+}
+
+TEST(KernelDispatch, SetIsaClampsToTheCpu) {
   const Isa detected = detect_isa();
-  EXPECT_EQ(isa_name(Isa::scalar), "scalar");
-  EXPECT_EQ(isa_name(Isa::avx2), "avx2");
-  {
-    IsaScope scope(Isa::scalar);
-    EXPECT_EQ(active_isa(), Isa::scalar);
+  EXPECT_LE(default_isa(), detected);
+  EXPECT_LE(default_isa(), Isa::avx512);  // AMX is opt-in
+  for (Isa isa : kAllIsas) {
+    IsaScope scope(isa);
+    EXPECT_EQ(active_isa(), std::min(isa, detected)) << isa_name(isa);
+    const PackedMatrix m = pack_matrix(nullptr, 0, 0, isa);
+    EXPECT_EQ(m.isa, std::min(isa, detected)) << isa_name(isa);
   }
-  {
-    IsaScope scope(Isa::avx2);  // clamped to what the CPU has
-    EXPECT_EQ(active_isa(), detected);
+}
+
+// Tiers are cumulative: a CPU with AVX-512 reports it only if it also has AVX2.
+TEST(KernelDispatch, DetectionMatchesCompilerProbe) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  EXPECT_EQ(detect_isa() >= Isa::avx2, avx2);
+  if (detect_isa() >= Isa::avx512) {
+    EXPECT_TRUE(__builtin_cpu_supports("avx512f"));
+    EXPECT_TRUE(__builtin_cpu_supports("avx512bw"));
+    EXPECT_TRUE(__builtin_cpu_supports("avx512vl"));
   }
-  const PackedMatrix m = pack_matrix(nullptr, 0, 0, Isa::avx2);
-  EXPECT_EQ(m.isa, detected);
+#else
+  EXPECT_EQ(detect_isa(), Isa::scalar);
+#endif
 }
 
 }  // namespace

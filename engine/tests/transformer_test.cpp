@@ -10,6 +10,7 @@
 #include "edgellm/error.h"
 #include "edgellm/session.h"
 #include "io/safetensors.h"
+#include "kernels/kernels.h"
 #include "models/transformer.h"
 #include "models/weights.h"
 #include "test_util.h"
@@ -98,6 +99,15 @@ class DecodeMatchesPrefill : public ::testing::TestWithParam<std::pair<std::stri
 
 TEST_P(DecodeMatchesPrefill, AtEveryPosition) {
   const auto& [arch, extra] = GetParam();
+  // This checks the KV cache and positions, to 1e-4: keep the prefill GEMM's
+  // activations in fp32 like decode's (bf16 ones differ by their rounding,
+  // which kernels_test bounds separately).
+  const kernels::GemmPrecision saved = kernels::gemm_precision();
+  kernels::set_gemm_precision(kernels::GemmPrecision::fp32);
+  struct Restore {
+    kernels::GemmPrecision p;
+    ~Restore() { kernels::set_gemm_precision(p); }
+  } restore{saved};
   TinyModel m = write_tiny(arch, extra);
   Checkpoint ckpt = Checkpoint::open(m.dir);
   ThreadPool pool(2);

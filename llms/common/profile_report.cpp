@@ -13,7 +13,7 @@ void print_kernels(const Profiler& p, Phase phase, const char* title, double pha
                    const Roofline& roof) {
   std::printf("\n== kernels: %s (%.1f ms) ==\n", title, phase_ms);
   std::printf("%-14s %9s %7s %7s %9s %7s %9s %7s\n", "kernel", "ms", "share", "calls", "GB/s",
-              "of BW", "GFLOP/s", "of FMA");
+              "of BW", "GFLOP/s", "of peak");
   double covered = 0;
   for (int z = 0; z < static_cast<int>(Zone::count); ++z) {
     const Zone zone = static_cast<Zone>(z);
@@ -42,7 +42,7 @@ void print_profile(Session& session, size_t prompt_tokens, int decode_steps) {
   const Profiler& p = session.profiler();
   const double prefill_ms = p.stats(Zone::prefill).seconds * 1e3;
   const double decode_ms = p.stats(Zone::decode).seconds * 1e3;
-  std::printf("\n(measuring the roofline: read bandwidth and FMA peak, %d threads...)\n",
+  std::printf("\n(measuring the roofline: read bandwidth and matmul peak, %d threads...)\n",
               session.threads());
   const Roofline roof = measure_roofline(session.threads());
   const double weight_gb = session.weight_bytes() / 1e9;
@@ -59,9 +59,10 @@ void print_profile(Session& session, size_t prompt_tokens, int decode_steps) {
               head.calls ? head.seconds * 1e3 / head.calls : 0.0);
   std::printf("\n== roofline (measured now) ==\n");
   std::printf(
-      "read bandwidth %.1f GB/s, FMA peak %.1f GFLOP/s; decode streams %.1f MB of weights per "
-      "token\n",
-      roof.read_gb_per_s, roof.fma_gflop_per_s, weight_gb * 1e3);
+      "read bandwidth %.1f GB/s, matmul peak %.1f GFLOP/s (%s tier); decode streams %.1f MB of "
+      "weights per token\n",
+      roof.read_gb_per_s, roof.fma_gflop_per_s, std::string(roof.peak_tier).c_str(),
+      weight_gb * 1e3);
   std::printf("decode roofline %.1f tokens/s -> achieved %.0f%%\n", roof_tps,
               roof_tps > 0 ? 100.0 * tps / roof_tps : 0.0);
 

@@ -1,14 +1,21 @@
 // The machine's limits, measured in the same run as the numbers they judge:
-// read bandwidth (decode is bandwidth-bound) and FMA peak (prefill GEMMs).
+// read bandwidth (decode is bandwidth-bound) and the active tier's GEMM peak
+// (prefill).
 #pragma once
 
 #include <cstddef>
+#include <string_view>
+
+#include "kernels/kernels.h"
 
 namespace edgellm {
 
 struct Roofline {
-  double read_gb_per_s = 0;    // streaming read of a buffer far larger than the caches
-  double fma_gflop_per_s = 0;  // dependent-chain-free FMA loop on every thread
+  double read_gb_per_s = 0;  // streaming read of a buffer far larger than the caches
+  // Peak of the prefill GEMM's own instruction on the active tier, every
+  // thread: fp32 FMA (avx2), vdpbf16ps (avx512), TDPBF16PS (amx).
+  double fma_gflop_per_s = 0;
+  std::string_view peak_tier;  // isa_name() of that tier
 };
 
 Roofline measure_roofline(int threads);
@@ -16,5 +23,7 @@ Roofline measure_roofline(int threads);
 // The two measurements, for tools that need other sizes (e.g. cache-resident reads).
 double measure_read_bandwidth(size_t bytes, int threads);  // GB/s, best of 3
 double measure_fma_peak(int threads);                      // GFLOP/s, 0 without AVX2+FMA
+// GFLOP/s of `isa`'s GEMM instruction (see Roofline); isa must be <= detect_isa().
+double measure_matmul_peak(int threads, kernels::Isa isa);
 
 }  // namespace edgellm

@@ -126,7 +126,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
       kernels::rmsnorm(&s.x[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
   }
   {
-    Profiler::Scope z(prof_, Zone::qkv_proj, 2.0 * L.qkv.rows * L.qkv.cols,
+    Profiler::Scope z(prof_, Zone::qkv_proj, static_cast<double>(L.qkv.byte_size()),
                       2.0 * n * L.qkv.rows * L.qkv.cols);
     matmul(L.qkv, s.xn.data(), n, s.qkv.data(), s);
   }
@@ -185,7 +185,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     row0 += seq.n;
   }
   {
-    Profiler::Scope z(prof_, Zone::o_proj, 2.0 * L.o_proj.rows * L.o_proj.cols,
+    Profiler::Scope z(prof_, Zone::o_proj, static_cast<double>(L.o_proj.byte_size()),
                       2.0 * n * L.o_proj.rows * L.o_proj.cols);
     matmul(L.o_proj, s.attn.data(), n, s.proj.data(), s);
   }
@@ -207,7 +207,7 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
       kernels::rmsnorm(&s.x[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
   }
   {
-    Profiler::Scope z(prof_, Zone::gate_up_proj, 2.0 * L.gate_up.rows * L.gate_up.cols,
+    Profiler::Scope z(prof_, Zone::gate_up_proj, static_cast<double>(L.gate_up.byte_size()),
                       2.0 * n * L.gate_up.rows * L.gate_up.cols);
     matmul(L.gate_up, s.xn.data(), n, s.gate_up.data(), s);
   }
@@ -222,7 +222,7 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
     }
   }
   {
-    Profiler::Scope z(prof_, Zone::down_proj, 2.0 * L.down.rows * L.down.cols,
+    Profiler::Scope z(prof_, Zone::down_proj, static_cast<double>(L.down.byte_size()),
                       2.0 * n * L.down.rows * L.down.cols);
     matmul(L.down, s.act.data(), n, s.proj.data(), s);
   }
@@ -279,7 +279,7 @@ void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int3
   {
     const kernels::PackedMatrix& head = weights_.lm_head;
     const size_t rows = n - first;
-    Profiler::Scope z(prof_, Zone::lm_head, 2.0 * head.rows * head.cols,
+    Profiler::Scope z(prof_, Zone::lm_head, static_cast<double>(head.byte_size()),
                       2.0 * rows * head.rows * head.cols);
     if (s.batch) {
       s.logits.resize(rows * head.rows);

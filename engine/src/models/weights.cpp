@@ -97,9 +97,10 @@ kernels::PackedMatrix pack(std::initializer_list<const TensorView*> parts, size_
     append_bf16(*t, rows);
     n_rows += static_cast<size_t>(t->shape[0]);
   }
-  bytes += rows.size() * sizeof(uint16_t);
   for (const TensorView* t : parts) t->release_pages();
-  return kernels::pack_matrix(rows.data(), n_rows, cols);
+  kernels::PackedMatrix m = kernels::pack_matrix(rows.data(), n_rows, cols);
+  bytes += m.byte_size();
+  return m;
 }
 
 // One layer's checkpoint tensors, looked up and shape-checked (no data read).

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/kernels.h"
+
 namespace edgellm {
 
 namespace {
@@ -70,6 +72,57 @@ double best_seconds(int threads, int repeats, Fn&& per_thread) {
   return best;
 }
 
+// 24 independent vdpbf16ps chains (each 16 lanes x 2 products = 64 flops;
+// 12 left the latency exposed on Zen 5):
+// the avx512 GEMM's instruction (matmul_avx512.cpp).
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t iterations) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = a;  // bf16 pairs (1, 1)
+  for (int64_t it = 0; it < iterations; ++it) {
+    // Unrolled so the accumulators live in registers, not in memory.
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  float out[16], s = 0;
+  for (auto& v : acc) {
+    _mm512_storeu_ps(out, v);
+    s += out[0];
+  }
+  return s;
+}
+
+// The AMX GEMM's inner step (matmul_amx.cpp): four TDPBF16PS (16 x 16 x 32 x
+// 2 = 16384 flops each) on tiles loaded once. Needs the tile permission,
+// which detect_isa() requested before it reported Isa::amx.
+__attribute__((target("amx-tile,amx-bf16"))) float amx_loop(int64_t iterations) {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+  } cfg;
+  alignas(64) static const uint16_t ones[16 * 32] = {};
+  alignas(64) float out[16 * 16];
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  for (int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+
 }  // namespace
 
 double measure_read_bandwidth(size_t bytes, int threads) {
@@ -98,9 +151,33 @@ double measure_fma_peak(int threads) {
   return static_cast<double>(threads) * iters * 10 * 8 * 2 / seconds / 1e9;
 }
 
+double measure_matmul_peak(int threads, kernels::Isa isa) {
+  threads = std::max(1, threads);
+  volatile float sink = 0;
+  switch (isa) {
+    case kernels::Isa::scalar:
+      return 0.0;
+    case kernels::Isa::avx2:
+      return measure_fma_peak(threads);
+    case kernels::Isa::avx512: {
+      const int64_t iters = 10'000'000;
+      const double s = best_seconds(threads, 3, [&](int) { sink = sink + dpbf16_loop(iters); });
+      return static_cast<double>(threads) * iters * 24 * 64 / s / 1e9;
+    }
+    case kernels::Isa::amx: {
+      const int64_t iters = 500'000;
+      const double s = best_seconds(threads, 3, [&](int) { sink = sink + amx_loop(iters); });
+      return static_cast<double>(threads) * iters * 4 * 16384 / s / 1e9;
+    }
+  }
+  return 0.0;
+}
+
 Roofline measure_roofline(int threads) {
   // 512 MiB: far beyond the caches, like a decode step's weight stream.
-  return Roofline{measure_read_bandwidth(size_t{512} << 20, threads), measure_fma_peak(threads)};
+  const kernels::Isa isa = kernels::active_isa();
+  return Roofline{measure_read_bandwidth(size_t{512} << 20, threads),
+                  measure_matmul_peak(threads, isa), kernels::isa_name(isa)};
 }
 
 }  // namespace edgellm

@@ -49,7 +49,7 @@ class EngineRunner:
         self.max_context = int(self.session.max_context)
         self.eos_token_ids = tuple(int(i) for i in self.session.eos_token_ids)
         self.num_layers = int(self.session.num_layers)
-        self.isa = str(self._py.active_isa())
+        self.isa = str(self._py.precision_path())
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Engine errors (bad checkpoint, position out of range) become one-line VerifyErrors."""

@@ -1,0 +1,223 @@
+// Causal GQA prefill attention for AVX-512, flash style (online softmax over
+// key blocks, no score matrix), built for long prompts where attention's
+// n^2 work outgrows the projections.
+//
+// Work item = (kv head, tile of query tokens); a tile's rows are its tokens x
+// the query heads of the kv head's group, so each K/V block is read once for
+// ~32 rows. Per block of kBlock keys the K block is transposed once into
+// Kt[head_dim][kBlock] (L1), so that scores become a register-tiled product
+// with keys in the lanes: S[rows][keys] += q[row][d] * Kt[d][keys], broadcast
+// and FMA only, no horizontal sums. P.V keeps head dims in the lanes:
+// o[row][d] += p[row][j] * V[j][d]. All arithmetic is fp32.
+//
+// Decode (n small) has too few rows per kv head to pay for the transpose; the
+// dispatcher sends it to the AVX2 kernel, which splits keys across threads.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/avx512.h"
+#include "kernels/vec_avx512.h"
+
+namespace edgellm::kernels::avx512 {
+
+namespace {
+
+constexpr size_t kBlock = 32;     // keys per block: two vectors of scores per row
+constexpr size_t kTileRows = 32;  // query rows per tile, about
+constexpr int kScoreRows = 6;     // rows per score register tile (12 accumulators)
+constexpr int kPvRows = 4;        // rows per P.V register tile (16 accumulators)
+
+inline size_t first_key(const AttentionArgs& a, size_t pos) {
+  return (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
+}
+
+// s[r][0..32) = q_r . Kt[:, 0..32) for NR rows; q rows given by pointers.
+template <int NR>
+void scores(const float* const* q, const float* kt, size_t hd, float* s) {
+  __m512 acc[NR][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (size_t d = 0; d < hd; ++d) {
+    const __m512 k0 = _mm512_load_ps(kt + d * kBlock), k1 = _mm512_load_ps(kt + d * kBlock + 16);
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; ++r) {
+      const __m512 qv = _mm512_set1_ps(q[r][d]);
+      acc[r][0] = _mm512_fmadd_ps(qv, k0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(qv, k1, acc[r][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; ++r) {
+    _mm512_store_ps(s + r * kBlock, acc[r][0]);
+    _mm512_store_ps(s + r * kBlock + 16, acc[r][1]);
+  }
+}
+
+using ScoresFn = void (*)(const float* const*, const float*, size_t, float*);
+constexpr ScoresFn kScores[kScoreRows + 1] = {nullptr,   scores<1>, scores<2>, scores<3>,
+                                              scores<4>, scores<5>, scores<6>};
+
+// o_r[d0 .. d0 + 16 * NV) = o_r * alpha_r + sum_j p_r[j] v_j for NR rows (o
+// rows hd apart, p rows kBlock apart), keys [0, count).
+template <int NR, int NV>
+void pv(float* o, const float* alpha, const float* p, const float* v, size_t count, size_t hd) {
+  __m512 acc[NR][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    const __m512 va = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; ++i)
+      acc[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o + r * hd + 16 * i), va);
+  }
+  for (size_t j = 0; j < count; ++j) {
+    __m512 vj[NV];
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; ++i) vj[i] = _mm512_loadu_ps(v + j * hd + 16 * i);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * kBlock + j]);
+#pragma GCC unroll 4
+      for (int i = 0; i < NV; ++i) acc[r][i] = _mm512_fmadd_ps(pr, vj[i], acc[r][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + r * hd + 16 * i, acc[r][i]);
+}
+
+using PvFn = void (*)(float*, const float*, const float*, const float*, size_t, size_t);
+template <int NR>
+constexpr PvFn kPvByWidth[5] = {nullptr, pv<NR, 1>, pv<NR, 2>, pv<NR, 3>, pv<NR, 4>};
+constexpr const PvFn* kPv[kPvRows + 1] = {nullptr, kPvByWidth<1>, kPvByWidth<2>, kPvByWidth<3>,
+                                          kPvByWidth<4>};
+
+// Per-thread scratch of one tile: Kt, S, and the softmax state.
+struct TileState {
+  float* kt;     // [hd][kBlock]
+  float* s;      // [rows][kBlock]
+  float* o;      // [rows][hd]
+  float* m;      // [rows]
+  float* l;      // [rows]
+  float* alpha;  // [rows]
+};
+
+void attend_tile(const AttentionArgs& a, size_t group, size_t kvh, size_t t0, size_t t1,
+                 const TileState& st) {
+  const size_t hd = a.head_dim, rows = (t1 - t0) * group;
+  const float* k_base = a.k_cache + kvh * a.cache_stride * hd;
+  const float* v_base = a.v_cache + kvh * a.cache_stride * hd;
+  const float* q_rows[kTileRows * 8];
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t t = t0 + r / group, h = kvh * group + r % group;
+    q_rows[r] = a.q + (t * a.n_heads + h) * hd;
+  }
+  // Keys any row of the tile sees (rows are ordered by position).
+  const size_t lo = first_key(a, a.start + t0), hi = a.start + t1;
+  for (size_t p0 = lo / kBlock * kBlock; p0 < hi; p0 += kBlock) {
+    const size_t count = std::min(kBlock, hi - p0);
+    // Transpose the K block; lanes past `count` are zero (masked below).
+    for (size_t d = 0; d < hd; ++d)
+      for (size_t j = 0; j < kBlock; ++j)
+        st.kt[d * kBlock + j] = j < count ? k_base[(p0 + j) * hd + d] : 0.0f;
+    for (size_t r = 0; r < rows; r += kScoreRows) {
+      const size_t nr = std::min<size_t>(kScoreRows, rows - r);
+      kScores[nr](q_rows + r, st.kt, hd, st.s + r * kBlock);
+    }
+    // Softmax update per row: scale, softcap, causal/window mask, online max.
+    for (size_t r = 0; r < rows; ++r) {
+      float* s = st.s + r * kBlock;
+      const size_t pos = a.start + t0 + r / group;
+      const size_t k_lo = std::max(p0, first_key(a, pos)), k_hi = std::min(p0 + count, pos + 1);
+      st.alpha[r] = 1.0f;
+      if (k_lo >= k_hi) {  // no key of this block for this row: p = 0
+        std::fill(s, s + kBlock, 0.0f);
+        continue;
+      }
+      const __mmask32 keep =
+          static_cast<__mmask32>(((k_hi - p0 == 32 ? 0xffffffffu : (1u << (k_hi - p0)) - 1u)) &
+                                 ~((1u << (k_lo - p0)) - 1u));
+      __m512 x[2];
+      for (int i = 0; i < 2; ++i) {
+        x[i] = _mm512_mul_ps(_mm512_load_ps(s + 16 * i), _mm512_set1_ps(a.scale));
+        if (a.softcap > 0.0f) {
+          const __m512 cap = _mm512_set1_ps(a.softcap);
+          x[i] = _mm512_mul_ps(cap, tanh_ps(_mm512_div_ps(x[i], cap)));
+        }
+        const __mmask16 k = static_cast<__mmask16>(keep >> (16 * i));
+        x[i] = _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), x[i]);
+      }
+      const float m_old = st.m[r];
+      const float m_new = std::max(m_old, _mm512_reduce_max_ps(_mm512_max_ps(x[0], x[1])));
+      const float alpha = std::exp(m_old - m_new);  // m_old = -inf on the first block: 0
+      const __m512 vm = _mm512_set1_ps(m_new);
+      // Masked keys get exactly 0, not exp's smallest denormal.
+      const __m512 e0 =
+          _mm512_maskz_mov_ps(static_cast<__mmask16>(keep), exp_ps(_mm512_sub_ps(x[0], vm)));
+      const __m512 e1 =
+          _mm512_maskz_mov_ps(static_cast<__mmask16>(keep >> 16), exp_ps(_mm512_sub_ps(x[1], vm)));
+      _mm512_store_ps(s, e0);
+      _mm512_store_ps(s + 16, e1);
+      st.l[r] = st.l[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+      st.m[r] = m_new;
+      st.alpha[r] = alpha;
+    }
+    // o = o * alpha + P V over the block's keys, 64 head dims at a time.
+    const float* v = v_base + p0 * hd;
+    for (size_t r = 0; r < rows; r += kPvRows) {
+      const size_t nr = std::min<size_t>(kPvRows, rows - r);
+      for (size_t d = 0; d < hd; d += 64) {
+        const size_t nv = std::min<size_t>(4, (hd - d) / 16);
+        kPv[nr][nv](st.o + r * hd + d, st.alpha + r, st.s + r * kBlock, v + d, count, hd);
+      }
+    }
+  }
+}
+
+// Per-thread scratch, 64-byte aligned, grown to the largest request.
+float* scratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats + 16) buf.resize(floats + 16);
+  const auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - addr % 64) % 64) / sizeof(float);
+}
+
+}  // namespace
+
+void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
+  if (a.n == 0 || a.n_heads == 0) return;
+  const size_t hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
+  const size_t tile_tokens = std::max<size_t>(1, kTileRows / group);
+  const size_t q_tiles = (a.n + tile_tokens - 1) / tile_tokens;
+  const size_t max_rows = tile_tokens * group;
+  pool.parallel_for(a.n_kv_heads * q_tiles, [&](size_t item) {
+    // Latest tiles (most keys) first, for load balance.
+    const size_t kvh = item % a.n_kv_heads, qt = q_tiles - 1 - item / a.n_kv_heads;
+    const size_t t0 = qt * tile_tokens, t1 = std::min(a.n, t0 + tile_tokens);
+    const size_t rows = (t1 - t0) * group;
+    float* base = scratch(hd * kBlock + max_rows * (kBlock + hd + 3));
+    const TileState st{base,
+                       base + hd * kBlock,
+                       base + hd * kBlock + max_rows * kBlock,
+                       base + hd * kBlock + max_rows * (kBlock + hd),
+                       base + hd * kBlock + max_rows * (kBlock + hd + 1),
+                       base + hd * kBlock + max_rows * (kBlock + hd + 2)};
+    std::fill(st.o, st.o + rows * hd, 0.0f);
+    std::fill(st.m, st.m + rows, -INFINITY);
+    std::fill(st.l, st.l + rows, 0.0f);
+    attend_tile(a, group, kvh, t0, t1, st);
+    for (size_t r = 0; r < rows; ++r) {
+      const size_t t = t0 + r / group, h = kvh * group + r % group;
+      const __m512 inv = _mm512_set1_ps(1.0f / st.l[r]);
+      float* out = a.out + (t * a.n_heads + h) * hd;
+      for (size_t d = 0; d < hd; d += 16)
+        _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(st.o + r * hd + d), inv));
+    }
+  });
+}
+
+}  // namespace edgellm::kernels::avx512

@@ -1,0 +1,62 @@
+// Entry points of the AVX-512 (F/BW/VL/BF16) and AMX kernels (files
+// *_avx512.cpp and *_amx.cpp, each compiled with its own flags). Declarations
+// only, so portable code (dispatch.cpp, the tests) may include it; call the
+// avx512 functions only when detect_isa() >= Isa::avx512, the amx ones only
+// when detect_isa() == Isa::amx.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernels.h"
+
+namespace edgellm::kernels {
+
+// The shared avx512/amx matmul layout ("VNNI pairs"): rows in panels of 16;
+// columns padded with zeros to a multiple of kKBlock. A panel is stored as
+// kpad/2 column pairs; pair q holds, for each of the panel's 16 rows j, the
+// two bf16 W[j][2q], W[j][2q+1] (64 bytes per pair). That is at once
+//   - an AMX TDPBF16PS B tile (16 pair-rows x 64 bytes) per kKBlock columns,
+//   - the vdpbf16ps operand for 16 rows x one pair of columns, and
+//   - for the fp32 GEMV, two fp32 vectors per 64-byte load (shift / mask),
+// so one copy of the weights serves decode (n == 1) and prefill (n > 1).
+namespace vnni {
+inline constexpr size_t kPanelRows = 16;
+inline constexpr size_t kKBlock = 32;  // bf16 per AMX tile row
+inline size_t padded_cols(size_t cols) {
+  return (cols + kKBlock - 1) / kKBlock * kKBlock;
+}
+inline size_t panels(size_t rows) {
+  return (rows + kPanelRows - 1) / kPanelRows;
+}
+void pack(const uint16_t* bf16_row_major, size_t rows, size_t cols, Isa isa, PackedMatrix& out);
+void unpack_row(const PackedMatrix& w, size_t r, float* out);
+}  // namespace vnni
+
+namespace avx512 {
+// n == 1: fp32 GEMV; n > 1: vdpbf16ps GEMM on x rounded to bf16, or an fp32
+// FMA GEMM when gemm_precision() is fp32.
+void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+// out[t][0 .. cols_pad) = bf16(x[t][0 .. cols)) then zeros, for t < n; rows
+// [n, n_pad) all zeros. Rows are cols_pad apart. Split over the pool.
+// This thread's buffer for bf16 rows: grows to the largest request, 64-byte
+// aligned, valid until the thread's next call.
+uint16_t* bf16_scratch(size_t count);
+void to_bf16_rows(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
+                  uint16_t* out, ThreadPool& pool);
+// Prefill attention (flash style, keys in lanes via a transposed K block);
+// needs head_dim % 16 == 0 and at most kMaxGroup query heads per kv head.
+inline constexpr size_t kMinPrefillTokens = 16;
+inline constexpr size_t kMaxGroup = 256;
+void attention_prefill(const AttentionArgs& args, ThreadPool& pool);
+}  // namespace avx512
+
+namespace amx {
+// Below this many tokens the 16-row A tiles are mostly padding: use avx512.
+inline constexpr size_t kMinTokens = 16;
+// n >= kMinTokens and bf16 precision: x rounded to bf16, TDPBF16PS GEMM over
+// the VNNI layout; otherwise avx512::matmul.
+void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+}  // namespace amx
+
+}  // namespace edgellm::kernels
