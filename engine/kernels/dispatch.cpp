@@ -13,6 +13,7 @@
 #include "edgellm/bf16.h"
 #include "kernels/avx2.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 namespace edgellm::kernels {
 
@@ -67,10 +68,11 @@ std::string_view isa_name(Isa isa) {
 
 const std::vector<KernelInfo>& registered_kernels() {
   static const std::vector<KernelInfo> kernels = {
-      {"matmul", {Isa::scalar, Isa::avx2}},   {"attention", {Isa::scalar, Isa::avx2}},
-      {"rmsnorm", {Isa::scalar, Isa::avx2}},  {"rope", {Isa::scalar, Isa::avx2}},
-      {"silu_mul", {Isa::scalar, Isa::avx2}}, {"gelu_tanh_mul", {Isa::scalar, Isa::avx2}},
-      {"add", {Isa::scalar, Isa::avx2}},      {"top_k", {Isa::scalar, Isa::avx2}},
+      {"matmul", {Isa::scalar, Isa::avx2}},    {"attention", {Isa::scalar, Isa::avx2}},
+      {"rmsnorm", {Isa::scalar, Isa::avx2}},   {"rope", {Isa::scalar, Isa::avx2}},
+      {"silu_mul", {Isa::scalar, Isa::avx2}},  {"gelu_tanh_mul", {Isa::scalar, Isa::avx2}},
+      {"add", {Isa::scalar, Isa::avx2}},       {"top_k", {Isa::scalar, Isa::avx2}},
+      {"matmul_i8", {Isa::scalar, Isa::avx2}}, {"matmul_u4", {Isa::scalar, Isa::avx2}},
   };
   return kernels;
 }
@@ -118,12 +120,14 @@ PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t col
 }
 
 void unpack_row(const PackedMatrix& w, size_t r, float* out) {
+  if (w.quant) return dequant_row(*w.quant, r, out);
   if (w.isa == Isa::avx2) return avx2::unpack_row(w, r, out);
   const uint16_t* row = w.data.data() + w.offset + r * w.cols;
   for (size_t c = 0; c < w.cols; ++c) out[c] = bf16_to_float(row[c]);
 }
 
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  if (w.quant) return quant_matmul(*w.quant, x, n, y, w.bias, pool);
   // The layout decides, not the active ISA: a matrix packed for AVX2 stays
   // valid (the CPU has AVX2) after set_isa(scalar).
   if (w.isa == Isa::avx2) return avx2::matmul(w, x, n, y, pool);

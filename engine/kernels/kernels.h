@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -34,12 +35,16 @@ void set_isa(Isa isa);  // tests and EDGELLM_ISA=scalar|avx2; clamped to detect_
 // starts at data[offset] (the AVX2 layout pads `data` to start on a 64-byte
 // boundary). Isa::scalar is plain row-major; Isa::avx2 is row panels, see
 // kernels/avx2.h. matmul() follows `isa`, whatever the active ISA is now.
+struct QuantMatrix;  // kernels/quant.h
 struct PackedMatrix {
   size_t rows = 0, cols = 0;
   Isa isa = Isa::scalar;
   std::vector<uint16_t> data;
   size_t offset = 0;
   const float* bias = nullptr;  // optional [rows], not owned
+  // Quantized (GGUF) weights instead of bf16: matmul and unpack_row use them
+  // (kernels/quant.h); shared when the embedding is also the LM head.
+  std::shared_ptr<const QuantMatrix> quant;
 };
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols);
 // Packs for a given ISA (tests, benchmarks); one the CPU lacks falls back to detect_isa().

@@ -224,8 +224,14 @@ void Transformer::forward(const int32_t* tokens, size_t n, size_t start, float* 
   {
     Profiler::Scope z(prof_, Zone::embed);
     for (size_t t = 0; t < n; ++t) {
-      const uint16_t* row = weights_.embed + static_cast<size_t>(tokens[t]) * H;
-      for (size_t i = 0; i < H; ++i) x_[t * H + i] = bf16_to_float(row[i]) * c_.embedding_scale;
+      float* x = &x_[t * H];
+      if (weights_.embed) {
+        const uint16_t* row = weights_.embed + static_cast<size_t>(tokens[t]) * H;
+        for (size_t i = 0; i < H; ++i) x[i] = bf16_to_float(row[i]) * c_.embedding_scale;
+      } else {  // quantized table: the row exactly as the GGUF dequantizes it
+        kernels::unpack_row(weights_.embed_quant, static_cast<size_t>(tokens[t]), x);
+        for (size_t i = 0; i < H; ++i) x[i] *= c_.embedding_scale;
+      }
     }
   }
   if (capture) capture->layer_outputs.assign(c_.num_layers, {});

@@ -22,7 +22,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 class TensorSource {
  public:
-  explicit TensorSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+  TensorSource(const Checkpoint& ckpt, const QuantSource* quant) : ckpt_(ckpt), quant_(quant) {}
+  const QuantSource* quant() const { return quant_; }
 
   const TensorView* optional(const std::string& name, std::vector<int64_t> shape) const {
     const TensorView* t = ckpt_.find(name);
@@ -40,6 +41,7 @@ class TensorSource {
 
  private:
   const Checkpoint& ckpt_;
+  const QuantSource* quant_;
 };
 
 float element(const TensorView& t, size_t i) {
@@ -81,7 +83,50 @@ std::vector<float> to_float(const TensorView& t, float add) {
   return out;
 }
 
-kernels::PackedMatrix pack(std::initializer_list<const TensorView*> parts, size_t& bytes) {
+// The quantized matrix for `parts` (stacked rows), or null when the matrices
+// stay bf16: GGUF blocks when the source maps every part, else quantized at
+// setup when asked.
+std::shared_ptr<const kernels::QuantMatrix> pack_quant(
+    const QuantSource* quant, std::initializer_list<const TensorView*> parts) {
+  if (!quant) return nullptr;
+  auto m = std::make_shared<kernels::QuantMatrix>();
+  for (const TensorView* t : parts) {
+    const auto rows = static_cast<size_t>(t->shape[0]), cols = static_cast<size_t>(t->shape[1]);
+    if (auto it = quant->gguf.find(t->name); it != quant->gguf.end()) {
+      const GgufMatrix& g = it->second;
+      check(g.rows == rows && g.cols == cols,
+            "GGUF tensor for '" + t->name + "' is " + std::to_string(g.rows) + " x " +
+                std::to_string(g.cols) + ", the checkpoint's is " + std::to_string(rows) + " x " +
+                std::to_string(cols));
+      kernels::append_segment(
+          *m, kernels::repack_gguf(g.format, g.blocks, rows, cols,
+                                   g.row_order.empty() ? nullptr : g.row_order.data()));
+    } else if (quant->quantize && cols % 32 == 0) {
+      std::vector<uint16_t> bf16;
+      append_bf16(*t, bf16);
+      std::vector<float> f(bf16.size());
+      for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_float(bf16[i]);
+      kernels::append_segment(*m, kernels::quantize_rows(*quant->quantize, f.data(), rows, cols));
+    } else {
+      check(m->segments.empty(), "checkpoint: tensor '" + t->name +
+                                     "' has no quantized form but the tensors fused with it do");
+      return nullptr;
+    }
+  }
+  return m;
+}
+
+kernels::PackedMatrix pack(const TensorSource& src, std::initializer_list<const TensorView*> parts,
+                           size_t& bytes) {
+  if (auto q = pack_quant(src.quant(), parts)) {
+    kernels::PackedMatrix m;
+    m.rows = q->rows;
+    m.cols = q->cols;
+    bytes += q->bytes();
+    m.quant = std::move(q);
+    for (const TensorView* t : parts) t->release_pages();
+    return m;
+  }
   std::vector<uint16_t> rows;
   size_t n_rows = 0, cols = static_cast<size_t>(parts.begin()[0]->shape[1]);
   for (const TensorView* t : parts) {
@@ -102,7 +147,8 @@ LayerWeights load_layer(const TensorSource& src, const ModelConfig& c, int l, si
   const std::string p = "model.layers." + std::to_string(l) + ".";
   LayerWeights L;
   L.attn_norm = to_float(src.required(p + "input_layernorm.weight", {H}), norm_add);
-  L.qkv = pack({&src.required(p + "self_attn.q_proj.weight", {q_rows, H}),
+  L.qkv = pack(src,
+               {&src.required(p + "self_attn.q_proj.weight", {q_rows, H}),
                 &src.required(p + "self_attn.k_proj.weight", {kv_rows, H}),
                 &src.required(p + "self_attn.v_proj.weight", {kv_rows, H})},
                bytes);
@@ -117,7 +163,7 @@ LayerWeights load_layer(const TensorSource& src, const ModelConfig& c, int l, si
     L.q_norm = to_float(src.required(p + "self_attn.q_norm.weight", {D}), norm_add);
     L.k_norm = to_float(src.required(p + "self_attn.k_norm.weight", {D}), norm_add);
   }
-  L.o_proj = pack({&src.required(p + "self_attn.o_proj.weight", {H, q_rows})}, bytes);
+  L.o_proj = pack(src, {&src.required(p + "self_attn.o_proj.weight", {H, q_rows})}, bytes);
   if (c.sandwich_norms) {
     // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the
     // MLP.
@@ -129,23 +175,28 @@ LayerWeights load_layer(const TensorSource& src, const ModelConfig& c, int l, si
     // Llama family: post_attention_layernorm is the norm before the MLP.
     L.ffn_norm = to_float(src.required(p + "post_attention_layernorm.weight", {H}), norm_add);
   }
-  L.gate_up = pack({&src.required(p + "mlp.gate_proj.weight", {I, H}),
+  L.gate_up = pack(src,
+                   {&src.required(p + "mlp.gate_proj.weight", {I, H}),
                     &src.required(p + "mlp.up_proj.weight", {I, H})},
                    bytes);
-  L.down = pack({&src.required(p + "mlp.down_proj.weight", {H, I})}, bytes);
+  L.down = pack(src, {&src.required(p + "mlp.down_proj.weight", {H, I})}, bytes);
   return L;
 }
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int threads) {
-  TensorSource src(ckpt);
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int threads,
+                          const QuantSource* quant) {
+  TensorSource src(ckpt, quant);
   ModelWeights w;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
 
   const TensorView& embed = src.required("model.embed_tokens.weight", {V, H});
-  if (embed.dtype == DType::bf16) {
+  if (quant && quant->gguf.count(embed.name)) {  // lookups dequantize rows of the GGUF table
+    size_t table_bytes = 0;                      // a lookup reads one row per token, not the table
+    w.embed_quant = pack(src, {&embed}, table_bytes);
+  } else if (embed.dtype == DType::bf16) {
     w.embed = static_cast<const uint16_t*>(embed.data);
   } else {
     append_bf16(embed, w.embed_owned);
@@ -183,7 +234,13 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int thre
   check(head || c.tie_word_embeddings,
         "checkpoint: tensor 'lm_head.weight' is missing and config.json does not tie word "
         "embeddings");
-  w.lm_head = pack({head && !c.tie_word_embeddings ? head : &embed}, w.decode_bytes);
+  if ((c.tie_word_embeddings || !head) &&
+      w.embed_quant.quant) {  // tied: the GGUF table is the LM head too
+    w.lm_head = w.embed_quant;
+    w.decode_bytes += w.lm_head.quant->bytes();
+  } else {
+    w.lm_head = pack(src, {head && !c.tie_word_embeddings ? head : &embed}, w.decode_bytes);
+  }
   return w;
 }
 

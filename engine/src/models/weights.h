@@ -4,11 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "edgellm/config.h"
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 namespace edgellm {
 
@@ -28,6 +32,7 @@ struct LayerWeights {
 struct ModelWeights {
   const uint16_t* embed = nullptr;    // [vocab, hidden] bf16 rows, for lookup
   std::vector<uint16_t> embed_owned;  // when the checkpoint is not bf16
+  kernels::PackedMatrix embed_quant;  // GGUF embedding, used when embed is null
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
   kernels::PackedMatrix lm_head;  // [vocab, hidden] (the embedding when tied)
@@ -35,8 +40,23 @@ struct ModelWeights {
   size_t decode_bytes = 0;  // weight bytes one decode step reads
 };
 
+// Where the 2-D matrices come from when they are not the checkpoint's bf16:
+// a GGUF file's blocks, kept exact (models/gguf_weights.h), or the bf16
+// weights quantized at setup. Norms always come from the checkpoint.
+struct GgufMatrix {
+  kernels::BlockFormat format;
+  const uint8_t* blocks = nullptr;
+  size_t rows = 0, cols = 0;
+  std::vector<int32_t> row_order;  // empty: identity
+};
+struct QuantSource {
+  std::map<std::string, GgufMatrix> gguf;        // HF tensor name -> GGUF blocks
+  std::optional<kernels::BlockFormat> quantize;  // q8_0 / q4_0 at setup
+};
+
 // Looks up every tensor the config needs (table in weights.cpp), checks its
 // shape and dtype, and packs it. Errors name the tensor, expected and actual.
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, int threads = 1);
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, int threads = 1,
+                          const QuantSource* quant = nullptr);
 
 }  // namespace edgellm

@@ -10,6 +10,7 @@
 #include "edgellm/error.h"
 #include "edgellm/thread_pool.h"
 #include "io/safetensors.h"
+#include "models/gguf_weights.h"
 #include "models/transformer.h"
 
 namespace edgellm {
@@ -59,12 +60,40 @@ void merge_generation_eos(const std::filesystem::path& dir, ModelConfig& config)
     add(j["eos_token_id"]);
 }
 
+// The quantized form of the matrices, if any: the GGUF's blocks or --weights.
+std::optional<QuantSource> quant_source(const std::unique_ptr<GgufWeights>& gguf,
+                                        const std::string& weights) {
+  if (gguf) {
+    check(weights.empty(),
+          "--weights " + weights + " applies to bf16 checkpoints, not a GGUF file");
+    return gguf->source;
+  }
+  if (weights.empty()) return std::nullopt;
+  QuantSource q;
+  if (weights == "q8_0")
+    q.quantize = kernels::BlockFormat::q8_0;
+  else if (weights == "q4_0")
+    q.quantize = kernels::BlockFormat::q4_0;
+  else
+    throw Error("--weights " + weights + ": expected q8_0 or q4_0");
+  return q;
+}
+
 }  // namespace
 
-void Session::setup(const std::filesystem::path& model_dir, const SessionOptions& options) {
+void Session::setup(const std::filesystem::path& model, const SessionOptions& options) {
+  // A .gguf file runs inside the converted checkpoint directory that holds it.
+  const bool is_gguf = model.extension() == ".gguf";
+  check(!is_gguf || std::filesystem::is_regular_file(model),
+        model.string() + ": GGUF file not found");
+  const auto model_dir = is_gguf ? model.parent_path() : model;
   check(std::filesystem::is_directory(model_dir),
         model_dir.string() +
             ": checkpoint directory not found (fetch it with `make fetch` or set MODEL=<dir>)");
+  check(!is_gguf || std::filesystem::exists(model_dir / "config.json"),
+        model.string() +
+            ": no converted checkpoint beside it (config.json, tokenizer.json, "
+            "model.safetensors); scripts/fetch_model.py writes one from the same GGUF");
   check(options.max_context > 0,
         "max_context must be positive, got " + std::to_string(options.max_context));
   auto s = std::make_unique<State>();
@@ -82,9 +111,14 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
   s->checkpoint.emplace(Checkpoint::open(model_dir));
   s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
   s->pool = std::make_unique<ThreadPool>(options.threads);
-  s->model = std::make_unique<Transformer>(s->config,
-                                           load_weights(*s->checkpoint, s->config, s->pool->size()),
-                                           s->max_context, *s->pool, s->profiler);
+  {
+    const auto gguf = is_gguf ? open_gguf_weights(model, s->config) : nullptr;
+    const auto quant = quant_source(gguf, options.weights);
+    s->model = std::make_unique<Transformer>(
+        s->config,
+        load_weights(*s->checkpoint, s->config, s->pool->size(), quant ? &*quant : nullptr),
+        s->max_context, *s->pool, s->profiler);
+  }  // the GGUF is unmapped: its blocks are repacked
   s->logits.resize(static_cast<size_t>(s->config.vocab_size));
   s->profiler.add(Zone::setup,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0,
