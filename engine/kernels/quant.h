@@ -77,10 +77,11 @@ void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, cons
 // Activations quantized per block of 32: the kernels' input.
 struct QuantizedActs {
   size_t n = 0, cols = 0;
-  std::vector<int8_t> q;      // [n][cols]
-  std::vector<float> scale;   // [n][cols / 32]
-  std::vector<float> sum;     // [n][cols / 32] fp32 sum of the block (for mins)
-  std::vector<int32_t> qsum;  // [n][cols / 32] sum of q (for zero points)
+  std::vector<int8_t> q;           // [n][cols]
+  std::vector<float> scale;        // [n][cols / 32]
+  std::vector<float> sum;          // [n][cols / 32] fp32 sum of the block (for mins)
+  std::vector<int32_t> qsum;       // [n][cols / 32] sum of q (for zero points)
+  std::vector<float> scaled_qsum;  // [n][cols / 32] scale * qsum
 };
 void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& out);
 
@@ -98,5 +99,12 @@ namespace avx2 {
 void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
                 size_t r1);
 }  // namespace avx2
+
+// The AVX2 kernels with AVX-VNNI dot products; only where has_avxvnni().
+namespace avxvnni {
+void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
+                size_t r1);
+}  // namespace avxvnni
+bool has_avxvnni();
 
 }  // namespace edgellm::kernels

@@ -22,6 +22,7 @@ void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
   a.scale.resize(n * nb);
   a.sum.resize(n * nb);
   a.qsum.resize(n * nb);
+  a.scaled_qsum.resize(n * nb);
   for (size_t i = 0; i < n * nb; ++i) {
     const float* v = x + i * 32;
     int8_t* q = a.q.data() + i * 32;
@@ -40,6 +41,7 @@ void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
     a.scale[i] = d;
     a.sum[i] = sum;
     a.qsum[i] = qsum;
+    a.scaled_qsum[i] = d * static_cast<float>(qsum);
   }
 }
 
@@ -87,13 +89,27 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
 
 }  // namespace ref
 
+bool has_avxvnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return detect_isa() == Isa::avx2 && __builtin_cpu_supports("avxvnni");
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
 void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
                   ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
   thread_local QuantizedActs scratch;
   const QuantizedActs& acts = scratch;  // the workers must read the caller's, not their own
   quantize_acts(x, n, w.cols, scratch);
-  const QuantRowsFn rows_fn = active_isa() == Isa::avx2 ? avx2::quant_rows : ref::quant_rows;
+  const QuantRowsFn rows_fn = active_isa() != Isa::avx2 ? ref::quant_rows
+                              : has_avxvnni()           ? avxvnni::quant_rows
+                                                        : avx2::quant_rows;
   pool.parallel_chunks(w.rows, [&](size_t r0, size_t r1) {
     size_t base = 0;  // first row of the segment
     for (const QuantSegment& s : w.segments) {

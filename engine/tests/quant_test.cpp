@@ -104,6 +104,16 @@ TEST(QuantTest, EveryIsaMatchesTheIntegerReference) {
             dequant_row(w, r, row.data());
             for (size_t c = 0; c < cols; ++c) mag = std::max(mag, std::fabs(double(row[c])));
           }
+          // Each SIMD row kernel directly (the dispatch picks only one of them).
+          std::vector<std::pair<const char*, QuantRowsFn>> kernels;
+          if (detect_isa() == Isa::avx2) kernels.push_back({"avx2", avx2::quant_rows});
+          if (has_avxvnni()) kernels.push_back({"avxvnni", avxvnni::quant_rows});
+          for (const auto& [name, fn] : kernels) {
+            std::vector<float> got(n * rows, NAN);
+            fn(w.segments[0], acts, got.data(), rows, 0, rows);
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_NEAR(got[i], want[i], 1e-5 * mag * 4.0 * cols + 1e-6) << name << " at " << i;
+          }
           for (Isa isa : test_isas()) {
             IsaScope scope(isa);
             std::vector<float> got(n * rows, NAN);
