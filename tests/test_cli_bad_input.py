@@ -43,7 +43,7 @@ def ckpt_copy(tmp_path: Path) -> Path:
     dst.mkdir()
     for f in CKPT.iterdir():
         if f.is_file():
-            if f.suffix == ".safetensors":
+            if f.suffix in (".safetensors", ".gguf"):
                 os.symlink(f, dst / f.name)
             else:
                 shutil.copy(f, dst / f.name)

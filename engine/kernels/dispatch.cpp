@@ -20,6 +20,7 @@
 #include "kernels/avx2.h"
 #include "kernels/avx512.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 namespace edgellm::kernels {
 
@@ -133,6 +134,16 @@ const std::vector<KernelInfo>& registered_kernels() {
        "W bf16 (pre-packed), x/y fp32, optional fp32 bias; n > 1 on avx512/amx rounds x to bf16",
        "any rows x cols x n (0 included)",
        all},
+      {"matmul_i8",
+       {S, A2},
+       "W int8 + fp32 scale per 32 (GGUF Q8_0/Q5_0/Q6_K repacked), x quantized to int8 per 32",
+       "rows any, cols % 32 == 0; AVX-VNNI used where present",
+       "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
+      {"matmul_u4",
+       {S, A2},
+       "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x int8 per 32",
+       "rows any, cols % 32 == 0; AVX-VNNI used where present",
+       "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"attention",
        {S, A2, A5},
        "q, K/V cache, out fp32",
@@ -181,6 +192,7 @@ PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t col
 }
 
 size_t PackedMatrix::byte_size() const {
+  if (quant) return quant->bytes();
   switch (isa) {
     case Isa::scalar:
       return rows * cols * sizeof(uint16_t);
@@ -195,6 +207,7 @@ size_t PackedMatrix::byte_size() const {
 }
 
 void unpack_row(const PackedMatrix& w, size_t r, float* out) {
+  if (w.quant) return dequant_row(*w.quant, r, out);
   if (w.isa >= Isa::avx512) return vnni::unpack_row(w, r, out);
   if (w.isa == Isa::avx2) return avx2::unpack_row(w, r, out);
   const uint16_t* row = w.data.data() + w.offset + r * w.cols;
@@ -202,6 +215,7 @@ void unpack_row(const PackedMatrix& w, size_t r, float* out) {
 }
 
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  if (w.quant) return quant_matmul(*w.quant, x, n, y, w.bias, pool);
   // The layout decides, not the active ISA: a matrix packed for AVX2 stays
   // valid (the CPU has AVX2) after set_isa(scalar). The avx512 and amx
   // layouts are one, so a matrix packed for amx runs avx512 when that is active.

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -49,6 +50,7 @@ void set_isa(Isa isa);  // tests and EDGELLM_ISA; clamped to detect_isa()
 // kernels/avx2.h; Isa::avx512 and Isa::amx share one layout of row panels
 // holding bf16 column pairs (VNNI order), see kernels/avx512.h. matmul()
 // follows `isa` (clamped to the active ISA where the layouts agree).
+struct QuantMatrix;  // kernels/quant.h
 struct PackedMatrix {
   size_t rows = 0, cols = 0;
   Isa isa = Isa::scalar;
@@ -58,6 +60,9 @@ struct PackedMatrix {
   // Bytes of packed weights one pass over the matrix reads (layout padding
   // included): what the profiler and roofline charge a matmul.
   size_t byte_size() const;
+  // Quantized (GGUF) weights instead of bf16: matmul and unpack_row use them
+  // (kernels/quant.h); shared when the embedding is also the LM head.
+  std::shared_ptr<const QuantMatrix> quant;
 };
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols);
 // Packs for a given ISA (tests, benchmarks); one the CPU lacks falls back to detect_isa().

@@ -12,7 +12,9 @@
 #include "edgellm/roofline.h"
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
+#include "io/gguf.h"
 #include "kernels/kernels.h"
+#include "models/gguf_weights.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -97,6 +99,17 @@ NB_MODULE(edgellm_py, m) {
       },
       "threads"_a, "(read GB/s, FMA GFLOP/s) measured now");
 
+  m.def(
+      "gguf_dequantize",
+      [](const std::filesystem::path& path, const std::string& name) {
+        const auto g = edgellm::GgufFile::open(path);
+        const edgellm::GgufTensor* t = g.find(name);
+        if (!t) throw edgellm::Error(path.string() + ": no tensor '" + name + "'");
+        return to_numpy(edgellm::dequantize_gguf_tensor(*t), t->rows(), t->cols());
+      },
+      "path"_a, "tensor"_a,
+      "a quantized GGUF tensor as the kernels use it: fp32 [rows, cols], GGUF row order");
+
   nb::class_<edgellm::Tokenizer>(m, "Tokenizer")
       .def_static("load", &edgellm::Tokenizer::load, "model_dir"_a)
       .def("encode", &edgellm::Tokenizer::encode, "text"_a, "add_special_tokens"_a = false)
@@ -129,15 +142,17 @@ NB_MODULE(edgellm_py, m) {
       .def(
           "setup",
           [](edgellm::Session& s, const std::filesystem::path& dir, int threads, int max_context,
-             bool profile) {
+             bool profile, const std::string& weights) {
             edgellm::SessionOptions o;
             o.threads = threads;
             o.max_context = max_context;
             o.profile = profile;
+            o.weights = weights;
             nb::gil_scoped_release release;
             s.setup(dir, o);
           },
-          "model_dir"_a, "threads"_a = 0, "max_context"_a = 4096, "profile"_a = false)
+          "model_dir"_a, "threads"_a = 0, "max_context"_a = 4096, "profile"_a = false,
+          "weights"_a = "")
       .def(
           "prefill",
           [](edgellm::Session& s, const std::vector<int32_t>& tokens, int start_pos) {

@@ -23,6 +23,7 @@ double ms_since(Clock::time_point t) {
 
 struct Options {
   std::string model;
+  std::string weights;
   std::string prompt;
   int n_tokens = 100;
   int threads = 0;
@@ -51,6 +52,7 @@ int run(const Deployment& deployment, const Options& opt) {
   so.threads = opt.threads;
   so.max_context = opt.max_context;
   so.profile = opt.profile;
+  so.weights = opt.weights;
   session.setup(resolve_model(deployment, opt.model), so);
   const double setup_ms = ms_since(setup_start);
   if (opt.chat) {
@@ -108,17 +110,19 @@ std::filesystem::path model_store() {
 
 std::filesystem::path resolve_model(const Deployment& deployment, const std::string& choice) {
   if (auto it = deployment.models.find(choice); it != deployment.models.end()) {
-    const auto dir = model_store() / it->second;
-    check(std::filesystem::is_directory(dir),
+    const auto dir = model_store() / it->second;  // a directory, or a .gguf file in one
+    check(std::filesystem::is_directory(dir) || std::filesystem::is_regular_file(dir),
           dir.string() + ": checkpoint for --model " + choice +
               " not found (run `make fetch`, or set MODEL=<checkpoint dir>)");
     return dir;
   }
-  if (!std::filesystem::is_directory(choice)) {
+  const bool gguf = std::filesystem::path(choice).extension() == ".gguf";
+  if (!std::filesystem::is_directory(choice) &&
+      !(gguf && std::filesystem::is_regular_file(choice))) {
     std::string known;
     for (const auto& [key, dir] : deployment.models) known += (known.empty() ? "" : ", ") + key;
     throw Error("--model " + choice + ": neither a known choice (" + known +
-                ") nor a checkpoint directory");
+                ") nor a checkpoint directory or .gguf file");
   }
   return choice;
 }
@@ -128,8 +132,12 @@ int run_inference_main(const Deployment& deployment, int argc, char** argv) {
   opt.model = deployment.default_model;
   opt.prompt = deployment.default_prompt;
   CLI::App app{deployment.name + " inference: setup once, then timed prefill + decode"};
-  app.add_option("--model", opt.model, "checkpoint: a known choice or a checkpoint directory")
+  app.add_option("--model", opt.model,
+                 "checkpoint: a known choice, a checkpoint directory or a .gguf file in one")
       ->capture_default_str();
+  app.add_option("--weights", opt.weights,
+                 "quantize a bf16 checkpoint's matrices at setup (GGUF files run as stored)")
+      ->check(CLI::IsMember({"q8_0", "q4_0"}));
   app.add_option("--prompt", opt.prompt, "prompt text")->capture_default_str();
   app.add_option("--n-tokens", opt.n_tokens, "tokens to generate")
       ->check(CLI::PositiveNumber)

@@ -6,7 +6,8 @@
 int main(int argc, char** argv) {
   const edgellm::Deployment deployment{
       .name = "gemma3_270m",
-      .models = {{"base", "gemma3-270m"}},
+      // gguf: the Q4_K_M file itself, run quantized (config and tokenizer from beside it).
+      .models = {{"base", "gemma3-270m"}, {"gguf", "gemma3-270m/model.gguf"}},
       .default_model = "base",
       .default_prompt =
           "The capital of Germany is Berlin. The capital of Italy is Rome. The capital of France "

@@ -11,7 +11,8 @@ from __future__ import annotations
 from verify.adapter_support import StandardAdapter
 
 DEPLOYMENT = "gemma3_270m"
-MODEL_CHOICES = {"base": "gemma3-270m"}
+# gguf: the Q4_K_M file itself (Q8_0, Q5_0, Q4_K, Q6_K blocks run as stored).
+MODEL_CHOICES = {"base": "gemma3-270m", "gguf": "gemma3-270m/model.gguf"}
 DEFAULT_MODEL = "base"
 
 _adapter = StandardAdapter(DEPLOYMENT, MODEL_CHOICES)

@@ -6,7 +6,9 @@
 int main(int argc, char** argv) {
   const edgellm::Deployment deployment{
       .name = "smollm2_135m",
-      .models = {{"instruct", "smollm2-135m-instruct"}},
+      // gguf: the Q4_1 file itself, run quantized (config and tokenizer from beside it).
+      .models = {{"instruct", "smollm2-135m-instruct"},
+                 {"gguf", "smollm2-135m-instruct/model.gguf"}},
       .default_model = "instruct",
       .default_prompt = "What is the capital of France? Answer in one sentence.",
   };

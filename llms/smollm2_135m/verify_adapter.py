@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verify.adapter_support import VerifyConfig, load_verify_config, resolve_checkpoint
+from verify.adapter_support import (
+    VerifyConfig,
+    checkpoint_dir,
+    load_verify_config,
+    resolve_checkpoint,
+)
 from verify.runners.engine_runner import EngineRunner
 
 DEPLOYMENT = "smollm2_135m"
@@ -24,6 +29,7 @@ DEPLOYMENT = "smollm2_135m"
 MODEL_CHOICES = {
     "instruct": "smollm2-135m-instruct",
     "base": "smollm2-135m",
+    "gguf": "smollm2-135m-instruct/model.gguf",  # Q4_1 + Q8_0 blocks, run as stored
 }
 DEFAULT_MODEL = "instruct"
 
@@ -35,8 +41,9 @@ def resolve_model(choice: str) -> Path:
 
 def hf_reference(model_dir: Path) -> str:
     """What HF transformers loads: the very directory our engine loads, so both read the
-    same bytes (a hub id would do for a user with network access; we have none)."""
-    return str(model_dir)
+    same bytes (a hub id would do for a user with network access; we have none). For the
+    GGUF deployment: the checkpoint dequantized from that GGUF, beside it."""
+    return str(checkpoint_dir(model_dir))
 
 
 def build_config(model_dir: Path, choice: str) -> VerifyConfig:

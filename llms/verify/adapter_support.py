@@ -24,11 +24,24 @@ def model_store() -> Path:
     return Path(os.environ.get("EDGELLM_MODELS") or REPO_ROOT / "models")
 
 
+def checkpoint_dir(model: Path) -> Path:
+    """The HF-format directory of a --model path: itself, or the one holding a .gguf file.
+
+    A GGUF deployment runs the file's quantized matrices in our engine; HF (the reference)
+    loads the checkpoint the converter dequantized from the same file, beside it.
+    """
+    return model.parent if model.suffix == ".gguf" else model
+
+
+def _exists(path: Path) -> bool:
+    return path.is_dir() or (path.suffix == ".gguf" and path.is_file())
+
+
 def resolve_checkpoint(choice: str, choices: dict[str, str], deployment: str) -> Path:
-    """A --model value: a key of ``choices`` (a directory name in the store) or a path."""
+    """A --model value: a key of ``choices`` (a store entry) or a path (directory or .gguf)."""
     if choice in choices:
         path = model_store() / choices[choice]
-        if not path.is_dir():
+        if not _exists(path):
             raise VerifyError(
                 f"--model {choice}: no checkpoint at {path} (no model hub is reachable offline: "
                 "put a HF-format checkpoint directory there, set EDGELLM_MODELS to a store "
@@ -37,14 +50,15 @@ def resolve_checkpoint(choice: str, choices: dict[str, str], deployment: str) ->
             )
     else:
         path = Path(choice).expanduser()
-        if not path.is_dir():
+        if not _exists(path):
             known = ", ".join(choices)
             raise VerifyError(
                 f"--model {choice}: neither a known choice ({known}) nor a checkpoint directory"
             )
-    if not (path / "config.json").is_file():
+    if not (checkpoint_dir(path) / "config.json").is_file():
         raise VerifyError(
-            f"--model {choice}: {path} is not a HF-format checkpoint (no config.json)"
+            f"--model {choice}: {checkpoint_dir(path)} is not a HF-format checkpoint "
+            "(no config.json)"
         )
     return path.resolve()
 
@@ -105,10 +119,11 @@ def load_verify_config(deployment: str, model_dir: Path, choice: str) -> VerifyC
     Instruct checkpoints get their prompts through the chat template, as production feeds
     them; base checkpoints get raw text.
     """
-    cfg = _read_json(model_dir / "config.json")
+    hf_dir = checkpoint_dir(model_dir)
+    cfg = _read_json(hf_dir / "config.json")
     text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    variant = checkpoint_variant(model_dir, choice)
-    if variant == "instruct" and not has_chat_template(model_dir):
+    variant = checkpoint_variant(hf_dir, choice)
+    if variant == "instruct" and not has_chat_template(hf_dir):
         raise VerifyError(f"{model_dir}: an instruct checkpoint without a chat template")
     try:
         positions = int(text_cfg.get("max_position_embeddings") or ENGINE_MAX_CONTEXT)
@@ -144,8 +159,9 @@ class StandardAdapter:
         return resolve_checkpoint(choice, self.choices, self.deployment)
 
     def hf_reference(self, model_dir: Path) -> str:
-        """HF loads the very directory our engine loads (no hub is reachable here)."""
-        return str(model_dir)
+        """HF loads the very directory our engine loads (no hub is reachable here); for a
+        GGUF, the checkpoint dequantized from it."""
+        return str(checkpoint_dir(model_dir))
 
     def build_config(self, model_dir: Path, choice: str) -> VerifyConfig:
         return load_verify_config(self.deployment, model_dir, choice)

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "edgellm/config.h"
@@ -19,6 +20,9 @@ struct SessionOptions {
   int threads = 0;         // <= 0: one per hardware thread; at most 4 per hardware thread
   int max_context = 4096;  // KV cache positions; capped by the model's limit and by memory
   bool profile = false;    // per-kernel timing (costs nothing when off)
+  // Matrices as stored (""), or a bf16 checkpoint's matrices quantized at
+  // setup: "q8_0" or "q4_0" (kernels/quant.h).
+  std::string weights;
 };
 
 // Diagnosis capture from prefill: HF-compatible names in the comments.
@@ -115,7 +119,9 @@ class Session {
   // (Error) a setup whose memory need exceeds what is available, before
   // allocating it. The checkpoint is unmapped when setup returns. Every other
   // member throws Error until a setup has succeeded.
-  void setup(const std::filesystem::path& model_dir, const SessionOptions& options = {});
+  // `model` is a checkpoint directory, or a .gguf file inside one (its matrices
+  // run quantized; see models/gguf_weights.h).
+  void setup(const std::filesystem::path& model, const SessionOptions& options = {});
 
   // Runs `tokens` at positions [start_pos, start_pos + n) and returns the logits
   // of the last one ([vocab]). start_pos > 0 continues a conversation whose

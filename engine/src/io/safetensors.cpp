@@ -10,6 +10,7 @@
 
 #include "edgellm/error.h"
 #include "io/json_file.h"
+#include "io/mapped_file.h"
 
 namespace edgellm {
 
@@ -27,41 +28,8 @@ int64_t TensorView::numel() const {
 }
 
 void TensorView::release_pages() const {
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin =
-      (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;  // whole pages only
-  const auto end = (reinterpret_cast<uintptr_t>(data) + nbytes) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  release_mapped_pages(data, nbytes);
 }
-
-class MappedFile {
- public:
-  explicit MappedFile(const std::filesystem::path& path) : path_(path.string()) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    check(fd_ >= 0, path_ + ": cannot open (" + std::strerror(errno) + ")");
-    struct stat st {};
-    check(::fstat(fd_, &st) == 0, path_ + ": cannot stat");
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
-      check(p != MAP_FAILED, path_ + ": mmap failed (" + std::strerror(errno) + ")");
-      data_ = static_cast<const uint8_t*>(p);
-    }
-  }
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-    if (fd_ >= 0) ::close(fd_);
-  }
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 Checkpoint::Checkpoint() = default;
 Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;

@@ -90,7 +90,50 @@ std::vector<float> to_float(const TensorView& t, float add) {
   return out;
 }
 
-kernels::PackedMatrix pack(std::initializer_list<const TensorView*> parts, size_t& bytes) {
+// The quantized matrix for `parts` (stacked rows), or null when the matrices
+// stay bf16: GGUF blocks when the source maps every part, else quantized at
+// setup when asked.
+std::shared_ptr<const kernels::QuantMatrix> pack_quant(
+    const QuantSource* quant, std::initializer_list<const TensorView*> parts) {
+  if (!quant) return nullptr;
+  auto m = std::make_shared<kernels::QuantMatrix>();
+  for (const TensorView* t : parts) {
+    const auto rows = static_cast<size_t>(t->shape[0]), cols = static_cast<size_t>(t->shape[1]);
+    if (auto it = quant->gguf.find(t->name); it != quant->gguf.end()) {
+      const GgufMatrix& g = it->second;
+      check(g.rows == rows && g.cols == cols,
+            "GGUF tensor for '" + t->name + "' is " + std::to_string(g.rows) + " x " +
+                std::to_string(g.cols) + ", the checkpoint's is " + std::to_string(rows) + " x " +
+                std::to_string(cols));
+      kernels::append_segment(
+          *m, kernels::repack_gguf(g.format, g.blocks, rows, cols,
+                                   g.row_order.empty() ? nullptr : g.row_order.data()));
+    } else if (quant->quantize && cols % 32 == 0) {
+      std::vector<uint16_t> bf16;
+      append_bf16(*t, bf16);
+      std::vector<float> f(bf16.size());
+      for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_float(bf16[i]);
+      kernels::append_segment(*m, kernels::quantize_rows(*quant->quantize, f.data(), rows, cols));
+    } else {
+      check(m->segments.empty(), "checkpoint: tensor '" + t->name +
+                                     "' has no quantized form but the tensors fused with it do");
+      return nullptr;
+    }
+  }
+  return m;
+}
+
+kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const TensorView*> parts,
+                           size_t& bytes) {
+  if (auto q = pack_quant(quant, parts)) {
+    kernels::PackedMatrix m;
+    m.rows = q->rows;
+    m.cols = q->cols;
+    bytes += q->bytes();
+    m.quant = std::move(q);
+    for (const TensorView* t : parts) t->release_pages();
+    return m;
+  }
   std::vector<uint16_t> rows;
   size_t n_rows = 0, cols = static_cast<size_t>(parts.begin()[0]->shape[1]);
   for (const TensorView* t : parts) {
@@ -189,11 +232,12 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
 
 // One layer's tensors, checked and packed. Layers are independent, so setup
 // packs them in parallel (validation and packing dominate setup time).
-LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, size_t& bytes) {
+LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const QuantSource* quant,
+                        size_t& bytes) {
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
   LayerWeights L;
   L.attn_norm = to_float(*t.attn_norm, norm_add);
-  L.qkv = pack({t.q, t.k, t.v}, bytes);
+  L.qkv = pack(quant, {t.q, t.k, t.v}, bytes);
   if (c.attention_bias) {
     for (const TensorView* b : {t.q_bias, t.k_bias, t.v_bias}) {
       auto v = to_float(*b, 0.0f);
@@ -204,14 +248,14 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, size_t& byt
     L.q_norm = to_float(*t.q_norm, norm_add);
     L.k_norm = to_float(*t.k_norm, norm_add);
   }
-  L.o_proj = pack({t.o}, bytes);
+  L.o_proj = pack(quant, {t.o}, bytes);
   if (c.sandwich_norms) {
     L.post_attn_norm = to_float(*t.post_attn_norm, norm_add);
     L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
   }
   L.ffn_norm = to_float(*t.ffn_norm, norm_add);
-  L.gate_up = pack({t.gate, t.up}, bytes);
-  L.down = pack({t.down}, bytes);
+  L.gate_up = pack(quant, {t.gate, t.up}, bytes);
+  L.down = pack(quant, {t.down}, bytes);
   return L;
 }
 
@@ -222,15 +266,21 @@ size_t check_weights(const Checkpoint& ckpt, const ModelConfig& config) {
 }
 
 void ModelWeights::embed_row(size_t token, float* out) const {
-  if (embed.empty()) return kernels::unpack_row(lm_head, token, out);  // tied
+  if (embed_quant.quant) return kernels::unpack_row(embed_quant, token, out);  // GGUF table
+  if (embed.empty()) return kernels::unpack_row(lm_head, token, out);          // tied
   const size_t H = lm_head.cols;
   for (size_t i = 0; i < H; ++i) out[i] = bf16_to_float(embed[token * H + i]);
 }
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int threads) {
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int threads,
+                          const QuantSource* quant) {
   const WeightPlan plan = plan_weights(ckpt, c);
   ModelWeights w;
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
+  if (quant && quant->gguf.count(plan.embed->name)) {  // lookups dequantize rows of the GGUF table
+    size_t table_bytes = 0;  // a lookup reads one row per token, not the table
+    w.embed_quant = pack(quant, {plan.embed}, table_bytes);
+  }
 
   std::vector<size_t> layer_bytes(static_cast<size_t>(c.num_layers), 0);
   w.layers.resize(static_cast<size_t>(c.num_layers));
@@ -240,7 +290,7 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int thre
   auto worker = [&] {
     for (int l; (l = next.fetch_add(1)) < c.num_layers;) {
       try {
-        w.layers[l] = load_layer(plan.layers[l], c, layer_bytes[l]);
+        w.layers[l] = load_layer(plan.layers[l], c, quant, layer_bytes[l]);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!first_error) first_error = std::current_exception();
@@ -259,10 +309,15 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int thre
     if (!L.qkv_bias.empty()) L.qkv.bias = L.qkv_bias.data();
 
   w.final_norm = to_float(*plan.final_norm, norm_add);
-  // Nothing may point into the mapping after setup (the session unmaps it): a
-  // tied embedding is read back from the packed lm_head, an untied one copied.
-  if (plan.lm_head != plan.embed) append_bf16(*plan.embed, w.embed);
-  w.lm_head = pack({plan.lm_head}, w.decode_bytes);
+  if (plan.lm_head == plan.embed && w.embed_quant.quant) {  // tied: the GGUF table is the head too
+    w.lm_head = w.embed_quant;
+    w.decode_bytes += w.lm_head.quant->bytes();
+  } else {
+    // Nothing may point into the mapping after setup (the session unmaps it): a
+    // tied embedding is read back from the packed lm_head, an untied one copied.
+    if (plan.lm_head != plan.embed && !w.embed_quant.quant) append_bf16(*plan.embed, w.embed);
+    w.lm_head = pack(quant, {plan.lm_head}, w.decode_bytes);
+  }
   return w;
 }
 

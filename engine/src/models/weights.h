@@ -4,11 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "edgellm/config.h"
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 namespace edgellm {
 
@@ -26,7 +30,8 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  std::vector<uint16_t> embed;  // [vocab, hidden] bf16; empty when tied to lm_head
+  std::vector<uint16_t> embed;        // [vocab, hidden] bf16; empty when tied to lm_head
+  kernels::PackedMatrix embed_quant;  // GGUF embedding table (quant set), used first
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
   kernels::PackedMatrix lm_head;  // [vocab, hidden] (the embedding when tied)
@@ -38,13 +43,29 @@ struct ModelWeights {
 };
 
 // Finds every tensor the config needs and checks its shape without reading
-// data; returns the bytes load_weights will allocate. Call it before sizing
-// anything by the config: it fails on the first tensor the checkpoint lacks.
+// data; returns the bytes load_weights will allocate (as bf16: an upper bound
+// for quantized weights). Call it before sizing anything by the config: it
+// fails on the first tensor the checkpoint lacks.
 size_t check_weights(const Checkpoint& ckpt, const ModelConfig& config);
+
+// Where the 2-D matrices come from when they are not the checkpoint's bf16:
+// a GGUF file's blocks, kept exact (models/gguf_weights.h), or the bf16
+// weights quantized at setup. Norms always come from the checkpoint.
+struct GgufMatrix {
+  kernels::BlockFormat format;
+  const uint8_t* blocks = nullptr;
+  size_t rows = 0, cols = 0;
+  std::vector<int32_t> row_order;  // empty: identity
+};
+struct QuantSource {
+  std::map<std::string, GgufMatrix> gguf;        // HF tensor name -> GGUF blocks
+  std::optional<kernels::BlockFormat> quantize;  // q8_0 / q4_0 at setup
+};
 
 // Looks up every tensor the config needs (find_layer in weights.cpp), checks
 // its shape and values, and packs it. Errors name the tensor, expected and
 // actual. The result holds no pointer into the checkpoint's mapping.
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, int threads = 1);
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, int threads = 1,
+                          const QuantSource* quant = nullptr);
 
 }  // namespace edgellm

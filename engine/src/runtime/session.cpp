@@ -17,6 +17,7 @@
 #include "edgellm/thread_pool.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/gguf_weights.h"
 #include "models/transformer.h"
 #include "models/weights.h"
 
@@ -137,12 +138,40 @@ void check_memory(const ModelConfig& c, size_t weight_bytes, int max_context) {
                 " available: lower max_context (--max-context)");
 }
 
+// The quantized form of the matrices, if any: the GGUF's blocks or --weights.
+std::optional<QuantSource> quant_source(const std::unique_ptr<GgufWeights>& gguf,
+                                        const std::string& weights) {
+  if (gguf) {
+    check(weights.empty(),
+          "--weights " + weights + " applies to bf16 checkpoints, not a GGUF file");
+    return gguf->source;
+  }
+  if (weights.empty()) return std::nullopt;
+  QuantSource q;
+  if (weights == "q8_0")
+    q.quantize = kernels::BlockFormat::q8_0;
+  else if (weights == "q4_0")
+    q.quantize = kernels::BlockFormat::q4_0;
+  else
+    throw Error("--weights " + weights + ": expected q8_0 or q4_0");
+  return q;
+}
+
 }  // namespace
 
-void Model::setup(const std::filesystem::path& model_dir, const SessionOptions& options) {
+void Model::setup(const std::filesystem::path& model, const SessionOptions& options) {
+  // A .gguf file runs inside the converted checkpoint directory that holds it.
+  const bool is_gguf = model.extension() == ".gguf";
+  check(!is_gguf || std::filesystem::is_regular_file(model),
+        model.string() + ": GGUF file not found");
+  const auto model_dir = is_gguf ? model.parent_path() : model;
   check(std::filesystem::is_directory(model_dir),
         model_dir.string() +
             ": checkpoint directory not found (fetch it with `make fetch` or set MODEL=<dir>)");
+  check(!is_gguf || std::filesystem::exists(model_dir / "config.json"),
+        model.string() +
+            ": no converted checkpoint beside it (config.json, tokenizer.json, "
+            "model.safetensors); scripts/fetch_model.py writes one from the same GGUF");
   check(options.max_context > 0,
         "max_context must be positive, got " + std::to_string(options.max_context));
   const int threads = checked_threads(options.threads);
@@ -163,15 +192,19 @@ void Model::setup(const std::filesystem::path& model_dir, const SessionOptions& 
               std::to_string(s->tokenizer->vocab_size()) +
               " tokens do not fit the model's vocab_size " + std::to_string(s->config.vocab_size));
     step = "reading the safetensors headers";
-    // The mapping lives only through setup: the packed weights hold copies, so a
+    // The mappings live only through setup: the packed weights hold copies, so a
     // model file truncated or edited while a chat runs cannot fault or change it.
     const Checkpoint checkpoint = Checkpoint::open(model_dir);
     const size_t weight_bytes = check_weights(checkpoint, s->config);
     s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
     check_memory(s->config, weight_bytes, s->max_context);
     s->pool = std::make_unique<ThreadPool>(threads);
+    step = "reading the GGUF file";
+    const auto gguf = is_gguf ? open_gguf_weights(model, s->config) : nullptr;
+    const auto quant = quant_source(gguf, options.weights);
     step = "packing " + gb_str(weight_bytes) + " of weights";
-    ModelWeights weights = load_weights(checkpoint, s->config, s->pool->size());
+    ModelWeights weights =
+        load_weights(checkpoint, s->config, s->pool->size(), quant ? &*quant : nullptr);
     step = "building the RoPE tables for " + std::to_string(s->max_context) + " positions";
     s->model = std::make_unique<Transformer>(s->config, std::move(weights), s->max_context,
                                              *s->pool, s->profiler);

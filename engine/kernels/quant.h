@@ -1,0 +1,110 @@
+// Quantized weight matrices: GGUF block formats kept exact, repacked at setup
+// into two internal layouts the kernels stream.
+//
+//   i8  int8 values, one fp32 scale per `group` (32, or 16 for Q6_K):
+//       w = scale * q.               Q8_0, Q5_0 (q - 16), Q6_K (sc * d per 16)
+//   u4  4-bit values, fp32 scale per 32, optional fp32 min per 32:
+//       w = scale * (q - zero) + min  Q4_0 (zero 8), Q4_1, Q4_K (min = -dmin * m)
+//
+// Both are exact: every scale and min is the fp32 value the GGUF's own
+// dequantization computes (gguf-py quants.py, ggml-quants.c), so dequant_row()
+// reproduces it bit for bit. A u4 block of 32 is 16 bytes, byte j holding
+// element j (low nibble) and element j + 16 (high nibble), as in Q4_0.
+//
+// The matmul quantizes the activations per block of 32 to int8 (scale =
+// max|x| / 127) and takes integer dot products per block, as llama.cpp does:
+// the weights are exact, the activations carry ~0.4% relative rounding.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "edgellm/thread_pool.h"
+
+namespace edgellm::kernels {
+
+// GGUF block formats with a kernel path (ggml names).
+enum class BlockFormat { q4_0, q4_1, q5_0, q8_0, q4_k, q6_k };
+std::string_view block_format_name(BlockFormat f);
+size_t block_elems(BlockFormat f);  // 32 or 256
+size_t block_bytes(BlockFormat f);  // bytes of one GGUF block
+
+enum class QuantLayout { i8, u4 };
+
+// Rows of one layout; a QuantMatrix stacks segments (q, k and v may differ).
+struct QuantSegment {
+  QuantLayout layout = QuantLayout::i8;
+  size_t rows = 0, cols = 0;
+  size_t group = 32;  // elements per scale (i8: 32 or 16; u4: 32)
+  int zero = 0;       // u4 only
+  bool has_min = false;
+  std::vector<uint8_t> qs;    // i8: rows * cols int8; u4: rows * cols / 2
+  std::vector<float> scales;  // rows * cols / group
+  std::vector<float> mins;    // rows * cols / 32 when has_min
+
+  size_t row_bytes() const { return layout == QuantLayout::i8 ? cols : cols / 2; }
+  size_t bytes() const;  // what one pass over the segment streams
+};
+
+struct QuantMatrix {
+  size_t rows = 0, cols = 0;
+  std::vector<QuantSegment> segments;
+  size_t bytes() const;
+};
+
+// Repacks `rows` GGUF rows of `cols` elements (cols a multiple of the block)
+// into a segment. Output row i is GGUF row row_order[i] (nullptr: identity).
+QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size_t cols,
+                         const int32_t* row_order = nullptr);
+
+// Quantizes fp32 rows (cols % 32 == 0) into GGUF blocks of q8_0 or q4_0, with
+// ggml's reference rounding, then repacks them (--weights q8_0|q4_0).
+QuantSegment quantize_rows(BlockFormat f, const float* x, size_t rows, size_t cols);
+
+// Appends a segment's rows below the matrix's (same cols).
+void append_segment(QuantMatrix& m, QuantSegment s);
+
+// Row r as fp32, bit-identical to the GGUF's dequantization (embedding lookup).
+void dequant_row(const QuantMatrix& m, size_t r, float* out);
+
+// y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n, int8 activations.
+void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
+                  ThreadPool& pool);
+
+// Activations quantized per block of 32: the kernels' input.
+struct QuantizedActs {
+  size_t n = 0, cols = 0;
+  std::vector<int8_t> q;           // [n][cols]
+  std::vector<float> scale;        // [n][cols / 32]
+  std::vector<float> sum;          // [n][cols / 32] fp32 sum of the block (for mins)
+  std::vector<int32_t> qsum;       // [n][cols / 32] sum of q (for zero points)
+  std::vector<float> scaled_qsum;  // [n][cols / 32] scale * qsum
+};
+void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& out);
+
+// Output rows [r0, r1) of one segment for all n tokens: y[t * ldy + r].
+using QuantRowsFn = void (*)(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy,
+                             size_t r0, size_t r1);
+
+namespace ref {
+// Scalar integer reference (the same integer sums as the SIMD paths).
+void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
+                size_t r1);
+}  // namespace ref
+
+namespace avx2 {
+void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
+                size_t r1);
+}  // namespace avx2
+
+// The AVX2 kernels with AVX-VNNI dot products; only where has_avxvnni().
+namespace avxvnni {
+void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
+                size_t r1);
+}  // namespace avxvnni
+bool has_avxvnni();
+
+}  // namespace edgellm::kernels

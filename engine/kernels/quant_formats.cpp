@@ -1,0 +1,270 @@
+// GGUF block formats -> the internal i8 / u4 layouts (kernels/quant.h), the
+// exact dequantization of a row, and ggml's reference quantizers for q8_0 and
+// q4_0 (quantizing a bf16 checkpoint at setup). Block layouts follow ggml's
+// block_q4_0 ... block_q6_K (ggml-common.h); the arithmetic follows gguf-py's
+// quants.py, whose results the tests hold us to bit for bit.
+//
+// Compiled without ISA flags, so no FMA contraction: d * q + m rounds twice,
+// as numpy does.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "edgellm/bf16.h"
+#include "edgellm/error.h"
+#include "kernels/quant.h"
+
+namespace edgellm::kernels {
+
+namespace {
+
+uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+float load_f16(const uint8_t* p) {
+  return f16_to_float(load_u16(p));
+}
+
+// float -> IEEE half, round to nearest even (ggml's GGML_FP32_TO_FP16).
+uint16_t float_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs < 0x38800000u) {  // subnormal half (or zero): round abs * 2^24 to an integer
+    float a;
+    std::memcpy(&a, &abs, 4);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));
+  }
+  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);  // RNE on the 13 dropped bits
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+// Q4_K's 12 bytes of packed 6-bit scales and mins (gguf-py Q4_K.get_scale_min).
+void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
+    m = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+  }
+}
+
+// One GGUF row -> the segment's row `r`.
+void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s, size_t r) {
+  uint8_t* qs = s.qs.data() + r * s.row_bytes();
+  float* scales = s.scales.data() + r * (cols / s.group);
+  float* mins = s.has_min ? s.mins.data() + r * (cols / 32) : nullptr;
+  const size_t nb = cols / block_elems(f), bb = block_bytes(f);
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = src + b * bb;
+    switch (f) {
+      case BlockFormat::q8_0:
+        scales[b] = load_f16(blk);
+        std::memcpy(qs + b * 32, blk + 2, 32);
+        break;
+      case BlockFormat::q5_0: {
+        scales[b] = load_f16(blk);
+        uint32_t qh;
+        std::memcpy(&qh, blk + 2, 4);
+        for (int j = 0; j < 32; ++j) {
+          const int lo = (blk[6 + j % 16] >> (4 * (j / 16))) & 0xf;
+          qs[b * 32 + j] =
+              static_cast<uint8_t>(static_cast<int8_t>((lo | ((qh >> j) & 1) << 4) - 16));
+        }
+        break;
+      }
+      case BlockFormat::q6_k: {
+        const uint8_t *ql = blk, *qh = blk + 128;
+        const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+        const float d = load_f16(blk + 208);
+        for (int g = 0; g < 16; ++g) scales[b * 16 + g] = d * static_cast<float>(sc[g]);
+        for (int p = 0; p < 256; ++p) {
+          const int h = p / 128, rr = p % 128;
+          const int lo = (ql[64 * h + rr % 64] >> (4 * (rr / 64))) & 0xf;
+          const int hi = (qh[32 * h + rr % 32] >> (2 * (rr / 32))) & 3;
+          qs[b * 256 + p] = static_cast<uint8_t>(static_cast<int8_t>((lo | hi << 4) - 32));
+        }
+        break;
+      }
+      case BlockFormat::q4_0:
+        scales[b] = load_f16(blk);
+        std::memcpy(qs + b * 16, blk + 2, 16);
+        break;
+      case BlockFormat::q4_1:
+        scales[b] = load_f16(blk);
+        mins[b] = load_f16(blk + 2);
+        std::memcpy(qs + b * 16, blk + 4, 16);
+        break;
+      case BlockFormat::q4_k: {
+        const float d = load_f16(blk), dmin = load_f16(blk + 2);
+        const uint8_t* q = blk + 16;
+        for (int j = 0; j < 8; ++j) {
+          int sc, m;
+          q4k_scale_min(blk + 4, j, sc, m);
+          scales[b * 8 + j] = d * static_cast<float>(sc);
+          mins[b * 8 + j] = -(dmin * static_cast<float>(m));
+          // Sub-block j = 2i + half: elements are nibble `half` of q[32 i + l].
+          const int i = j / 2, shift = 4 * (j % 2);
+          uint8_t* out = qs + (b * 8 + j) * 16;
+          for (int l = 0; l < 16; ++l)
+            out[l] = static_cast<uint8_t>(((q[32 * i + l] >> shift) & 0xf) |
+                                          (((q[32 * i + l + 16] >> shift) & 0xf) << 4));
+        }
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::string_view block_format_name(BlockFormat f) {
+  switch (f) {
+    case BlockFormat::q4_0:
+      return "Q4_0";
+    case BlockFormat::q4_1:
+      return "Q4_1";
+    case BlockFormat::q5_0:
+      return "Q5_0";
+    case BlockFormat::q8_0:
+      return "Q8_0";
+    case BlockFormat::q4_k:
+      return "Q4_K";
+    case BlockFormat::q6_k:
+      return "Q6_K";
+  }
+  return "?";
+}
+
+size_t block_elems(BlockFormat f) {
+  return f == BlockFormat::q4_k || f == BlockFormat::q6_k ? 256 : 32;
+}
+
+size_t block_bytes(BlockFormat f) {
+  switch (f) {
+    case BlockFormat::q4_0:
+      return 18;
+    case BlockFormat::q4_1:
+      return 20;
+    case BlockFormat::q5_0:
+      return 22;
+    case BlockFormat::q8_0:
+      return 34;
+    case BlockFormat::q4_k:
+      return 144;
+    case BlockFormat::q6_k:
+      return 210;
+  }
+  return 0;
+}
+
+size_t QuantSegment::bytes() const {
+  return qs.size() + (scales.size() + mins.size()) * sizeof(float);
+}
+
+size_t QuantMatrix::bytes() const {
+  size_t b = 0;
+  for (const auto& s : segments) b += s.bytes();
+  return b;
+}
+
+QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size_t cols,
+                         const int32_t* row_order) {
+  QuantSegment s;
+  s.rows = rows;
+  s.cols = cols;
+  const bool u4 = f == BlockFormat::q4_0 || f == BlockFormat::q4_1 || f == BlockFormat::q4_k;
+  s.layout = u4 ? QuantLayout::u4 : QuantLayout::i8;
+  s.group = f == BlockFormat::q6_k ? 16 : 32;
+  s.zero = f == BlockFormat::q4_0 ? 8 : 0;
+  s.has_min = f == BlockFormat::q4_1 || f == BlockFormat::q4_k;
+  s.qs.resize(rows * s.row_bytes());
+  s.scales.resize(rows * (cols / s.group));
+  if (s.has_min) s.mins.resize(rows * (cols / 32));
+  const size_t src_row = cols / block_elems(f) * block_bytes(f);
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t from = row_order ? static_cast<size_t>(row_order[r]) : r;
+    repack_row(f, blocks + from * src_row, cols, s, r);
+  }
+  return s;
+}
+
+QuantSegment quantize_rows(BlockFormat f, const float* x, size_t rows, size_t cols) {
+  check(f == BlockFormat::q8_0 || f == BlockFormat::q4_0,
+        "quantizing at setup supports q8_0 and q4_0, not " + std::string(block_format_name(f)));
+  check(cols % 32 == 0,
+        "quantizing at setup needs rows of a multiple of 32 elements, got " + std::to_string(cols));
+  const size_t nb = cols / 32, bb = block_bytes(f);
+  std::vector<uint8_t> blocks(rows * nb * bb);
+  for (size_t i = 0; i < rows * nb; ++i) {
+    const float* v = x + i * 32;
+    uint8_t* blk = blocks.data() + i * bb;
+    if (f == BlockFormat::q8_0) {  // ggml quantize_row_q8_0_ref
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      const uint16_t h = float_to_f16(d);
+      std::memcpy(blk, &h, 2);
+      for (int j = 0; j < 32; ++j)
+        blk[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::round(v[j] * id)));
+    } else {  // ggml quantize_row_q4_0_ref
+      float amax = 0.0f, max = 0.0f;
+      for (int j = 0; j < 32; ++j)
+        if (std::fabs(v[j]) > amax) {
+          amax = std::fabs(v[j]);
+          max = v[j];
+        }
+      const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      const uint16_t h = float_to_f16(d);
+      std::memcpy(blk, &h, 2);
+      for (int j = 0; j < 16; ++j) {
+        const int q0 = std::min(15, static_cast<int>(v[j] * id + 8.5f));
+        const int q1 = std::min(15, static_cast<int>(v[j + 16] * id + 8.5f));
+        blk[2 + j] = static_cast<uint8_t>(q0 | q1 << 4);
+      }
+    }
+  }
+  return repack_gguf(f, blocks.data(), rows, cols);
+}
+
+void append_segment(QuantMatrix& m, QuantSegment s) {
+  if (m.segments.empty()) m.cols = s.cols;
+  check(s.cols == m.cols, "quantized matrix parts differ in row length (" + std::to_string(s.cols) +
+                              " vs " + std::to_string(m.cols) + ")");
+  m.rows += s.rows;
+  m.segments.push_back(std::move(s));
+}
+
+void dequant_row(const QuantMatrix& m, size_t r, float* out) {
+  for (const QuantSegment& s : m.segments) {
+    if (r >= s.rows) {
+      r -= s.rows;
+      continue;
+    }
+    const uint8_t* qs = s.qs.data() + r * s.row_bytes();
+    const float* scales = s.scales.data() + r * (s.cols / s.group);
+    if (s.layout == QuantLayout::i8) {
+      for (size_t c = 0; c < s.cols; ++c)
+        out[c] = static_cast<float>(static_cast<int8_t>(qs[c])) * scales[c / s.group];
+      return;
+    }
+    const float* mins = s.has_min ? s.mins.data() + r * (s.cols / 32) : nullptr;
+    for (size_t c = 0; c < s.cols; ++c) {
+      const size_t b = c / 32, j = c % 32;
+      const uint8_t byte = qs[b * 16 + j % 16];
+      const int q = (j < 16 ? byte & 0xf : byte >> 4) - s.zero;
+      const float v = scales[b] * static_cast<float>(q);
+      out[c] = mins ? v + mins[b] : v;
+    }
+    return;
+  }
+}
+
+}  // namespace edgellm::kernels

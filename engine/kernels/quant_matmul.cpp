@@ -1,0 +1,126 @@
+// Quantized matmul: activation quantization, the scalar integer reference and
+// the dispatch to the ISA's row kernel (kernels/quant.h).
+//
+// Per output y[t][r] and block b of 32 columns, with integer dot products
+//   i8:  scale_g * sx_b * sum(q * xq)                  (per 16-group for Q6_K)
+//   u4:  scale_b * sx_b * (sum(q * xq) - zero * sum(xq)) + min_b * sum(x_b)
+// The SIMD paths compute the same integer sums; only the fp32 accumulation
+// order differs.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+namespace edgellm::kernels {
+
+void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
+  const size_t nb = cols / 32;
+  a.n = n;
+  a.cols = cols;
+  a.q.resize(n * cols);
+  a.scale.resize(n * nb);
+  a.sum.resize(n * nb);
+  a.qsum.resize(n * nb);
+  a.scaled_qsum.resize(n * nb);
+  for (size_t i = 0; i < n * nb; ++i) {
+    const float* v = x + i * 32;
+    int8_t* q = a.q.data() + i * 32;
+    float amax = 0.0f, sum = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      amax = std::max(amax, std::fabs(v[j]));
+      sum += v[j];
+    }
+    // +-127, never -128: the AVX2 path negates xq (sign trick).
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t qsum = 0;
+    for (int j = 0; j < 32; ++j) {
+      q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
+      qsum += q[j];
+    }
+    a.scale[i] = d;
+    a.sum[i] = sum;
+    a.qsum[i] = qsum;
+    a.scaled_qsum[i] = d * static_cast<float>(qsum);
+  }
+}
+
+namespace ref {
+
+void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
+                size_t r1) {
+  const size_t nb = s.cols / 32;
+  for (size_t r = r0; r < r1; ++r) {
+    const uint8_t* wq = s.qs.data() + r * s.row_bytes();
+    const float* scales = s.scales.data() + r * (s.cols / s.group);
+    const float* mins = s.has_min ? s.mins.data() + r * nb : nullptr;
+    for (size_t t = 0; t < a.n; ++t) {
+      const int8_t* xq = a.q.data() + t * s.cols;
+      float acc = 0.0f;
+      for (size_t b = 0; b < nb; ++b) {
+        const size_t ab = t * nb + b;
+        const float sx = a.scale[ab];
+        if (s.layout == QuantLayout::i8) {
+          int32_t lo = 0, hi = 0;  // the two halves: Q6_K scales per 16
+          for (int j = 0; j < 16; ++j) {
+            lo += static_cast<int8_t>(wq[b * 32 + j]) * xq[b * 32 + j];
+            hi += static_cast<int8_t>(wq[b * 32 + 16 + j]) * xq[b * 32 + 16 + j];
+          }
+          if (s.group == 16)
+            acc += sx * (scales[2 * b] * static_cast<float>(lo) +
+                         scales[2 * b + 1] * static_cast<float>(hi));
+          else
+            acc += scales[b] * sx * static_cast<float>(lo + hi);
+        } else {
+          int32_t dot = 0;
+          for (int j = 0; j < 16; ++j) {
+            const uint8_t byte = wq[b * 16 + j];
+            dot += (byte & 0xf) * xq[b * 32 + j] + (byte >> 4) * xq[b * 32 + 16 + j];
+          }
+          dot -= s.zero * a.qsum[ab];
+          acc += scales[b] * sx * static_cast<float>(dot);
+          if (mins) acc += mins[b] * a.sum[ab];
+        }
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
+}  // namespace ref
+
+bool has_avxvnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return detect_isa() == Isa::avx2 && __builtin_cpu_supports("avxvnni");
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
+                  ThreadPool& pool) {
+  if (n == 0 || w.rows == 0) return;
+  thread_local QuantizedActs scratch;
+  const QuantizedActs& acts = scratch;  // the workers must read the caller's, not their own
+  quantize_acts(x, n, w.cols, scratch);
+  const QuantRowsFn rows_fn = active_isa() != Isa::avx2 ? ref::quant_rows
+                              : has_avxvnni()           ? avxvnni::quant_rows
+                                                        : avx2::quant_rows;
+  pool.parallel_chunks(w.rows, [&](size_t r0, size_t r1) {
+    size_t base = 0;  // first row of the segment
+    for (const QuantSegment& s : w.segments) {
+      const size_t lo = std::max(r0, base), hi = std::min(r1, base + s.rows);
+      if (lo < hi) rows_fn(s, acts, y + base, w.rows, lo - base, hi - base);
+      base += s.rows;
+    }
+  });
+  if (bias)
+    for (size_t t = 0; t < n; ++t)
+      for (size_t r = 0; r < w.rows; ++r) y[t * w.rows + r] += bias[r];
+}
+
+}  // namespace edgellm::kernels

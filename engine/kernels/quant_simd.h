@@ -1,0 +1,173 @@
+// Quantized matmul rows for AVX2 (kernels/quant.h), integer dot products on
+// u8 x s8 pairs. Included by quant_avx2.cpp (maddubs -> s16 pairs, madd ->
+// s32: any AVX2 CPU) and quant_avxvnni.cpp (one vpdpbusd instead), each
+// compiled for its ISA; QUANT_NS names the namespace, QUANT_VNNI picks the dot.
+//
+// A tile is R rows x T tokens: decode (one token) runs 4 rows at a time so
+// four independent accumulator chains hide the FMA latency and each block of
+// x is loaded once for four rows; prefill runs 1 row x 4 tokens so a block of
+// weights is unpacked once for four tokens. i8 weights use the sign trick
+// (|w| as u8, sign(x, w) as s8); activations are in [-127, 127], so neither the
+// negation nor the s16 pair sums (<= 2 * 128 * 127) overflow.
+#include <immintrin.h>
+
+#include "kernels/quant.h"
+
+namespace edgellm::kernels::QUANT_NS {
+
+namespace {
+
+inline __m256i load_u4(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+// Sums of 4 adjacent u8 x s8 products as 8 fp32 lanes (lane k: elements 4k..4k+3).
+inline __m256 dot_lanes(__m256i u, __m256i s) {
+#if QUANT_VNNI
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s));
+#else
+  const __m256i p16 = _mm256_maddubs_epi16(u, s);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+#endif
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float dot(const float* a, const float* b, size_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float sum = hsum(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// Accumulators of an R-row x T-token tile: 8 fp32 lanes each, plus scalar
+// terms (zero points, mins) added once at the end.
+template <int R, int T>
+struct Tile {
+  __m256 acc[R][T];
+  float extra[R][T] = {};
+  Tile() {
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < T; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+  void store(float* y, size_t ldy, size_t r, size_t t0) const {
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < T; ++j) y[(t0 + j) * ldy + r + i] = hsum(acc[i][j]) + extra[i][j];
+  }
+};
+
+// Block b of the quantized activations of tokens t0 .. t0 + T - 1.
+template <int T>
+inline void load_acts(const QuantizedActs& a, size_t t0, size_t b, __m256i* xq) {
+#pragma GCC unroll 4
+  for (int j = 0; j < T; ++j)
+    xq[j] = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(a.q.data() + (t0 + j) * a.cols + b * 32));
+}
+
+template <int R, int T>
+void tile_u4(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r,
+             size_t t0) {
+  const size_t nb = s.cols / 32;
+  Tile<R, T> tile;
+  for (size_t b = 0; b < nb; ++b) {
+    __m256i xq[T];
+    load_acts<T>(a, t0, b, xq);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const size_t row = r + i;
+      const __m256i w = load_u4(s.qs.data() + row * s.row_bytes() + b * 16);
+      const float ws = s.scales[row * nb + b];
+#pragma GCC unroll 4
+      for (int j = 0; j < T; ++j) {
+        const float ds = ws * a.scale[(t0 + j) * nb + b];
+        tile.acc[i][j] = _mm256_fmadd_ps(dot_lanes(w, xq[j]), _mm256_set1_ps(ds), tile.acc[i][j]);
+      }
+    }
+  }
+  // Zero points and mins, once per row and token rather than per block:
+  // -zero * sum_b scale_b * (sx_b * qsum_b) + sum_b min_b * sum(x_b).
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < T; ++j) {
+      const size_t row = r + i, t = t0 + j;
+      if (s.zero)
+        tile.extra[i][j] -= static_cast<float>(s.zero) *
+                            dot(s.scales.data() + row * nb, a.scaled_qsum.data() + t * nb, nb);
+      if (s.has_min) tile.extra[i][j] += dot(s.mins.data() + row * nb, a.sum.data() + t * nb, nb);
+    }
+  tile.store(y, ldy, r, t0);
+}
+
+template <int R, int T>
+void tile_i8(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r,
+             size_t t0) {
+  const size_t nb = s.cols / 32, ng = s.cols / s.group;
+  const bool g16 = s.group == 16;
+  Tile<R, T> tile;
+  for (size_t b = 0; b < nb; ++b) {
+    __m256i xq[T];
+    load_acts<T>(a, t0, b, xq);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const size_t row = r + i;
+      const __m256i w =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.qs.data() + row * s.cols + b * 32));
+      const __m256i aw = _mm256_abs_epi8(w);
+      const float* sc = s.scales.data() + row * ng;
+      // Lanes 0..3 hold elements 0..15, lanes 4..7 elements 16..31.
+      const __m256 ws = g16 ? _mm256_set_m128(_mm_set1_ps(sc[2 * b + 1]), _mm_set1_ps(sc[2 * b]))
+                            : _mm256_set1_ps(sc[b]);
+#pragma GCC unroll 4
+      for (int j = 0; j < T; ++j) {
+        const __m256 ds = _mm256_mul_ps(ws, _mm256_set1_ps(a.scale[(t0 + j) * nb + b]));
+        tile.acc[i][j] =
+            _mm256_fmadd_ps(dot_lanes(aw, _mm256_sign_epi8(xq[j], w)), ds, tile.acc[i][j]);
+      }
+    }
+  }
+  tile.store(y, ldy, r, t0);
+}
+
+template <int R, int T>
+void run_tile(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r,
+              size_t t0) {
+  if (s.layout == QuantLayout::u4)
+    tile_u4<R, T>(s, a, y, ldy, r, t0);
+  else
+    tile_i8<R, T>(s, a, y, ldy, r, t0);
+}
+
+}  // namespace
+
+void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
+                size_t r1) {
+  if (a.n == 1) {
+    size_t r = r0;
+    for (; r + 4 <= r1; r += 4) run_tile<4, 1>(s, a, y, ldy, r, 0);
+    for (; r < r1; ++r) run_tile<1, 1>(s, a, y, ldy, r, 0);
+    return;
+  }
+  for (size_t r = r0; r < r1; ++r) {
+    size_t t = 0;
+    for (; t + 4 <= a.n; t += 4) run_tile<1, 4>(s, a, y, ldy, r, t);
+    for (; t < a.n; ++t) run_tile<1, 1>(s, a, y, ldy, r, t);
+  }
+}
+
+}  // namespace edgellm::kernels::QUANT_NS

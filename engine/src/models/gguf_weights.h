@@ -1,0 +1,35 @@
+// A GGUF deployment: the quantized matrices of a .gguf file, run exactly, with
+// everything else (config, tokenizer, chat template, norms) from the converted
+// checkpoint beside it. scripts/fetch_model.py writes both from the same file:
+// <checkpoint>/model.gguf and <checkpoint>/gguf_map.json, which maps each HF
+// matrix name to its GGUF tensor and row order. The row order (llama.cpp's Q/K
+// permutation, undone) is computed by the converter's own function, so the
+// conversion rules live in one place.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+
+#include "edgellm/config.h"
+#include "io/gguf.h"
+#include "models/weights.h"
+
+namespace edgellm {
+
+struct GgufWeights {
+  GgufFile file;
+  QuantSource source;  // points into `file`: keep it alive while loading
+};
+
+// Opens the GGUF and its map, checks the map against the file and the GGUF's
+// metadata against config.json. Matrices stored as F32/F16/BF16 are left to
+// the checkpoint's bf16 copy; any other type without a kernel is an Error
+// naming the tensor and the type.
+std::unique_ptr<GgufWeights> open_gguf_weights(const std::filesystem::path& gguf_path,
+                                               const ModelConfig& config);
+
+// A quantized tensor's values as the kernels use them (GGUF row order, fp32):
+// the repacked layout dequantized, for the tests that hold it to gguf-py.
+std::vector<float> dequantize_gguf_tensor(const GgufTensor& t);
+
+}  // namespace edgellm

@@ -1,0 +1,263 @@
+// Quantized kernels: every ISA path against the scalar integer reference, and
+// the integer path against fp32 math on the exactly dequantized weights, over
+// every block format and odd shapes (rows not a multiple of the 4-row tile,
+// token counts not a multiple of the 4-token tile).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "edgellm/bf16.h"
+#include "edgellm/thread_pool.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+namespace edgellm::kernels {
+namespace {
+
+constexpr BlockFormat kFormats[] = {BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q5_0,
+                                    BlockFormat::q8_0, BlockFormat::q4_k, BlockFormat::q6_k};
+
+// A random f16 in +-[2^-9, 2^0): a sane block scale.
+void put_f16(uint8_t* p, std::mt19937& rng, bool allow_negative) {
+  const uint16_t exp = 6 + rng() % 9, mant = rng() % 1024;
+  const uint16_t sign = allow_negative && (rng() & 1) ? 0x8000 : 0;
+  const uint16_t h = sign | static_cast<uint16_t>(exp << 10) | mant;
+  p[0] = static_cast<uint8_t>(h & 0xff);
+  p[1] = static_cast<uint8_t>(h >> 8);
+}
+
+// Random GGUF blocks with valid scales, for `rows` rows of `cols` elements.
+std::vector<uint8_t> random_blocks(BlockFormat f, size_t rows, size_t cols, std::mt19937& rng) {
+  const size_t n = rows * cols / block_elems(f), bb = block_bytes(f);
+  std::vector<uint8_t> b(n * bb);
+  for (auto& v : b) v = static_cast<uint8_t>(rng());
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* blk = b.data() + i * bb;
+    switch (f) {
+      case BlockFormat::q4_1:
+        put_f16(blk + 2, rng, true);  // the min
+        [[fallthrough]];
+      case BlockFormat::q4_0:
+      case BlockFormat::q5_0:
+      case BlockFormat::q8_0:
+        put_f16(blk, rng, true);
+        break;
+      case BlockFormat::q4_k:
+        put_f16(blk, rng, false);
+        put_f16(blk + 2, rng, false);
+        break;
+      case BlockFormat::q6_k:
+        put_f16(blk + 208, rng, true);
+        break;
+    }
+  }
+  return b;
+}
+
+QuantMatrix random_matrix(BlockFormat f, size_t rows, size_t cols, std::mt19937& rng) {
+  QuantMatrix m;
+  const auto blocks = random_blocks(f, rows, cols, rng);
+  append_segment(m, repack_gguf(f, blocks.data(), rows, cols));
+  return m;
+}
+
+std::vector<float> random_x(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = d(rng);
+  return x;
+}
+
+std::vector<Isa> test_isas() {
+  std::vector<Isa> isas{Isa::scalar};
+  if (detect_isa() == Isa::avx2) isas.push_back(Isa::avx2);
+  return isas;
+}
+
+struct IsaScope {
+  explicit IsaScope(Isa isa) : saved(active_isa()) { set_isa(isa); }
+  ~IsaScope() { set_isa(saved); }
+  Isa saved;
+};
+
+TEST(QuantTest, EveryIsaMatchesTheIntegerReference) {
+  std::mt19937 rng(1);
+  ThreadPool pool(2);
+  for (BlockFormat f : kFormats) {
+    const size_t unit = block_elems(f);
+    for (size_t rows : {1, 3, 5, 17}) {
+      for (size_t cols : {unit, 3 * unit}) {
+        const QuantMatrix w = random_matrix(f, rows, cols, rng);
+        for (size_t n : {1, 2, 5}) {
+          SCOPED_TRACE(std::string(block_format_name(f)) + " rows " + std::to_string(rows) +
+                       " cols " + std::to_string(cols) + " n " + std::to_string(n));
+          const auto x = random_x(n * cols, rng);
+          QuantizedActs acts;
+          quantize_acts(x.data(), n, cols, acts);
+          std::vector<float> want(n * rows);
+          ref::quant_rows(w.segments[0], acts, want.data(), rows, 0, rows);
+          // Scale of the terms: the tolerance for a different summation order.
+          std::vector<float> row(cols);
+          double mag = 0.0;
+          for (size_t r = 0; r < rows; ++r) {
+            dequant_row(w, r, row.data());
+            for (size_t c = 0; c < cols; ++c) mag = std::max(mag, std::fabs(double(row[c])));
+          }
+          // Each SIMD row kernel directly (the dispatch picks only one of them).
+          std::vector<std::pair<const char*, QuantRowsFn>> kernels;
+          if (detect_isa() == Isa::avx2) kernels.push_back({"avx2", avx2::quant_rows});
+          if (has_avxvnni()) kernels.push_back({"avxvnni", avxvnni::quant_rows});
+          for (const auto& [name, fn] : kernels) {
+            std::vector<float> got(n * rows, NAN);
+            fn(w.segments[0], acts, got.data(), rows, 0, rows);
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_NEAR(got[i], want[i], 1e-5 * mag * 4.0 * cols + 1e-6) << name << " at " << i;
+          }
+          for (Isa isa : test_isas()) {
+            IsaScope scope(isa);
+            std::vector<float> got(n * rows, NAN);
+            quant_matmul(w, x.data(), n, got.data(), nullptr, pool);
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_NEAR(got[i], want[i], 1e-5 * mag * 4.0 * cols + 1e-6)
+                  << isa_name(isa) << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// |sum w (x - x_hat)| <= sum |w| * scale_b / 2: activation rounding is the only error.
+TEST(QuantTest, IntegerPathIsWithinActivationRoundingOfFp32) {
+  std::mt19937 rng(2);
+  ThreadPool pool(1);
+  for (BlockFormat f : kFormats) {
+    const size_t rows = 7, cols = 2 * block_elems(f), n = 3;
+    const QuantMatrix w = random_matrix(f, rows, cols, rng);
+    const auto x = random_x(n * cols, rng);
+    std::vector<float> y(n * rows);
+    quant_matmul(w, x.data(), n, y.data(), nullptr, pool);
+    std::vector<float> row(cols);
+    for (size_t r = 0; r < rows; ++r) {
+      dequant_row(w, r, row.data());
+      for (size_t t = 0; t < n; ++t) {
+        double exact = 0.0, bound = 1e-4;
+        for (size_t b = 0; b < cols / 32; ++b) {
+          float amax = 0.0f;
+          for (size_t j = 0; j < 32; ++j)
+            amax = std::max(amax, std::fabs(x[t * cols + b * 32 + j]));
+          for (size_t j = 0; j < 32; ++j) {
+            const size_t c = b * 32 + j;
+            exact += double(row[c]) * x[t * cols + c];
+            bound += std::fabs(row[c]) * (amax / 127.0) * 0.5 * 1.01;
+          }
+        }
+        EXPECT_NEAR(y[t * rows + r], exact, bound) << block_format_name(f) << " row " << r;
+      }
+    }
+  }
+}
+
+TEST(QuantTest, MixedSegmentsAndBiasThroughMatmul) {
+  std::mt19937 rng(3);
+  ThreadPool pool(2);
+  const size_t cols = 256;
+  auto q = std::make_shared<QuantMatrix>();
+  for (BlockFormat f : {BlockFormat::q5_0, BlockFormat::q4_k, BlockFormat::q8_0}) {
+    const auto blocks = random_blocks(f, 3, cols, rng);
+    append_segment(*q, repack_gguf(f, blocks.data(), 3, cols));
+  }
+  ASSERT_EQ(q->rows, 9u);
+  std::vector<float> bias(9);
+  for (size_t i = 0; i < 9; ++i) bias[i] = 0.5f * float(i);
+  PackedMatrix m;
+  m.rows = 9;
+  m.cols = cols;
+  m.bias = bias.data();
+  m.quant = q;
+  const auto x = random_x(2 * cols, rng);
+  std::vector<float> y(18), y_nobias(18);
+  matmul(m, x.data(), 2, y.data(), pool);
+  quant_matmul(*q, x.data(), 2, y_nobias.data(), nullptr, pool);
+  for (size_t i = 0; i < 18; ++i) EXPECT_FLOAT_EQ(y[i], y_nobias[i] + bias[i % 9]);
+  // unpack_row reads the right segment: row 4 is the Q4_K segment's row 1.
+  std::vector<float> a(cols), b(cols);
+  unpack_row(m, 4, a.data());
+  QuantMatrix only;
+  only.rows = 3;
+  only.cols = cols;
+  only.segments = {q->segments[1]};
+  dequant_row(only, 1, b.data());
+  EXPECT_EQ(a, b);
+}
+
+TEST(QuantTest, RowOrderPermutesRows) {
+  std::mt19937 rng(4);
+  const auto blocks = random_blocks(BlockFormat::q4_1, 4, 64, rng);
+  const int32_t order[] = {2, 0, 3, 1};
+  QuantMatrix plain, permuted;
+  append_segment(plain, repack_gguf(BlockFormat::q4_1, blocks.data(), 4, 64));
+  append_segment(permuted, repack_gguf(BlockFormat::q4_1, blocks.data(), 4, 64, order));
+  std::vector<float> a(64), b(64);
+  for (size_t r = 0; r < 4; ++r) {
+    dequant_row(permuted, r, a.data());
+    dequant_row(plain, static_cast<size_t>(order[r]), b.data());
+    EXPECT_EQ(a, b);
+  }
+}
+
+// Known blocks decoded by hand from ggml's definitions.
+TEST(QuantTest, DecodesHandBuiltBlocks) {
+  // Q4_1: d = 0.5, m = -1, byte j = (j & 15) | (15 - (j & 15)) << 4.
+  std::vector<uint8_t> q41(20);
+  q41[1] = 0x38;  // f16 0.5
+  q41[3] = 0xbc;  // f16 -1.0
+  for (int j = 0; j < 16; ++j) q41[4 + j] = static_cast<uint8_t>(j | (15 - j) << 4);
+  QuantMatrix m;
+  append_segment(m, repack_gguf(BlockFormat::q4_1, q41.data(), 1, 32));
+  std::vector<float> out(32);
+  dequant_row(m, 0, out.data());
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(out[j], 0.5f * j - 1.0f);
+    EXPECT_EQ(out[j + 16], 0.5f * (15 - j) - 1.0f);
+  }
+  // Q5_0: d = 1, qh bit j set for odd j, low nibbles 0: q = 16 * (j odd) - 16.
+  std::vector<uint8_t> q50(22, 0);
+  q50[1] = 0x3c;
+  q50[2] = q50[3] = q50[4] = q50[5] = 0xaa;
+  QuantMatrix m5;
+  append_segment(m5, repack_gguf(BlockFormat::q5_0, q50.data(), 1, 32));
+  dequant_row(m5, 0, out.data());
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(out[j], j % 2 ? 0.0f : -16.0f) << j;
+}
+
+TEST(QuantTest, QuantizeRowsRoundTrips) {
+  std::mt19937 rng(5);
+  const size_t rows = 3, cols = 96;
+  const auto x = random_x(rows * cols, rng);
+  for (BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_0}) {
+    QuantMatrix m;
+    append_segment(m, quantize_rows(f, x.data(), rows, cols));
+    std::vector<float> row(cols);
+    for (size_t r = 0; r < rows; ++r) {
+      dequant_row(m, r, row.data());
+      for (size_t b = 0; b < cols / 32; ++b) {
+        float amax = 0.0f;
+        for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[r * cols + b * 32 + j]));
+        // q8_0 rounds to the nearest step; q4_0's grid is -8..7 steps of max/-8, so the
+        // end opposite the largest magnitude can be a whole step off (ggml's clamp).
+        const float tol = f == BlockFormat::q8_0 ? amax / 127.0f * 0.51f : amax / 8.0f * 1.01f;
+        for (size_t j = 0; j < 32; ++j) {
+          const size_t c = b * 32 + j;
+          EXPECT_NEAR(row[c], x[r * cols + c], tol + 1e-3f * amax)
+              << block_format_name(f) << " " << r << "," << c;
+        }
+      }
+    }
+  }
+  EXPECT_ANY_THROW(quantize_rows(BlockFormat::q8_0, x.data(), 1, 33));
+}
+
+}  // namespace
+}  // namespace edgellm::kernels

@@ -1,0 +1,168 @@
+"""GGUF deployments: exact block formats, the reader on real and damaged files, end to end.
+
+* The engine's repacked blocks, dequantized, are bit-identical to gguf-py's own
+  dequantization (gguf.quants.dequantize) on real tensors of both models (every format they
+  hold: Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) and on a file written by gguf-py's GGUFWriter (Q4_0,
+  Q4_1, Q5_0, Q8_0 quantized by gguf-py).
+* `--model <checkpoint>/model.gguf` runs; damaged GGUF files give one error line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import STORE, assert_one_line_error
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = REPO / "build" / "smollm2_135m_inference"
+MODELS = {
+    "smollm2-135m-instruct": STORE / "smollm2-135m-instruct" / "model.gguf",
+    "gemma3-270m": STORE / "gemma3-270m" / "model.gguf",
+}
+
+
+def gguf_path(name: str) -> Path:
+    path = MODELS[name]
+    if not path.is_file():
+        pytest.skip(f"no {path}: run `make fetch`")
+    return path
+
+
+def expect_bit_identical(binding: Any, path: Path, tensor: Any) -> None:
+    from gguf.quants import dequantize
+
+    want = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+    got = binding.gguf_dequantize(str(path), tensor.name)
+    assert got.shape == want.shape, (tensor.name, got.shape, want.shape)
+    diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert diff.size == 0, (
+        f"{tensor.name} ({tensor.tensor_type.name}): {diff.size} values differ, first at "
+        f"{diff[0]}: {got.flat[diff[0]]!r} vs {want.flat[diff[0]]!r}"
+    )
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_real_tensors_dequantize_bit_identically(model: str, engine_binding: Any) -> None:
+    from gguf import GGUFReader
+
+    path = gguf_path(model)
+    reader = GGUFReader(path)
+    by_type: dict[str, list[Any]] = {}
+    for t in reader.tensors:
+        if len(t.shape) == 2 and t.tensor_type.name not in ("F32", "F16", "BF16"):
+            by_type.setdefault(t.tensor_type.name, []).append(t)
+    assert by_type, "no quantized tensors found"
+    for tensors in by_type.values():  # per format: the first and the last layer's tensor
+        for t in {tensors[0].name: tensors[0], tensors[-1].name: tensors[-1]}.values():
+            expect_bit_identical(engine_binding, path, t)
+
+
+def test_gguf_writer_formats_dequantize_bit_identically(
+    tmp_path: Path, engine_binding: Any
+) -> None:
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "formats.gguf"
+    writer = GGUFWriter(path, "llama")
+    kinds = ["Q4_0", "Q4_1", "Q5_0", "Q8_0"]
+    for kind in kinds:
+        values = rng.standard_normal((5, 96)).astype(np.float32)
+        qtype = GGMLQuantizationType[kind]
+        writer.add_tensor(f"w_{kind}", quantize(values, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = GGUFReader(path)
+    assert sorted(t.tensor_type.name for t in reader.tensors) == sorted(kinds)
+    for t in reader.tensors:
+        expect_bit_identical(engine_binding, path, t)
+
+
+def test_unsupported_type_is_named(tmp_path: Path, engine_binding: Any) -> None:
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    path = tmp_path / "q2k.gguf"
+    writer = GGUFWriter(path, "llama")
+    raw = np.zeros((2, 84), dtype=np.uint8)  # two rows of one Q2_K block (256 values)
+    writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=GGMLQuantizationType.Q2_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(engine_binding.Error, match=r"'blk\.0\.attn_q\.weight' has type Q2_K"):
+        engine_binding.gguf_dequantize(str(path), "blk.0.attn_q.weight")
+
+
+# ---------------------------------------------------------------------------- the CLI
+
+needs_cli = pytest.mark.skipif(not BIN.exists(), reason="needs build/smollm2_135m_inference")
+
+
+def run_cli(model: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN), "--model", str(model), "--n-tokens", "8", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@needs_cli
+def test_cli_runs_the_gguf() -> None:
+    proc = run_cli(gguf_path("smollm2-135m-instruct"))
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout, proc.stdout
+
+
+@pytest.fixture
+def gguf_copy(tmp_path: Path) -> Path:
+    """The smollm2 checkpoint with a private copy of model.gguf that tests may damage."""
+    src = gguf_path("smollm2-135m-instruct").parent
+    dst = tmp_path / "ckpt"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and f.name != "model.gguf":
+            os.symlink(f, dst / f.name)
+    shutil.copy(src / "model.gguf", dst / "model.gguf")
+    return dst / "model.gguf"
+
+
+@needs_cli
+def test_cli_truncated_gguf(gguf_copy: Path) -> None:
+    size = gguf_copy.stat().st_size
+    with open(gguf_copy, "r+b") as f:
+        f.truncate(size - 1000)
+    assert_one_line_error(run_cli(gguf_copy), "model.gguf", "runs past the end")
+
+
+@needs_cli
+def test_cli_gguf_that_disagrees_with_config(gguf_copy: Path) -> None:
+    # Rename llama.block_count's key (same length) so the metadata check finds it missing.
+    data = bytearray(gguf_copy.read_bytes())
+    at = data.find(b"llama.block_count")
+    assert at > 0
+    data[at : at + 17] = b"llama.block_cXXXX"
+    gguf_copy.write_bytes(bytes(data))
+    assert_one_line_error(run_cli(gguf_copy), "llama.block_count", "missing")
+
+
+@needs_cli
+def test_cli_gguf_without_checkpoint(tmp_path: Path) -> None:
+    lone = tmp_path / "lone.gguf"
+    os.symlink(gguf_path("smollm2-135m-instruct"), lone)
+    assert_one_line_error(run_cli(lone), "no converted checkpoint beside it")
+
+
+@needs_cli
+def test_cli_weights_option_rejects_gguf() -> None:
+    proc = run_cli(gguf_path("smollm2-135m-instruct"), "--weights", "q8_0")
+    assert_one_line_error(proc, "--weights q8_0 applies to bf16 checkpoints")
