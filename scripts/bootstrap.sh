@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(g++ make cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libgtest-dev
-  libcli11-dev clang-format util-linux)
+  libcli11-dev clang-format util-linux libedit-dev tmux)
 PYTHON=${PYTHON:-python3}
 STAMP=.bootstrap-stamp
 want_stamp="$(cat requirements.txt scripts/bootstrap.sh | sha256sum | cut -c1-16)"
