@@ -35,7 +35,8 @@ struct ModelWeights {
   size_t decode_bytes = 0;  // weight bytes one decode step reads
 };
 
-// Looks up every tensor the config needs (table in weights.cpp), checks its
+// Looks up every tensor the config needs (HF names, spelled out in load_layer()
+// and load_weights() in weights.cpp, switched by the config), checks its
 // shape and dtype, and packs it. Errors name the tensor, expected and actual.
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, int threads = 1);
 
