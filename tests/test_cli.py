@@ -226,3 +226,28 @@ def test_make_says_when_it_waits_for_the_cpu_lock(echo_bin: Path) -> None:
     assert proc.returncode == 0, err
     assert "waiting for the CPU lock" in err
     assert json.loads(out)[0] == "--model"  # and then it ran
+
+
+def test_fetch_progress_only_on_a_terminal() -> None:
+    """fetch_model.py's long steps (dequantizing hundreds of tensors) count on a terminal."""
+    code = (
+        "import fetch_model as f\nfor i in range(1, 4): f.progress(i, 3, 'dequantizing tensor')\n"
+    )
+    argv = [sys.executable, "-c", code]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(sys.executable, argv, env)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    assert "\r[fetch_model] dequantizing tensor 3/3" in out.decode(), out
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+    assert piped.stdout == ""
