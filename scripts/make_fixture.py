@@ -34,15 +34,19 @@ LLAMA3_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
+# Tiny shapes where no two fields a bug could confuse share a value: head_dim (24) is not
+# hidden_size / num_attention_heads (16), kv heads differ from heads, Gemma's
+# query_pre_attn_scalar (24) is not its head_dim (32), and each RoPE base differs.
 TINY = {
     "hidden_size": 64,
     "intermediate_size": 96,
     "num_hidden_layers": 3,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
+    "head_dim": 24,
     "vocab_size": 49152,
     "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
 }
 
 CONFIGS: dict[str, tuple[str, dict]] = {
@@ -76,19 +80,38 @@ CONFIGS: dict[str, tuple[str, dict]] = {
         },
     ),
     "qwen2-tiny": ("Qwen2Config", {**TINY, "rope_theta": 1000000.0, "tie_word_embeddings": True}),
-    "qwen3-tiny": ("Qwen3Config", {**TINY, "rope_theta": 1000000.0, "tie_word_embeddings": True}),
+    "qwen3-tiny": (
+        "Qwen3Config",
+        {
+            **TINY,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": True,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.5},
+        },
+    ),
     "gemma3-tiny": (
         "Gemma3TextConfig",
         {
             **TINY,
             "head_dim": 32,
-            "query_pre_attn_scalar": 32,
+            "query_pre_attn_scalar": 24,
             "sliding_window": 8,
             "rope_theta": 1000000.0,
             "rope_local_base_freq": 10000.0,
             "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+            # Small caps, so tanh bends the random models' logits and scores.
+            "final_logit_softcapping": 4.0,
+            "attn_logit_softcapping": 3.0,
         },
     ),
+}
+
+# How a fixture is written, when not one bf16 model.safetensors: the other weight dtypes
+# the loader accepts (values are the bf16 ones, so every dtype holds the same model)
+# and a sharded checkpoint (model.safetensors.index.json).
+SAVE_OPTIONS: dict[str, dict[str, str]] = {
+    "llama-tiny": {"dtype": "float32", "max_shard_size": "4MB"},
+    "qwen2-tiny": {"dtype": "float16"},
 }
 
 
@@ -115,8 +138,13 @@ def write_fixture(name: str, out: Path, seed: int) -> Path:
             else:  # biases
                 p.normal_(0.0, 0.1)
     model = model.to(torch.bfloat16)
+    save = SAVE_OPTIONS.get(name, {})
+    if "dtype" in save:
+        model = model.to(getattr(torch, save["dtype"]))
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(
+        out, safe_serialization=True, max_shard_size=save.get("max_shard_size", "100GB")
+    )
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok_dir / f, out / f)
     (out / "edgellm.json").write_text(json.dumps({"fixture": name, "seed": seed}, indent=2) + "\n")

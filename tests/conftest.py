@@ -31,6 +31,12 @@ VERIFY_RUNNER = REPO / "llms" / "verify" / "verify_runner.py"
 PYTHON = sys.executable
 
 MUTANT_TABLE = pytest.StashKey[list[tuple[str, str, str]]]()
+_REPORT: dict[str, list[str]] = {}  # section -> lines printed after the run (measured numbers)
+
+
+def report_line(section: str, line: str) -> None:
+    """A measured figure to print in the terminal summary, e.g. an error beside its tolerance."""
+    _REPORT.setdefault(section, []).append(line)
 
 
 def verify_env() -> dict[str, str]:
@@ -53,6 +59,17 @@ def smollm2_checkpoint() -> Path:
     return SMOLLM2_DIR
 
 
+SMOLLM2_BIN = REPO / "build" / "smollm2_135m_inference"
+
+
+@pytest.fixture(scope="session")
+def smollm2_bin(smollm2_checkpoint: Path) -> Path:
+    """The smollm2 inference program, which `make test` builds: absent is a failure."""
+    if not SMOLLM2_BIN.is_file():
+        pytest.fail(f"{SMOLLM2_BIN} is missing: cmake --build build")
+    return SMOLLM2_BIN
+
+
 @pytest.fixture(scope="session")
 def engine_binding(smollm2_checkpoint: Path) -> Any:
     """edgellm_py, which `make test` builds: absent or broken is a failure, never a skip."""
@@ -73,6 +90,10 @@ def mutant_table(request: pytest.FixtureRequest) -> list[tuple[str, str, str]]:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    for section, lines in _REPORT.items():
+        terminalreporter.section(section)
+        for line in lines:
+            terminalreporter.write_line(line)
     rows = config.stash.get(MUTANT_TABLE, [])
     if not rows:
         return

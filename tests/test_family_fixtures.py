@@ -1,44 +1,46 @@
 """Each family switch of the forward pass against transformers, on tiny random fixtures.
 
-The engine (through the binding, i.e. the production prefill/decode_step) and
-HF transformers in fp32 read the same bf16 weights, so logits must agree to
-fp32 rounding at every position: prefill of a prompt, then KV-cached decode
-steps past the sliding window. This covers what no real checkpoint here
-exercises: Qwen2's QKV bias, Qwen3's QK-norm, llama3 RoPE scaling, untied heads.
+The engine (through the binding, i.e. the production prefill/decode_step) and HF
+transformers in fp32 read the same weights, so logits must agree to fp32 rounding at every
+position: a prefill of every prefix of the token list (every position through the batched
+prefill path), KV-cached decode steps past the sliding window, and a prefill continued at
+start_pos > 0. The fixtures (scripts/make_fixture.py) cover what no real checkpoint here
+exercises: Qwen2's QKV bias, Qwen3's QK-norm, llama3 and linear RoPE scaling, untied heads,
+Gemma's query_pre_attn_scalar and final-logit / attention softcaps, F32 and F16 weight files
+and a sharded checkpoint; no two config fields a bug could confuse share a value.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import transformers
+from conftest import report_line
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "build" / "python"))
-edgellm_py = pytest.importorskip("edgellm_py", reason="binding not built (make build)")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+sys.path.insert(0, str(REPO / "scripts"))
+from make_fixture import CONFIGS, SAVE_OPTIONS  # noqa: E402
 
 FIXTURES = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "gemma3-tiny"]
 TOKENS = [1, 504, 3101, 42, 77, 19000, 8, 260, 4431, 12, 999, 31, 5, 48000, 600, 2, 7, 300]
 PROMPT_LEN = 5
+SPLIT = 7  # the continued prefill: [0, SPLIT) first, then the rest at start_pos = SPLIT
+TOLERANCE = 2e-4  # of the largest |logit|: fp32 rounding, not bf16
 
 
 @pytest.fixture(scope="module", params=FIXTURES)
 def fixture_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp(request.param)
     subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "make_fixture.py"),
-            request.param,
-            "--out",
-            str(out),
-        ],
+        [sys.executable, str(REPO / "scripts" / "make_fixture.py"), request.param, "--out", out],
         check=True,
         capture_output=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -47,7 +49,10 @@ def fixture_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 def hf_logits(model_dir: Path) -> np.ndarray:
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # eager attention: the only HF path that applies attn_logit_softcapping.
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    )
     embed = model.model.embed_tokens
     if hasattr(embed, "embed_scale"):
         # HF casts Gemma's sqrt(hidden) to the weight dtype; the bf16 deployments see the
@@ -58,20 +63,60 @@ def hf_logits(model_dir: Path) -> np.ndarray:
     return out.logits[0].numpy()
 
 
-def test_prefill_and_decode_match_transformers(fixture_dir: Path) -> None:
-    ref = hf_logits(fixture_dir)
-    session = edgellm_py.Session()
-    session.setup(str(fixture_dir), threads=2, max_context=64)
-    ours = [session.prefill(TOKENS[:PROMPT_LEN])]
-    for pos in range(PROMPT_LEN, len(TOKENS)):
-        ours.append(session.decode_step(TOKENS[pos], pos))
-    scale = float(np.abs(ref).max())
-    for i, logits in enumerate(ours):
-        pos = PROMPT_LEN - 1 + i
+def test_fixture_is_what_it_claims(fixture_dir: Path) -> None:
+    """The switches under test are really in the files (a fixture edit cannot drop them)."""
+    cfg = json.loads((fixture_dir / "config.json").read_text())
+    assert cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]
+    if "query_pre_attn_scalar" in cfg:
+        assert cfg["query_pre_attn_scalar"] != cfg["head_dim"]
+        assert cfg["final_logit_softcapping"] and cfg["attn_logit_softcapping"]
+    save = SAVE_OPTIONS.get(fixture_dir.name.rstrip("0123456789"), {})
+    if "max_shard_size" in save:
+        assert (fixture_dir / "model.safetensors.index.json").is_file()
+        assert len(list(fixture_dir.glob("model-*-of-*.safetensors"))) > 1
+    if "dtype" in save:
+        want = {"float32": "F32", "float16": "F16"}[save["dtype"]]
+        files = sorted(fixture_dir.glob("*.safetensors"))
+        with open(files[0], "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        assert {t["dtype"] for k, t in header.items() if k != "__metadata__"} == {want}
+
+
+def check(
+    name: str, what: str, ours: list[tuple[int, np.ndarray]], ref: np.ndarray, scale: float
+) -> float:
+    worst = 0.0
+    for pos, logits in ours:
         err = float(np.abs(logits - ref[pos]).max())
-        assert err <= 2e-4 * scale, (
-            f"{fixture_dir.name} position {pos}: max |diff| {err:.3g} vs scale {scale:.3g}"
+        worst = max(worst, err)
+        assert err <= TOLERANCE * scale, (
+            f"{name} {what} position {pos}: max |diff| {err:.3g} > {TOLERANCE} x {scale:.3g}"
         )
-        assert int(np.argmax(logits)) == int(np.argmax(ref[pos])), (
-            f"{fixture_dir.name} top-1 at {pos}"
-        )
+        assert int(np.argmax(logits)) == int(np.argmax(ref[pos])), f"{name} top-1 at {pos}"
+    return worst
+
+
+def test_every_position_matches_transformers(fixture_dir: Path, engine_binding: Any) -> None:
+    name = fixture_dir.name.rstrip("0123456789")
+    assert name in CONFIGS
+    ref = hf_logits(fixture_dir)
+    scale = float(np.abs(ref).max())
+    session = engine_binding.Session()
+    session.setup(str(fixture_dir), threads=2, max_context=64)
+
+    prefill = [(k - 1, session.prefill(TOKENS[:k])) for k in range(1, len(TOKENS) + 1)]
+    session.prefill(TOKENS[:PROMPT_LEN])
+    decode = [(p, session.decode_step(TOKENS[p], p)) for p in range(PROMPT_LEN, len(TOKENS))]
+    session.prefill(TOKENS[:SPLIT])
+    continued = [(len(TOKENS) - 1, session.prefill(TOKENS[SPLIT:], SPLIT))]
+
+    errors = {
+        "prefill": check(name, "prefill", prefill, ref, scale),
+        "decode": check(name, "decode", decode, ref, scale),
+        "continued prefill": check(name, "continued prefill", continued, ref, scale),
+    }
+    report_line(
+        f"family fixtures: max |logit diff| vs HF fp32 (tolerance {TOLERANCE} x max |logit|)",
+        f"{name:<12} max|logit| {scale:7.3f}  tolerance {TOLERANCE * scale:.2e}  "
+        + "  ".join(f"{k} {v:.2e}" for k, v in errors.items()),
+    )

@@ -26,11 +26,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "build" / "python"))
 
-tokenizers = pytest.importorskip("tokenizers")
-transformers = pytest.importorskip("transformers")
-edgellm_py = pytest.importorskip(
-    "edgellm_py", reason="build the binding first: cmake --build build --target edgellm_py"
-)
+# Required, never skipped: a missing package or an unbuilt binding fails the suite.
+import edgellm_py  # noqa: E402
+import tokenizers  # noqa: E402
+import transformers  # noqa: E402
 
 STORE = Path(os.environ.get("EDGELLM_MODELS") or REPO / "models")
 CHECKPOINTS = ["smollm2-135m-instruct", "gemma3-270m"]

@@ -8,8 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 

@@ -3,11 +3,13 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
+#include "edgellm/deployment.h"
 #include "edgellm/error.h"
 #include "edgellm/roofline.h"
 #include "edgellm/session.h"
@@ -112,7 +114,9 @@ NB_MODULE(edgellm_py, m) {
 
   nb::class_<edgellm::Tokenizer>(m, "Tokenizer")
       .def_static("load", &edgellm::Tokenizer::load, "model_dir"_a)
-      .def("encode", &edgellm::Tokenizer::encode, "text"_a, "add_special_tokens"_a = false)
+      .def("encode",
+           nb::overload_cast<std::string_view, bool>(&edgellm::Tokenizer::encode, nb::const_),
+           "text"_a, "add_special_tokens"_a = false)
       .def(
           "decode",
           [](const edgellm::Tokenizer& t, const std::vector<int32_t>& ids, bool skip) {
@@ -151,8 +155,8 @@ NB_MODULE(edgellm_py, m) {
             nb::gil_scoped_release release;
             s.setup(dir, o);
           },
-          "model_dir"_a, "threads"_a = 0, "max_context"_a = 4096, "profile"_a = false,
-          "weights"_a = "")
+          "model_dir"_a, "threads"_a = 0, "max_context"_a = edgellm::SessionOptions{}.max_context,
+          "profile"_a = false, "weights"_a = "")
       .def(
           "prefill",
           [](edgellm::Session& s, const std::vector<int32_t>& tokens, int start_pos) {
@@ -202,4 +206,40 @@ NB_MODULE(edgellm_py, m) {
       .def_prop_ro("hidden_size", [](const edgellm::Session& s) { return s.config().hidden_size; })
       .def_prop_ro("eos_token_ids",
                    [](const edgellm::Session& s) { return s.config().eos_token_ids; });
+
+  // The deployment descriptor and the shared policy (engine/src/runtime/deployment.cpp),
+  // so the verify adapters resolve --model and pick the prompt format as the
+  // inference programs do.
+  m.attr("DEFAULT_MAX_CONTEXT") = edgellm::SessionOptions{}.max_context;
+  m.def("model_store", &edgellm::model_store, "$EDGELLM_MODELS, else <repo>/models");
+  m.def("checkpoint_dir", &edgellm::checkpoint_dir, "model"_a,
+        "the HF-format directory of a model path: itself, or the one holding a .gguf file");
+  nb::class_<edgellm::Deployment>(m, "Deployment")
+      .def_static("load", &edgellm::Deployment::load, "file"_a)
+      .def_ro("name", &edgellm::Deployment::name)
+      .def_ro("models", &edgellm::Deployment::models)
+      .def_ro("default_model", &edgellm::Deployment::default_model)
+      .def_ro("default_prompt", &edgellm::Deployment::default_prompt)
+      .def_ro("max_context", &edgellm::Deployment::max_context)
+      .def("resolve_model", &edgellm::Deployment::resolve_model, "choice"_a)
+      .def_static("variant", &edgellm::Deployment::variant, "model_dir"_a, "choice"_a)
+      .def(
+          "prompt_format",
+          [](const edgellm::Deployment& d, const std::filesystem::path& dir,
+             const std::string& choice) {
+            return d.prompt_format_for(dir, choice) == edgellm::PromptFormat::chat ? "chat" : "raw";
+          },
+          "model_dir"_a, "choice"_a, "chat or raw: how prompts reach this checkpoint");
+
+  // What chat and the server feed the model: each message's content as plain text.
+  m.def(
+      "encode_conversation",
+      [](const edgellm::Tokenizer& tokenizer, const edgellm::ChatTemplate& chat_template,
+         const std::vector<std::pair<std::string, std::string>>& msgs, bool add_generation_prompt) {
+        std::vector<edgellm::ChatMessage> messages;
+        for (const auto& [role, content] : msgs) messages.push_back({role, content});
+        return edgellm::encode_conversation(tokenizer, chat_template, messages,
+                                            add_generation_prompt);
+      },
+      "tokenizer"_a, "chat_template"_a, "messages"_a, "add_generation_prompt"_a = true);
 }

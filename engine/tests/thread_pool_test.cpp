@@ -112,48 +112,8 @@ TEST(ThreadPool, DestroyWhileSpinningOrSleeping) {
   }  // destructors must not hang
 }
 
-// Cost of one parallel_for: the per-op overhead decode pays a few hundred
-// times per token. "alone": two trivial items, which the caller often runs
-// both before the worker looks. "together": each item waits for the other to
-// start, so both threads must take part (the full round trip). Prints the
-// measurements; the bound only catches pathologies (a syscall per op), not
-// noise on shared machines.
-TEST(ThreadPool, DispatchCost) {
-  ThreadPool pool(2);
-  constexpr int kOps = 20000;
-  std::atomic<int> sink{0};
-  auto trivial = [&](size_t i) { sink.fetch_add(static_cast<int>(i), std::memory_order_relaxed); };
-  for (int i = 0; i < 1000; ++i) pool.parallel_for(2, trivial);  // worker now spinning
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kOps; ++i) pool.parallel_for(2, trivial);
-  const double alone_us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-      kOps;
-
-  std::atomic<int> arrived{0};
-  int target = 0;
-  auto meet = [&](size_t) {
-    arrived.fetch_add(1, std::memory_order_acq_rel);
-    // Yield: on a loaded machine the other thread may be waiting for this core.
-    while (arrived.load(std::memory_order_acquire) < target) std::this_thread::yield();
-  };
-  // At most 2000 rounds or 0.2 s: a loaded machine makes each round slow.
-  int meets = 0;
-  t0 = std::chrono::steady_clock::now();
-  const auto deadline = t0 + std::chrono::milliseconds(200);
-  for (; meets < 2000 && std::chrono::steady_clock::now() < deadline; ++meets) {
-    target += 2;
-    pool.parallel_for(2, meet);
-  }
-  const double together_us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-      meets;
-  std::printf("[ ThreadPool ] parallel_for(2): %.3f us/op alone, %.3f us/op both threads\n",
-              alone_us, together_us);
-  // Only "alone" is bounded: "together" needs both threads on a core at once,
-  // which a loaded 2-core machine may not grant for milliseconds.
-  EXPECT_LT(alone_us, 100.0);
-}
+// The per-op cost of parallel_for is measured by bench/kernel_bench.cpp ("pool"
+// line), not asserted here: a wall-clock bound flakes on a loaded machine.
 
 }  // namespace
 }  // namespace edgellm

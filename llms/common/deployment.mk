@@ -1,46 +1,64 @@
-# Shared make logic of every deployment. A deployment's Makefile sets
-#   DEPLOYMENT   folder name under llms/ (the binary is $(DEPLOYMENT)_inference)
-#   STORE_MODELS checkpoints to fetch into the model store for the default MODEL
-#   FETCH_CMD    (optional) how to bring them; default: scripts/fetch_model.py
-#   MODEL        (optional) default --model choice; default: instruct
-# and includes this file. Targets that use the CPU take one exclusive lock so
-# concurrent runs do not distort each other's timings.
+# Shared make logic of every deployment. A deployment's Makefile includes this
+# file and may set
+#   FETCH_CMD    how to bring its checkpoint (default: scripts/fetch_model.py <dir>)
+# Everything else comes from the folder's deployment.json (the file the C++
+# programs and the verify adapters read too): the default MODEL and which
+# checkpoints `make fetch` can bring. Targets that use the CPU take one
+# exclusive lock so concurrent runs do not distort each other's timings.
 SHELL := /bin/bash
 REPO_ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))/../..)
+DEPLOYMENT := $(notdir $(abspath $(dir $(firstword $(MAKEFILE_LIST)))))
+DESCRIPTOR := $(REPO_ROOT)/llms/$(DEPLOYMENT)/deployment.json
 BUILD_DIR ?= $(REPO_ROOT)/build
 PY := $(REPO_ROOT)/.venv/bin/python
 BIN := $(BUILD_DIR)/$(DEPLOYMENT)_inference
 VERIFY_RUNNER := $(REPO_ROOT)/llms/verify/verify_runner.py
 RUNNER_ADAPTER := $(DEPLOYMENT).verify_adapter
 LOCK := /tmp/edgellm-cpu.lock
-LOCKED := flock -x -w 1800 $(LOCK)
+# Says so when another timed run holds the lock, then waits for it.
+LOCKED := { flock -n $(LOCK) true || echo "[make] waiting for the CPU lock $(LOCK): another timed run holds it" >&2; } && flock -x -w 1800 $(LOCK)
 
-FETCH_CMD ?= $(PY) $(REPO_ROOT)/scripts/fetch_model.py $(STORE_MODELS)
+# descriptor_get(python expression over the descriptor d and the MODEL m)
+descriptor_get = $(shell python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); m = sys.argv[2]; print($(1))' $(DESCRIPTOR) '$(MODEL)')
+ifeq ($(origin MODEL),undefined)
+MODEL := $(call descriptor_get,d["default_model"])
+endif
+# The store directory `make fetch` brings for MODEL (none for a path or an unfetchable choice).
+FETCH_DIR := $(call descriptor_get,d["models"].get(m) if d["models"].get(m) in d.get("fetch", d["models"].values()) else "")
+FETCH_CMD ?= $(PY) $(REPO_ROOT)/scripts/fetch_model.py $(FETCH_DIR)
 N_TOKENS ?= 100
-PROMPT ?=
-MODEL ?= instruct
 THREADS ?= $(shell nproc)
-export PROMPT
+IGNORE_EOS ?= 1
 export PYTHONPATH := $(BUILD_DIR)/python:$(REPO_ROOT)/llms:$(REPO_ROOT)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-PROMPT_ARG = $${PROMPT:+--prompt "$$PROMPT"}
-RUN_ARGS = --model $(MODEL) --threads $(THREADS) $(PROMPT_ARG)
+# PROMPT reaches the program literally ($5, $HOME, quotes and all) through the
+# environment; set but empty is an error there, unset means the default prompt.
+ifneq ($(origin PROMPT),undefined)
+export EDGELLM_PROMPT := $(value PROMPT)
+PROMPT_ARG := --prompt "$$EDGELLM_PROMPT"
+endif
+SAMPLING_ARGS := $(if $(TEMPERATURE),--temperature '$(TEMPERATURE)') $(if $(TOP_K),--top-k '$(TOP_K)') \
+  $(if $(TOP_P),--top-p '$(TOP_P)') $(if $(SEED),--seed '$(SEED)')
+RUN_ARGS = --model '$(MODEL)' --threads $(THREADS) $(PROMPT_ARG) $(SAMPLING_ARGS) $(ARGS)
+TIMING_ARGS = --n-tokens $(N_TOKENS) $(if $(filter 1,$(IGNORE_EOS)),--ignore-eos)
 
 .PHONY: help compile fetch run profile chat verify verify-full diagnosis clean
 
 help:
 	@echo "$(DEPLOYMENT) targets:"
 	@echo "  compile      build the engine and $(notdir $(BIN))"
-	@echo "  run          generate N_TOKENS=$(N_TOKENS) tokens for PROMPT; prints TTFT and TPS"
-	@echo "  profile      per-phase and per-kernel time breakdown"
-	@echo "  chat         interactive REPL (Ctrl-D to quit)"
+	@echo "  run          answer PROMPT; prints TTFT and TPS over N_TOKENS=$(N_TOKENS) tokens"
+	@echo "  profile      the same run with the per-phase and per-kernel time breakdown"
+	@echo "  chat         interactive chat with line editing (/help inside; Ctrl-D quits)"
 	@echo "  verify       top-5 token gate vs HF transformers bf16 (2 prompts x 32 tokens)"
 	@echo "  verify-full  the gate over all prompts, teacher-forced lens gating too"
 	@echo "  diagnosis    per-layer cosine vs HF (informational)"
 	@echo "  clean        remove the binary"
-	@echo "variables: MODEL=$(MODEL) (a choice or a checkpoint dir), PROMPT, N_TOKENS, THREADS=$(THREADS)"
+	@echo "variables: MODEL=$(MODEL) (a choice of deployment.json or a checkpoint dir), PROMPT,"
+	@echo "  N_TOKENS, THREADS=$(THREADS), TEMPERATURE, TOP_K, TOP_P, SEED,"
+	@echo "  IGNORE_EOS=$(IGNORE_EOS) (1: time all N_TOKENS even past EOS), ARGS (more flags, e.g. --json)"
 
 compile:
 	@$(MAKE) --no-print-directory -C $(REPO_ROOT) build
@@ -48,25 +66,25 @@ compile:
 # A MODEL that is a path is the user's own checkpoint: nothing to fetch.
 fetch:
 	@$(MAKE) --no-print-directory -C $(REPO_ROOT) bootstrap
-	@$(if $(findstring /,$(MODEL)),true,$(FETCH_CMD))
+	@$(if $(FETCH_DIR),$(FETCH_CMD),true)
 
 run: compile fetch
-	@$(LOCKED) $(BIN) $(RUN_ARGS) --n-tokens $(N_TOKENS)
+	@$(LOCKED) $(BIN) $(RUN_ARGS) $(TIMING_ARGS)
 
 profile: compile fetch
-	@$(LOCKED) $(BIN) $(RUN_ARGS) --n-tokens 20 --profile
+	@$(LOCKED) $(BIN) $(RUN_ARGS) $(TIMING_ARGS) --profile
 
 chat: compile fetch
 	@$(BIN) $(RUN_ARGS) --chat
 
 verify: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model $(MODEL) --max-prompts 2
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --max-prompts 2
 
 verify-full: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model $(MODEL) --all-steps
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --all-steps
 
 diagnosis: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts single --model $(MODEL)
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts single --model '$(MODEL)'
 
 clean:
 	rm -f $(BIN)

@@ -2,15 +2,20 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <random>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "chat_repl.h"
+#include "edgellm/deployment.h"
 #include "edgellm/error.h"
 #include "edgellm/session.h"
+#include "kernels/kernels.h"
 #include "profile_report.h"
+#include "progress.h"
 
 namespace edgellm {
 
@@ -27,146 +32,238 @@ struct Options {
   std::string prompt;
   int n_tokens = 100;
   int threads = 0;
-  int max_context = 4096;
+  int max_context = 0;
   bool raw = false;
   bool profile = false;
   bool chat = false;
+  bool json = false;
+  bool ignore_eos = false;
+  std::optional<uint64_t> seed;
   SamplerOptions sampling;
 };
 
-// Instruct checkpoints get the chat template (what production feeds them);
-// base checkpoints and --raw get the text as is.
-std::vector<int32_t> prompt_tokens(const Session& session, const std::string& prompt, bool raw) {
-  if (!raw && session.chat_template().available()) {
+// What one run measured.
+struct Figures {
+  size_t prompt_tokens = 0;
+  int answer_tokens = 0;  // up to (not counting) EOS
+  bool hit_eos = false;
+  double setup_ms = 0, ttft_ms = 0, decode_ms = 0;
+  int decode_steps = 0;
+  double tps() const { return decode_steps > 0 ? decode_steps * 1000.0 / decode_ms : 0.0; }
+};
+
+std::string fmt_number(double v) {
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (s.ends_with('.')) s.pop_back();
+  return s;
+}
+
+// A numeric option's check whose message reads "must be >= 1 (got 0)".
+template <class T>
+CLI::Validator in_range(T lo, std::optional<T> hi = std::nullopt) {
+  const std::string range = hi ? "in [" + fmt_number(static_cast<double>(lo)) + ", " +
+                                     fmt_number(static_cast<double>(*hi)) + "]"
+                               : ">= " + fmt_number(static_cast<double>(lo));
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        T value{};
+        const bool negative_unsigned = std::is_unsigned_v<T> && text.find('-') != std::string::npos;
+        if (negative_unsigned || !CLI::detail::lexical_cast(text, value))
+          return std::string("must be ") + (std::is_integral_v<T> ? "an integer" : "a number") +
+                 " " + range + " (got " + text + ")";
+        if (!(value >= lo) || (hi && !(value <= *hi)))
+          return "must be " + range + " (got " + text + ")";
+        return "";
+      },
+      range);
+}
+
+std::vector<int32_t> prompt_tokens(const Session& session, const std::string& prompt,
+                                   PromptFormat format) {
+  if (format == PromptFormat::chat) {
     const ChatMessage user{"user", prompt};
-    return session.tokenizer().encode(session.chat_template().render({&user, 1}, true));
+    return encode_conversation(session.tokenizer(), session.chat_template(), {&user, 1}, true);
   }
   return session.tokenizer().encode(prompt, /*add_special_tokens=*/true);
 }
 
-int run(const Deployment& deployment, const Options& opt) {
+void print_figures(const Options& opt, const Figures& f, const Session& session) {
+  std::FILE* err = stderr;
+  std::fprintf(err, "\nprompt tokens:    %zu\n", f.prompt_tokens);
+  std::fprintf(err, "answer tokens:    %d (%s)\n", f.answer_tokens,
+               f.hit_eos ? "ended at EOS" : "reached --n-tokens");
+  std::fprintf(err, "setup:            %.1f ms (untimed: load, pack, allocate; %d threads, %s)\n",
+               f.setup_ms, session.threads(),
+               std::string(kernels::isa_name(kernels::active_isa())).c_str());
+  std::fprintf(err, "TTFT (prefill):   %.1f ms\n", f.ttft_ms);
+  std::fprintf(err, "TPS (decode):     %.2f tokens/s over %d decode steps (%.2f ms/token)\n",
+               f.tps(), f.decode_steps, f.decode_steps > 0 ? f.decode_ms / f.decode_steps : 0.0);
+  if (f.hit_eos && opt.ignore_eos)
+    std::fprintf(err, "                  (decoding went on past EOS, unprinted, for the timing)\n");
+  else if (f.decode_steps + 1 < opt.n_tokens)
+    std::fprintf(err,
+                 "                  (generation stopped early at EOS: TPS over %d steps only; "
+                 "--ignore-eos times all %d)\n",
+                 f.decode_steps, opt.n_tokens - 1);
+}
+
+void print_json(const Options& opt, const Figures& f, const Session& session,
+                const std::string& deployment, const std::string& answer) {
+  nlohmann::json j = {
+      {"deployment", deployment},
+      {"model", opt.model},
+      {"answer", answer},
+      {"prompt_tokens", f.prompt_tokens},
+      {"answer_tokens", f.answer_tokens},
+      {"stopped_at_eos", f.hit_eos},
+      {"setup_ms", f.setup_ms},
+      {"ttft_ms", f.ttft_ms},
+      {"decode_steps", f.decode_steps},
+      {"decode_ms", f.decode_ms},
+      {"tokens_per_s", f.tps()},
+      {"threads", session.threads()},
+      {"isa", std::string(kernels::isa_name(kernels::active_isa()))},
+      {"temperature", opt.sampling.temperature},
+  };
+  if (opt.sampling.temperature > 0) j["seed"] = opt.sampling.seed;
+  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+int run(const Deployment& deployment, Options opt) {
+  check(!opt.prompt.empty(), "--prompt is empty (leave PROMPT unset for the default prompt)");
+  if (opt.sampling.temperature > 0) {
+    if (!opt.seed) {
+      opt.seed = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+      std::fprintf(stderr, "sampling with a random seed %llu (--seed / SEED= repeats this run)\n",
+                   static_cast<unsigned long long>(*opt.seed));
+    }
+    opt.sampling.seed = *opt.seed;
+  }
+
   // ---- setup: ONE-TIME, outside the timed region ---------------------------
   const auto setup_start = Clock::now();
+  const std::filesystem::path model_dir = deployment.resolve_model(opt.model);
+  const PromptFormat format = deployment.prompt_format_for(model_dir, opt.model, opt.raw);
   Session session;
   SessionOptions so;
   so.threads = opt.threads;
   so.max_context = opt.max_context;
   so.profile = opt.profile;
   so.weights = opt.weights;
-  session.setup(resolve_model(deployment, opt.model), so);
-  const double setup_ms = ms_since(setup_start);
+  session.setup(model_dir, so);
+  Figures f;
+  f.setup_ms = ms_since(setup_start);
   if (opt.chat) {
     Sampler sampler(opt.sampling);
-    run_chat(session, sampler, opt.n_tokens, opt.raw, std::cin, std::cout);
+    LineReader reader(std::cin, std::cout);
+    run_chat(session, sampler, opt.n_tokens, format == PromptFormat::chat, reader, std::cout);
     return 0;
   }
-  const std::vector<int32_t> prompt = prompt_tokens(session, opt.prompt, opt.raw);
+  const std::vector<int32_t> prompt = prompt_tokens(session, opt.prompt, format);
+  f.prompt_tokens = prompt.size();
   check(prompt.size() < static_cast<size_t>(session.max_context()),
         "prompt of " + std::to_string(prompt.size()) + " tokens does not fit the context of " +
             std::to_string(session.max_context()) +
             " tokens (raise --max-context or shorten --prompt)");
-  const int n_tokens =
+  opt.n_tokens =
       std::min<int>(opt.n_tokens, session.max_context() - static_cast<int>(prompt.size()));
   Sampler sampler(opt.sampling);
   StreamDecoder stream(session.tokenizer());
+  std::string answer;
+  // The answer is what comes before EOS; with --ignore-eos decoding goes on
+  // (unprinted) so TPS is timed over all --n-tokens.
+  auto emit = [&](int32_t token) {
+    if (f.hit_eos || (f.hit_eos = session.config().is_eos(token))) return;
+    ++f.answer_tokens;
+    const std::string piece = stream.push(token);
+    answer += piece;
+    if (!opt.json) std::cout << piece << std::flush;
+  };
 
   // ---- timed region: prefill + decode loop ---------------------------------
   const auto prefill_start = Clock::now();
-  int32_t next = sampler.sample(session.prefill(prompt));
-  const double ttft_ms = ms_since(prefill_start);
-  int generated = 1, decode_steps = 0;
-  std::cout << stream.push(next) << std::flush;
+  int32_t next;
+  {
+    Progress note("prefill of " + std::to_string(prompt.size()) + " tokens");
+    next = sampler.sample(session.prefill(prompt));
+  }
+  f.ttft_ms = ms_since(prefill_start);
+  emit(next);
   const auto decode_start = Clock::now();
   for (int pos = static_cast<int>(prompt.size());
-       generated < n_tokens && !session.config().is_eos(next); ++pos) {
+       f.decode_steps + 1 < opt.n_tokens && (!f.hit_eos || opt.ignore_eos); ++pos) {
     next = sampler.sample(session.decode_step(next, pos));
-    ++decode_steps;
-    ++generated;
-    std::cout << stream.push(next) << std::flush;
+    ++f.decode_steps;
+    emit(next);
   }
-  const double decode_ms = ms_since(decode_start);
+  f.decode_ms = ms_since(decode_start);
   // ---------------------------------------------------------------------------
 
-  std::cout << stream.flush() << "\n\n";
-  std::printf("prompt tokens:    %zu\n", prompt.size());
-  std::printf("generated tokens: %d%s\n", generated,
-              session.config().is_eos(next) ? " (stopped at EOS)" : "");
-  std::printf("setup:            %.1f ms (untimed: load, pack, allocate; %d threads)\n", setup_ms,
-              session.threads());
-  std::printf("TTFT (prefill):   %.1f ms\n", ttft_ms);
-  std::printf("TPS (decode):     %.2f tokens/s (%d steps, %.2f ms/token)\n",
-              decode_steps > 0 ? decode_steps * 1000.0 / decode_ms : 0.0, decode_steps,
-              decode_steps > 0 ? decode_ms / decode_steps : 0.0);
-  if (opt.profile) print_profile(session, prompt.size(), decode_steps);
+  const std::string tail = stream.flush();
+  answer += tail;
+  if (opt.json) {
+    print_json(opt, f, session, deployment.name, answer);
+  } else {
+    std::cout << tail << std::endl;
+    print_figures(opt, f, session);
+  }
+  if (opt.profile) print_profile(session, prompt.size(), f.decode_steps);
   return 0;
 }
 
 }  // namespace
 
-std::filesystem::path model_store() {
-  if (const char* env = std::getenv("EDGELLM_MODELS"); env && *env) return env;
-  return EDGELLM_DEFAULT_STORE;
-}
-
-std::filesystem::path resolve_model(const Deployment& deployment, const std::string& choice) {
-  if (auto it = deployment.models.find(choice); it != deployment.models.end()) {
-    const auto dir = model_store() / it->second;  // a directory, or a .gguf file in one
-    check(std::filesystem::is_directory(dir) || std::filesystem::is_regular_file(dir),
-          dir.string() + ": checkpoint for --model " + choice +
-              " not found (run `make fetch`, or set MODEL=<checkpoint dir>)");
-    return dir;
-  }
-  const bool gguf = std::filesystem::path(choice).extension() == ".gguf";
-  if (!std::filesystem::is_directory(choice) &&
-      !(gguf && std::filesystem::is_regular_file(choice))) {
-    std::string known;
-    for (const auto& [key, dir] : deployment.models) known += (known.empty() ? "" : ", ") + key;
-    throw Error("--model " + choice + ": neither a known choice (" + known +
-                ") nor a checkpoint directory or .gguf file");
-  }
-  return choice;
-}
-
-int run_inference_main(const Deployment& deployment, int argc, char** argv) {
-  Options opt;
-  opt.model = deployment.default_model;
-  opt.prompt = deployment.default_prompt;
-  CLI::App app{deployment.name + " inference: setup once, then timed prefill + decode"};
-  app.add_option("--model", opt.model,
-                 "checkpoint: a known choice, a checkpoint directory or a .gguf file in one")
-      ->capture_default_str();
-  app.add_option("--weights", opt.weights,
-                 "quantize a bf16 checkpoint's matrices at setup (GGUF files run as stored)")
-      ->check(CLI::IsMember({"q8_0", "q4_0"}));
-  app.add_option("--prompt", opt.prompt, "prompt text")->capture_default_str();
-  app.add_option("--n-tokens", opt.n_tokens, "tokens to generate")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--threads", opt.threads, "worker threads (0 = all cores)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-context", opt.max_context, "KV cache positions")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_flag("--raw", opt.raw, "feed the prompt as raw text, without the chat template");
-  app.add_flag("--chat", opt.chat,
-               "interactive chat REPL (Ctrl-D quits); --n-tokens caps each reply");
-  app.add_flag("--profile", opt.profile, "print the per-phase and per-kernel time breakdown");
-  app.add_option("--temperature", opt.sampling.temperature, "0 = greedy")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--top-k", opt.sampling.top_k, "sample among the k most likely (0 = off)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--top-p", opt.sampling.top_p, "nucleus sampling mass (1 = off)")
-      ->check(CLI::Range(0.0f, 1.0f));
-  app.add_option("--seed", opt.sampling.seed, "sampling seed");
+int run_inference_main(const std::string& deployment_name, int argc, char** argv) {
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s (see --help)\n", e.what());
-    return 2;
-  }
-  try {
+    const Deployment deployment = Deployment::load_named(deployment_name);
+    Options opt;
+    opt.model = deployment.default_model;
+    opt.prompt = deployment.default_prompt;
+    opt.max_context = deployment.max_context;
+    CLI::App app{deployment.name + " inference: setup once, then timed prefill + decode"};
+    app.set_version_flag("--version",
+                         "edgellm " EDGELLM_VERSION " (" + deployment.name + " inference)");
+    app.add_option("--model", opt.model,
+                   "checkpoint: a known choice, a checkpoint directory or a .gguf file in one")
+        ->capture_default_str();
+    app.add_option("--weights", opt.weights,
+                   "quantize a bf16 checkpoint's matrices at setup (GGUF files run as stored)")
+        ->check(CLI::IsMember({"q8_0", "q4_0"}));
+    app.add_option("--prompt", opt.prompt, "prompt text")->capture_default_str();
+    app.add_option("--n-tokens", opt.n_tokens, "tokens to generate")
+        ->check(in_range(1))
+        ->capture_default_str();
+    app.add_option("--threads", opt.threads, "worker threads (0 = all cores)")->check(in_range(0));
+    app.add_option("--max-context", opt.max_context, "KV cache positions")
+        ->check(in_range(1))
+        ->capture_default_str();
+    app.add_flag("--raw", opt.raw, "feed the prompt as raw text, without the chat template");
+    app.add_flag("--chat", opt.chat,
+                 "interactive chat (/help lists commands); --n-tokens caps each reply");
+    app.add_flag("--profile", opt.profile, "print the per-phase and per-kernel time breakdown");
+    app.add_flag("--json", opt.json, "print the answer and the figures as one JSON object");
+    app.add_flag("--ignore-eos", opt.ignore_eos,
+                 "keep decoding past EOS (unprinted) so TPS is timed over all --n-tokens");
+    app.add_option("--temperature", opt.sampling.temperature, "0 = greedy")
+        ->check(in_range(0.0f))
+        ->capture_default_str();
+    app.add_option("--top-k", opt.sampling.top_k, "sample among the k most likely (0 = off)")
+        ->check(in_range(0));
+    app.add_option("--top-p", opt.sampling.top_p, "nucleus sampling mass (1 = off)")
+        ->check(in_range(0.0f, std::optional(1.0f)));
+    app.add_option("--seed", opt.seed, "sampling seed (default: a random one, printed)")
+        ->check(in_range<uint64_t>(0));
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+      return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+      return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+      std::fprintf(stderr, "error: %s (see --help)\n", e.what());
+      return 2;
+    }
     return run(deployment, opt);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

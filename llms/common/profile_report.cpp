@@ -11,9 +11,9 @@ namespace {
 
 void print_kernels(const Profiler& p, Phase phase, const char* title, double phase_ms,
                    const Roofline& roof) {
-  std::printf("\n== kernels: %s (%.1f ms) ==\n", title, phase_ms);
-  std::printf("%-14s %9s %7s %7s %9s %7s %9s %7s\n", "kernel", "ms", "share", "calls", "GB/s",
-              "of BW", "GFLOP/s", "of peak");
+  std::fprintf(stderr, "\n== kernels: %s (%.1f ms) ==\n", title, phase_ms);
+  std::fprintf(stderr, "%-14s %9s %7s %7s %9s %7s %9s %7s\n", "kernel", "ms", "share", "calls",
+               "GB/s", "of BW", "GFLOP/s", "of peak");
   double covered = 0;
   for (int z = 0; z < static_cast<int>(Zone::count); ++z) {
     const Zone zone = static_cast<Zone>(z);
@@ -24,16 +24,16 @@ void print_kernels(const Profiler& p, Phase phase, const char* title, double pha
     covered += ms;
     const double gbs = s.seconds > 0 ? s.bytes / s.seconds / 1e9 : 0.0;
     const double gflops = s.seconds > 0 ? s.flops / s.seconds / 1e9 : 0.0;
-    std::printf("%-14s %9.2f %6.1f%% %7llu %9.2f %6.0f%% %9.2f %6.0f%%\n",
-                std::string(zone_name(zone)).c_str(), ms,
-                phase_ms > 0 ? 100.0 * ms / phase_ms : 0.0,
-                static_cast<unsigned long long>(s.calls), gbs,
-                roof.read_gb_per_s > 0 ? 100.0 * gbs / roof.read_gb_per_s : 0.0, gflops,
-                roof.fma_gflop_per_s > 0 ? 100.0 * gflops / roof.fma_gflop_per_s : 0.0);
+    std::fprintf(stderr, "%-14s %9.2f %6.1f%% %7llu %9.2f %6.0f%% %9.2f %6.0f%%\n",
+                 std::string(zone_name(zone)).c_str(), ms,
+                 phase_ms > 0 ? 100.0 * ms / phase_ms : 0.0,
+                 static_cast<unsigned long long>(s.calls), gbs,
+                 roof.read_gb_per_s > 0 ? 100.0 * gbs / roof.read_gb_per_s : 0.0, gflops,
+                 roof.fma_gflop_per_s > 0 ? 100.0 * gflops / roof.fma_gflop_per_s : 0.0);
   }
-  std::printf("%-14s %9.2f %6.1f%%   (thread-pool waits, scratch copies, sampling)\n",
-              "(unattributed)", phase_ms - covered,
-              phase_ms > 0 ? 100.0 * (phase_ms - covered) / phase_ms : 0.0);
+  std::fprintf(stderr, "%-14s %9.2f %6.1f%%   (thread-pool waits, scratch copies, sampling)\n",
+               "(unattributed)", phase_ms - covered,
+               phase_ms > 0 ? 100.0 * (phase_ms - covered) / phase_ms : 0.0);
 }
 
 }  // namespace
@@ -42,29 +42,32 @@ void print_profile(Session& session, size_t prompt_tokens, int decode_steps) {
   const Profiler& p = session.profiler();
   const double prefill_ms = p.stats(Zone::prefill).seconds * 1e3;
   const double decode_ms = p.stats(Zone::decode).seconds * 1e3;
-  std::printf("\n(measuring the roofline: read bandwidth and matmul peak, %d threads...)\n",
-              session.threads());
+  std::fprintf(stderr,
+               "\n(measuring the roofline: read bandwidth and matmul peak, %d threads...)\n",
+               session.threads());
   const Roofline roof = measure_roofline(session.threads());
   const double weight_gb = session.weight_bytes() / 1e9;
   const double roof_tps = roof.read_gb_per_s / weight_gb;
   const double tps = decode_steps > 0 ? decode_steps * 1000.0 / decode_ms : 0.0;
 
-  std::printf("\n== phases ==\n");
-  std::printf("setup                  %10.1f ms\n", p.stats(Zone::setup).seconds * 1e3);
-  std::printf("prefill total          %10.1f ms  (%zu tokens)\n", prefill_ms, prompt_tokens);
-  std::printf("decode avg per token   %10.2f ms  (%d steps, %.2f tokens/s)\n",
-              decode_steps ? decode_ms / decode_steps : 0.0, decode_steps, tps);
+  std::fprintf(stderr, "\n== phases ==\n");
+  std::fprintf(stderr, "setup                  %10.1f ms\n", p.stats(Zone::setup).seconds * 1e3);
+  std::fprintf(stderr, "prefill total          %10.1f ms  (%zu tokens)\n", prefill_ms,
+               prompt_tokens);
+  std::fprintf(stderr, "decode avg per token   %10.2f ms  (%d steps, %.2f tokens/s)\n",
+               decode_steps ? decode_ms / decode_steps : 0.0, decode_steps, tps);
   const ZoneStats& head = p.stats(Zone::lm_head, Phase::decode);
-  std::printf("LM head avg per token  %10.2f ms\n",
-              head.calls ? head.seconds * 1e3 / head.calls : 0.0);
-  std::printf("\n== roofline (measured now) ==\n");
-  std::printf(
+  std::fprintf(stderr, "LM head avg per token  %10.2f ms\n",
+               head.calls ? head.seconds * 1e3 / head.calls : 0.0);
+  std::fprintf(stderr, "\n== roofline (measured now) ==\n");
+  std::fprintf(
+      stderr,
       "read bandwidth %.1f GB/s, matmul peak %.1f GFLOP/s (%s tier); decode streams %.1f MB of "
       "weights per token\n",
       roof.read_gb_per_s, roof.fma_gflop_per_s, std::string(roof.peak_tier).c_str(),
       weight_gb * 1e3);
-  std::printf("decode roofline %.1f tokens/s -> achieved %.0f%%\n", roof_tps,
-              roof_tps > 0 ? 100.0 * tps / roof_tps : 0.0);
+  std::fprintf(stderr, "decode roofline %.1f tokens/s -> achieved %.0f%%\n", roof_tps,
+               roof_tps > 0 ? 100.0 * tps / roof_tps : 0.0);
 
   print_kernels(p, Phase::prefill, "prefill", prefill_ms, roof);
   print_kernels(p, Phase::decode, "decode", decode_ms, roof);

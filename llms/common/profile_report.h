@@ -1,4 +1,5 @@
-// `make profile`: the per-phase and per-kernel breakdown of one run.
+// `make profile`: the per-phase and per-kernel breakdown of one run (to stderr,
+// like every figure; stdout holds only the answer).
 #pragma once
 
 #include <cstddef>

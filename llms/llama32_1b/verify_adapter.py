@@ -1,22 +1,14 @@
-"""Llama-3.2-1B verify adapter: names the checkpoints; everything else is shared.
+"""Llama-3.2-1B verify adapter: what the shared gate (llms/verify/) needs from this deployment.
 
-``fixture`` is the seeded random-initialised checkpoint of the real config
-(``make -C llms/llama32_1b fixture``); a user with the real weights passes
-``MODEL=/path/to/Llama-3.2-1B-Instruct`` and the identical gate runs on them.
-Random weights give near-flat distributions, so benign top-1 flips are common
-there; the gate is never loosened for that.
+Everything this deployment decides is in its deployment.json (checkpoint choices, default
+model and prompt, prompt format, context); the rules that apply it (--model resolution,
+chat template or raw text) are the engine's, so make run and make verify agree.
+build_runner returns the shared EngineRunner over the production Session::setup /
+prefill / decode_step, as for every deployment.
 """
 
 from __future__ import annotations
 
-from verify.adapter_support import StandardAdapter
+from verify.adapter_support import adapter_module
 
-DEPLOYMENT = "llama32_1b"
-MODEL_CHOICES = {"fixture": "llama32-1b-fixture"}
-DEFAULT_MODEL = "fixture"
-
-_adapter = StandardAdapter(DEPLOYMENT, MODEL_CHOICES)
-resolve_model = _adapter.resolve_model
-hf_reference = _adapter.hf_reference
-build_config = _adapter.build_config
-build_runner = _adapter.build_runner
+globals().update(adapter_module(__file__))

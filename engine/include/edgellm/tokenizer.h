@@ -13,6 +13,11 @@
 
 namespace edgellm {
 
+// A byte range [begin, end) of a text.
+struct TextSpan {
+  size_t begin = 0, end = 0;
+};
+
 class Tokenizer {
  public:
   // Reads <model_dir>/tokenizer.json (and tokenizer_config.json when present).
@@ -24,6 +29,13 @@ class Tokenizer {
   // Ids equal to HF `tokenizer(text, add_special_tokens=...)["input_ids"]`.
   // Special/added tokens written in the text are matched as tokens.
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
+  // As above, except that special-token text inside the `plain` byte ranges is
+  // tokenized as ordinary text (HF's split_special_tokens=True, for those bytes
+  // only). Chat and the server pass each message's content here, so a user who
+  // types "<|im_end|>" cannot forge the template's own markers. Without special
+  // text in those ranges the ids equal encode(text, add_special_tokens).
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens,
+                              std::span<const TextSpan> plain) const;
   // Equal to HF `tokenizer.decode(ids, skip_special_tokens=...)`.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
@@ -74,7 +86,10 @@ class ChatTemplate {
  public:
   static ChatTemplate load(const std::filesystem::path& model_dir);
   bool available() const { return style_ != Style::none; }
-  std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // `content_spans`, when given, receives where each message's content landed
+  // in the returned text, for Tokenizer::encode's plain ranges.
+  std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                     std::vector<TextSpan>* content_spans = nullptr) const;
   const std::string& name() const { return name_; }
 
  private:
@@ -93,5 +108,11 @@ class ChatTemplate {
   std::string fixed_date_;      // the template's date when it does not ask for today's
   bool date_today_ = false;     // strftime_now("%d %b %Y")
 };
+
+// The tokens of a rendered conversation, with every message's content encoded
+// as plain text (see Tokenizer::encode): what chat and the server feed the model.
+std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
+                                         std::span<const ChatMessage> messages,
+                                         bool add_generation_prompt);
 
 }  // namespace edgellm

@@ -374,12 +374,14 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
 
 std::span<const float> Session::prefill(std::span<const int32_t> tokens, int start_pos,
                                         PrefillCapture* capture) {
-  if (!context_.ready()) throw Error("the session is not set up (setup() was not called or failed)");
+  if (!context_.ready())
+    throw Error("the session is not set up (setup() was not called or failed)");
   return context_.prefill(tokens, start_pos, capture);
 }
 
 std::span<const float> Session::decode_step(int32_t token, int pos) {
-  if (!context_.ready()) throw Error("the session is not set up (setup() was not called or failed)");
+  if (!context_.ready())
+    throw Error("the session is not set up (setup() was not called or failed)");
   return context_.decode_step(token, pos);
 }
 

@@ -66,7 +66,8 @@ void AddedVocabulary::load(const json& list, const std::string& where, const Nor
   }
 }
 
-void AddedVocabulary::split(std::vector<Segment>& segments, bool normalized_tokens) const {
+void AddedVocabulary::split(std::vector<Segment>& segments, bool normalized_tokens,
+                            std::span<const std::pair<size_t, size_t>> plain) const {
   if (normalized_tokens ? !has_normalized_ : !has_raw_) return;
   const Trie& trie = normalized_tokens ? normalized_trie_ : raw_trie_;
   std::vector<Segment> out;
@@ -75,7 +76,7 @@ void AddedVocabulary::split(std::vector<Segment>& segments, bool normalized_toke
     if (seg.token >= 0) {
       out.push_back(seg);
     } else {
-      split_one(seg, trie, out);
+      split_one(seg, trie, plain, out);
     }
   }
   segments = std::move(out);
@@ -84,10 +85,20 @@ void AddedVocabulary::split(std::vector<Segment>& segments, bool normalized_toke
 // AddedVocabulary::find_matches: leftmost-longest matches, then the
 // single_word / lstrip / rstrip adjustments.
 void AddedVocabulary::split_one(const Segment& seg, const Trie& trie,
+                                std::span<const std::pair<size_t, size_t>> plain,
                                 std::vector<Segment>& out) const {
   const std::string& s = seg.text;
   auto push_text = [&](size_t b, size_t e) {
-    if (e > b) out.push_back({s.substr(b, e - b), -1, seg.at_origin && b == 0});
+    if (e > b)
+      out.push_back({s.substr(b, e - b), -1, seg.at_origin && b == 0, seg.offset + b, seg.plain});
+  };
+  // Text the caller wants read as text (e.g. a user's chat message) cannot
+  // produce the special tokens that structure the conversation.
+  auto in_plain = [&](size_t b, size_t e) {
+    if (seg.plain) return true;
+    for (const auto& [pb, pe] : plain)
+      if (seg.offset + b < pe && pb < seg.offset + e) return true;
+    return false;
   };
   auto is_word_char_at = [&](size_t pos) {
     size_t end = pos;
@@ -108,6 +119,10 @@ void AddedVocabulary::split_one(const Segment& seg, const Trie& trie,
       continue;
     }
     const AddedToken& tok = by_id_.find(id)->second;
+    if (tok.special && in_plain(pos, match_end)) {
+      pos += 1;
+      continue;
+    }
     size_t start = pos, stop = match_end;
     pos = match_end;  // the matcher resumes after the match, used or not
     if (tok.single_word) {
@@ -133,7 +148,8 @@ void AddedVocabulary::split_one(const Segment& seg, const Trie& trie,
       }
     }
     push_text(start_offset, start);
-    out.push_back({s.substr(start, stop - start), id, seg.at_origin && start == 0});
+    out.push_back(
+        {s.substr(start, stop - start), id, seg.at_origin && start == 0, seg.offset + start});
     start_offset = stop;
   }
   push_text(start_offset, s.size());

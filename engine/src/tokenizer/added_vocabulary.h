@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -29,6 +30,8 @@ struct Segment {
   std::string text;
   int32_t token = -1;
   bool at_origin = false;  // starts at byte 0 of the input
+  size_t offset = 0;       // where it starts in the input (before normalization)
+  bool plain = false;      // overlaps a plain span: no special token is matched in it
 };
 
 class AddedVocabulary {
@@ -41,8 +44,11 @@ class AddedVocabulary {
             const Model& model);
 
   // Splits each text segment around the matches of the raw (normalized=false)
-  // or the normalized tokens.
-  void split(std::vector<Segment>& segments, bool normalized_tokens) const;
+  // or the normalized tokens. A special token is not matched where it overlaps
+  // one of the `plain` byte ranges of the input (raw pass) or in a segment
+  // marked plain (normalized pass).
+  void split(std::vector<Segment>& segments, bool normalized_tokens,
+             std::span<const std::pair<size_t, size_t>> plain = {}) const;
 
   const AddedToken* by_id(int32_t id) const {
     auto it = by_id_.find(id);
@@ -65,7 +71,8 @@ class AddedVocabulary {
     // Longest token starting at s[pos]: {id, end}, or {-1, 0}.
     std::pair<int32_t, size_t> longest_at(std::string_view s, size_t pos) const;
   };
-  void split_one(const Segment& seg, const Trie& trie, std::vector<Segment>& out) const;
+  void split_one(const Segment& seg, const Trie& trie,
+                 std::span<const std::pair<size_t, size_t>> plain, std::vector<Segment>& out) const;
 
   std::map<int32_t, AddedToken> by_id_;
   TokenMap by_content_;

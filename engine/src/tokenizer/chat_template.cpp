@@ -187,9 +187,13 @@ ChatTemplate ChatTemplate::load(const std::filesystem::path& model_dir) {
   return ct;
 }
 
-std::string ChatTemplate::render(std::span<const ChatMessage> messages,
-                                 bool add_generation_prompt) const {
+std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                 std::vector<TextSpan>* content_spans) const {
   std::string out;
+  auto content = [&](const std::string& text) {
+    if (content_spans) content_spans->push_back({out.size(), out.size() + text.size()});
+    out += text;
+  };
   switch (style_) {
     case Style::none:
       throw Error("chat template: the model has none (no chat_template in tokenizer_config.json)");
@@ -201,19 +205,19 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages,
       for (size_t i = 0; i < messages.size(); ++i) {
         if (i == 0 && messages[0].role != "system" && !default_system_.empty())
           out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
-        out += "<|im_start|>" + messages[i].role + "\n" + messages[i].content + "<|im_end|>\n";
+        out += "<|im_start|>" + messages[i].role + "\n";
+        content(messages[i].content);
+        out += "<|im_end|>\n";
       }
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
       return out;
 
     case Style::gemma: {
       out = bos_token_;
-      std::string first_user_prefix;
       size_t first = 0;
       if (!messages.empty() && messages[0].role == "system") {
         if (!system_supported_)
           throw Error(source_ + ": this chat template does not support a system role");
-        first_user_prefix = messages[0].content + "\n\n";
         first = 1;
       }
       for (size_t i = first; i < messages.size(); ++i) {
@@ -222,8 +226,13 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages,
           throw Error(
               "chat template: conversation roles must alternate user/assistant/user/assistant/...");
         const std::string role = m.role == "assistant" ? "model" : m.role;
-        out += "<start_of_turn>" + role + "\n" + (i == first ? first_user_prefix : "") +
-               tok::python_strip(m.content) + "<end_of_turn>\n";
+        out += "<start_of_turn>" + role + "\n";
+        if (i == first && first > 0) {
+          content(messages[0].content);  // the system text, unstripped, as the template does
+          out += "\n\n";
+        }
+        content(tok::python_strip(m.content));
+        out += "<end_of_turn>\n";
       }
       if (add_generation_prompt) out += "<start_of_turn>model\n";
       return out;
@@ -239,19 +248,30 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages,
         }
         const std::string date = date_today_ ? today("%d %b %Y") : fixed_date_;
         out = bos_token_ + "<|start_header_id|>system<|end_header_id|>\n\n" + knowledge_line_ +
-              date_prefix_ + date + "\n\n" + system + "<|eot_id|>";
+              date_prefix_ + date + "\n\n";
+        content(system);
+        out += "<|eot_id|>";
       } else if (!messages.empty()) {
         out = bos_token_;  // Llama 3.0 puts bos in front of the first message only
       }
       for (size_t i = first; i < messages.size(); ++i) {
-        out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n" +
-               tok::python_strip(messages[i].content) + "<|eot_id|>";
+        out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n";
+        content(tok::python_strip(messages[i].content));
+        out += "<|eot_id|>";
       }
       if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       return out;
     }
   }
   return out;
+}
+
+std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
+                                         std::span<const ChatMessage> messages,
+                                         bool add_generation_prompt) {
+  std::vector<TextSpan> contents;
+  const std::string text = chat.render(messages, add_generation_prompt, &contents);
+  return tokenizer.encode(text, /*add_special_tokens=*/false, contents);
 }
 
 }  // namespace edgellm

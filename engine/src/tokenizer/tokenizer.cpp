@@ -132,6 +132,11 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  return encode(text, add_special_tokens, {});
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens,
+                                       std::span<const TextSpan> plain) const {
   const Impl& m = *impl_;
   std::vector<int32_t> ids;
   if (add_special_tokens && m.post_processor)
@@ -141,7 +146,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   std::vector<tok::Segment> segments;
   segments.push_back(
       {tok::is_valid_utf8(text) ? std::string(text) : tok::utf8_lossy(text), -1, true});
-  m.added.split(segments, /*normalized_tokens=*/false);
+  std::vector<std::pair<size_t, size_t>> plain_ranges;
+  for (const TextSpan& p : plain) plain_ranges.emplace_back(p.begin, p.end);
+  m.added.split(segments, /*normalized_tokens=*/false, plain_ranges);
+  // Normalization moves bytes, so from here on a segment that touched a plain
+  // span is plain as a whole (chat markers are normalized=false tokens, so
+  // they were already split off above).
+  for (tok::Segment& s : segments) {
+    for (const auto& [b, e] : plain_ranges)
+      s.plain = s.plain || (s.token < 0 && s.offset < e && b < s.offset + s.text.size());
+  }
   if (m.normalizer) {
     for (tok::Segment& s : segments)
       if (s.token < 0) m.normalizer->normalize(s.text);

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <CLI/CLI.hpp>
 
+#include "edgellm/deployment.h"
 #include "edgellm/error.h"
 #include "inference_driver.h"
 #include "server.h"

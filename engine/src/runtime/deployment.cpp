@@ -1,0 +1,156 @@
+// llms/<name>/deployment.json and the shared --model / prompt policy.
+#include "edgellm/deployment.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "edgellm/error.h"
+#include "edgellm/session.h"
+#include "edgellm/tokenizer.h"
+
+namespace edgellm {
+
+namespace {
+
+using nlohmann::json;
+
+json read_json_object(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(static_cast<bool>(in), path.string() + ": cannot open file");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  json j = json::parse(buf.str(), nullptr, /*allow_exceptions=*/false);
+  check(j.is_object(), path.string() + ": not a JSON object");
+  return j;
+}
+
+std::string string_field(const json& j, const char* key, const std::string& file, bool required) {
+  if (!j.contains(key)) {
+    check(!required, file + ": field '" + key + "' is missing");
+    return "";
+  }
+  check(j[key].is_string(), file + ": field '" + key + "' must be a string");
+  return j[key].get<std::string>();
+}
+
+}  // namespace
+
+std::filesystem::path model_store() {
+  if (const char* env = std::getenv("EDGELLM_MODELS"); env && *env) return env;
+  return EDGELLM_DEFAULT_STORE;
+}
+
+Deployment Deployment::load(const std::filesystem::path& file) {
+  const json j = read_json_object(file);
+  const std::string f = file.string();
+  static const char* const kKeys[] = {
+      "name", "models", "fetch", "default_model", "default_prompt", "prompt_format", "max_context"};
+  for (const auto& [key, value] : j.items())
+    check(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
+          f + ": unknown field '" + key + "'");
+  Deployment d;
+  d.name = string_field(j, "name", f, true);
+  check(j.contains("models") && j["models"].is_object() && !j["models"].empty(),
+        f + ": field 'models' must be a non-empty object of --model key -> store directory");
+  for (const auto& [key, dir] : j["models"].items()) {
+    check(dir.is_string() && !dir.get<std::string>().empty() &&
+              dir.get<std::string>().find('/') == std::string::npos,
+          f + ": models." + key + " must be a directory name in the model store");
+    d.models[key] = dir.get<std::string>();
+  }
+  // "fetch" (read by make) lists the store directories `make fetch` can bring.
+  if (j.contains("fetch")) {
+    check(j["fetch"].is_array(), f + ": field 'fetch' must be a list of store directories");
+    for (const json& dir : j["fetch"]) {
+      bool known = false;
+      for (const auto& entry : d.models) known = known || (dir.is_string() && dir == entry.second);
+      check(known, f + ": fetch entry " + dir.dump() + " is not a directory named in models");
+    }
+  }
+  d.default_model = string_field(j, "default_model", f, true);
+  check(d.models.contains(d.default_model),
+        f + ": default_model '" + d.default_model + "' is not a key of models");
+  d.default_prompt = string_field(j, "default_prompt", f, true);
+  check(!d.default_prompt.empty(), f + ": default_prompt must not be empty");
+  if (j.contains("prompt_format")) d.prompt_format = string_field(j, "prompt_format", f, true);
+  check(d.prompt_format == "auto" || d.prompt_format == "chat" || d.prompt_format == "raw",
+        f + ": prompt_format must be auto, chat or raw, got '" + d.prompt_format + "'");
+  d.max_context = SessionOptions{}.max_context;
+  if (j.contains("max_context")) {
+    const json& m = j["max_context"];
+    check(m.is_number_integer() && m.get<long long>() >= 1 && m.get<long long>() <= 1 << 24,
+          f + ": max_context must be an integer in [1, 16777216]");
+    d.max_context = m.get<int>();
+  }
+  return d;
+}
+
+Deployment Deployment::load_named(const std::string& name) {
+  return load(std::filesystem::path(EDGELLM_LLMS_DIR) / name / "deployment.json");
+}
+
+std::filesystem::path checkpoint_dir(const std::filesystem::path& model) {
+  return model.extension() == ".gguf" ? model.parent_path() : model;
+}
+
+namespace {
+
+// A checkpoint directory, or a .gguf file inside one (run quantized).
+bool is_model(const std::filesystem::path& p) {
+  return std::filesystem::is_directory(p) ||
+         (p.extension() == ".gguf" && std::filesystem::is_regular_file(p));
+}
+
+}  // namespace
+
+std::filesystem::path Deployment::resolve_model(const std::string& choice) const {
+  std::filesystem::path dir;
+  if (auto it = models.find(choice); it != models.end()) {
+    dir = model_store() / it->second;
+    check(is_model(dir), "--model " + choice + ": checkpoint not found at " + dir.string() +
+                             " (no model hub is reachable offline: run `make -C llms/" + name +
+                             " fetch`, set EDGELLM_MODELS to a store holding it, or pass --model "
+                             "/path/to/checkpoint)");
+  } else {
+    dir = choice;
+    if (!is_model(dir)) {
+      std::string known;
+      for (const auto& entry : models) known += (known.empty() ? "" : ", ") + entry.first;
+      throw Error("--model " + choice + ": neither a known choice (" + known +
+                  ") nor a checkpoint directory or .gguf file");
+    }
+  }
+  check(std::filesystem::is_regular_file(checkpoint_dir(dir) / "config.json"),
+        "--model " + choice + ": " + checkpoint_dir(dir).string() +
+            " is not a HF-format checkpoint (no config.json)");
+  return dir;
+}
+
+std::string Deployment::variant(const std::filesystem::path& model, const std::string& choice) {
+  const std::filesystem::path model_dir = checkpoint_dir(model);
+  if (const auto meta = model_dir / "edgellm.json"; std::filesystem::is_regular_file(meta)) {
+    const json j = read_json_object(meta);
+    if (j.contains("edgellm_variant") && j["edgellm_variant"].is_string()) {
+      const std::string v = j["edgellm_variant"].get<std::string>();
+      if (v == "instruct" || v == "base") return v;
+    }
+  }
+  if (choice == "instruct" || choice == "base") return choice;
+  return ChatTemplate::load(model_dir).available() ? "instruct" : "base";
+}
+
+PromptFormat Deployment::prompt_format_for(const std::filesystem::path& model,
+                                           const std::string& choice, bool raw) const {
+  const std::filesystem::path model_dir = checkpoint_dir(model);
+  if (raw || prompt_format == "raw") return PromptFormat::raw;
+  if (prompt_format == "auto" && variant(model_dir, choice) == "base") return PromptFormat::raw;
+  check(ChatTemplate::load(model_dir).available(),
+        model_dir.string() + ": an instruct checkpoint without a chat template (pass --raw)");
+  return PromptFormat::chat;
+}
+
+}  // namespace edgellm

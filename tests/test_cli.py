@@ -1,0 +1,253 @@
+"""The inference program and `make run` as a user drives them (the real binary, real model).
+
+Output contract: the answer alone on stdout, figures on stderr (or one JSON object with
+--json); sampling knobs reachable from make; TPS timed over N_TOKENS; numeric errors that
+say the bound; PROMPT passed literally; a note while waiting on the CPU lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, assert_one_line_error
+
+pytestmark = pytest.mark.usefixtures("smollm2_bin")
+DEPLOYMENT = REPO / "llms" / "smollm2_135m"
+
+
+def run(binary: Path, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(binary), "--threads", "2", *args], capture_output=True, text=True, timeout=180, **kw
+    )
+
+
+def as_json(binary: Path, *args: str) -> dict:
+    proc = run(binary, "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_version(smollm2_bin: Path) -> None:
+    proc = run(smollm2_bin, "--version")
+    assert proc.returncode == 0
+    assert re.fullmatch(r"edgellm \d+\.\d+\.\d+ \(smollm2_135m inference\)\n", proc.stdout)
+
+
+def test_answer_alone_on_stdout_figures_on_stderr(smollm2_bin: Path) -> None:
+    proc = run(smollm2_bin, "--n-tokens", "12")
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "TTFT" not in proc.stdout and "TPS" not in proc.stdout
+    assert "TTFT (prefill)" in proc.stderr and "TPS (decode)" in proc.stderr
+
+
+def test_json_figures(smollm2_bin: Path) -> None:
+    j = as_json(smollm2_bin, "--n-tokens", "6")
+    assert j["deployment"] == "smollm2_135m" and j["model"] == "instruct"
+    assert j["answer"].startswith("The capital of France")
+    assert j["prompt_tokens"] > 0 and j["answer_tokens"] == 6 and not j["stopped_at_eos"]
+    assert j["decode_steps"] == 5 and j["tokens_per_s"] > 0 and j["ttft_ms"] > 0
+
+
+def test_tps_over_all_n_tokens_with_ignore_eos(smollm2_bin: Path) -> None:
+    """The default answer ends at EOS after a few tokens; --ignore-eos still times them all."""
+    stopped = as_json(smollm2_bin, "--n-tokens", "30")
+    assert stopped["stopped_at_eos"] and stopped["decode_steps"] < 29
+    timed = as_json(smollm2_bin, "--n-tokens", "30", "--ignore-eos")
+    assert timed["decode_steps"] == 29 and timed["stopped_at_eos"]
+    assert timed["answer"] == stopped["answer"]  # nothing past EOS is printed
+    early = run(smollm2_bin, "--n-tokens", "30")
+    assert f"TPS over {stopped['decode_steps']} steps only" in early.stderr, early.stderr
+
+
+def test_greedy_is_temperature_zero(smollm2_bin: Path) -> None:
+    greedy = as_json(smollm2_bin, "--n-tokens", "10", "--prompt", "Tell me about cats.")
+    zero = as_json(
+        smollm2_bin, "--n-tokens", "10", "--prompt", "Tell me about cats.", "--temperature", "0"
+    )
+    assert greedy["answer"] == zero["answer"]
+
+
+def test_seed_reproduces_and_random_seed_is_printed(smollm2_bin: Path) -> None:
+    args = ["--n-tokens", "16", "--prompt", "Tell me about cats.", "--temperature", "1.2"]
+    a = as_json(smollm2_bin, *args, "--seed", "7")
+    b = as_json(smollm2_bin, *args, "--seed", "7")
+    c = as_json(smollm2_bin, *args, "--seed", "8")
+    assert a["answer"] == b["answer"] and a["seed"] == 7
+    assert c["answer"] != a["answer"]
+    proc = run(smollm2_bin, "--json", *args)
+    m = re.search(r"random seed (\d+)", proc.stderr)
+    assert m, proc.stderr
+    again = as_json(smollm2_bin, *args, "--seed", m.group(1))
+    assert json.loads(proc.stdout)["answer"] == again["answer"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--n-tokens", "0"], "--n-tokens: must be >= 1 (got 0)"),
+        (["--n-tokens", "many"], "--n-tokens: must be an integer >= 1 (got many)"),
+        (["--max-context", "-5"], "--max-context: must be >= 1 (got -5)"),
+        (["--threads", "-1"], "--threads: must be >= 0 (got -1)"),
+        (["--temperature", "-0.5"], "--temperature: must be >= 0 (got -0.5)"),
+        (["--top-p", "1.5"], "--top-p: must be in [0, 1] (got 1.5)"),
+        (["--top-k", "-2"], "--top-k: must be >= 0 (got -2)"),
+        (["--seed", "-1"], "--seed: must be an integer >= 0 (got -1)"),
+    ],
+)
+def test_numeric_option_errors_name_the_bound(
+    smollm2_bin: Path, args: list[str], message: str
+) -> None:
+    assert_one_line_error(run(smollm2_bin, *args), message, code=2)
+
+
+def test_empty_prompt_is_an_error(smollm2_bin: Path) -> None:
+    assert_one_line_error(run(smollm2_bin, "--prompt", ""), "--prompt is empty", code=1)
+
+
+def test_prefill_progress_on_a_terminal(smollm2_bin: Path) -> None:
+    """On a terminal a slow prefill shows a note, erased when done (delay lowered to 0 here)."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["EDGELLM_PROGRESS_DELAY_MS"] = "0"
+        os.execv(str(smollm2_bin), [str(smollm2_bin), "--threads", "1", "--n-tokens", "2"])
+    out = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    assert re.search(r"\[prefill of \d+ tokens: \d+\.\d s\]", text), text
+    assert "\x1b[K" in text  # the note is erased before the answer
+    # Not on a pipe: the same run without a terminal prints no note.
+    piped = run(
+        smollm2_bin, "--n-tokens", "2", env={**os.environ, "EDGELLM_PROGRESS_DELAY_MS": "0"}
+    )
+    assert "[prefill" not in piped.stderr
+
+
+# --- make -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def echo_bin(tmp_path: Path) -> Path:
+    """A stand-in for the inference program that prints the argv it was given."""
+    script = tmp_path / "echo_args"
+    script.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    script.chmod(0o755)
+    return script
+
+
+def make_argv(*args: str) -> list[str]:
+    """A deployment target without rebuilding or fetching (CI's `make test` covers those), on
+    a lock of its own: the shared CPU lock may be held by someone's timed run for minutes."""
+    lock = Path(os.environ.get("TMPDIR", "/tmp")) / f"edgellm-test-{os.getpid()}.lock"
+    return ["make", "--no-print-directory", "-C", str(DEPLOYMENT)] + [
+        "-o", "compile", "-o", "fetch", f"LOCK={lock}", *args
+    ]  # fmt: skip
+
+
+def make(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        make_argv(*args),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def argv_of(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_make_run_passes_prompt_literally(echo_bin: Path) -> None:
+    prompt = "cost is $5 and $HOME, \"quoted\" 'single' `tick` $(echo no)"
+    argv = argv_of(make("run", f"BIN={echo_bin}", f"PROMPT={prompt}"))
+    assert argv[argv.index("--prompt") + 1] == prompt
+    from_env = argv_of(make("run", f"BIN={echo_bin}", env={"PROMPT": prompt}))
+    assert from_env[from_env.index("--prompt") + 1] == prompt
+
+
+def test_make_run_defaults_and_knobs(echo_bin: Path) -> None:
+    argv = argv_of(make("run", f"BIN={echo_bin}"))
+    assert "--prompt" not in argv  # unset PROMPT: the descriptor's default prompt
+    assert argv[argv.index("--model") + 1] == "instruct"  # deployment.json's default_model
+    assert argv[argv.index("--n-tokens") + 1] == "100" and "--ignore-eos" in argv
+    knobs = argv_of(
+        make("run", f"BIN={echo_bin}", "TEMPERATURE=0.8", "TOP_K=40", "TOP_P=0.9", "SEED=3")
+    )
+    for flag, value in [
+        ("--temperature", "0.8"),
+        ("--top-k", "40"),
+        ("--top-p", "0.9"),
+        ("--seed", "3"),
+    ]:
+        assert knobs[knobs.index(flag) + 1] == value
+    profile = argv_of(make("profile", f"BIN={echo_bin}", "N_TOKENS=7"))
+    assert profile[profile.index("--n-tokens") + 1] == "7" and "--profile" in profile
+
+
+def test_make_run_empty_prompt_is_an_error(smollm2_bin: Path) -> None:
+    proc = make("run", "PROMPT=", f"BIN={smollm2_bin}")
+    assert proc.returncode != 0
+    assert "error: --prompt is empty" in proc.stderr
+
+
+def test_make_says_when_it_waits_for_the_cpu_lock(echo_bin: Path) -> None:
+    argv = make_argv("run", f"BIN={echo_bin}")
+    lock_path = next(a for a in argv if a.startswith("LOCK=")).removeprefix("LOCK=")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        assert proc.poll() is None  # still waiting
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "waiting for the CPU lock" in err
+    assert json.loads(out)[0] == "--model"  # and then it ran
+
+
+def test_fetch_progress_only_on_a_terminal() -> None:
+    """fetch_model.py's long steps (dequantizing hundreds of tensors) count on a terminal."""
+    code = (
+        "import fetch_model as f\nfor i in range(1, 4): f.progress(i, 3, 'dequantizing tensor')\n"
+    )
+    argv = [sys.executable, "-c", code]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(sys.executable, argv, env)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    assert "\r[fetch_model] dequantizing tensor 3/3" in out.decode(), out
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+    assert piped.stdout == ""

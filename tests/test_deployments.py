@@ -1,0 +1,127 @@
+"""One descriptor per deployment: make, the C++ program and the verify adapter agree.
+
+Each deployment's facts live only in llms/<name>/deployment.json and its policy (model
+store, --model resolution, chat template or raw text) only in the engine; these tests
+check that every front end reads the same answer from them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PYTHON, REPO, verify_env
+
+DEPLOYMENTS = sorted(p.parent.name for p in (REPO / "llms").glob("*/deployment.json"))
+
+
+def test_every_deployment_folder_has_a_descriptor() -> None:
+    folders = {p.parent.name for p in (REPO / "llms").glob("*/Makefile")}
+    assert folders == set(DEPLOYMENTS) and DEPLOYMENTS
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_make_cpp_and_python_read_the_same_descriptor(name: str, engine_binding: Any) -> None:
+    d = engine_binding.Deployment.load(REPO / "llms" / name / "deployment.json")
+    assert d.name == name
+    # make: the default MODEL
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(REPO / "llms" / name), "help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"MODEL={d.default_model} " in out
+    # Python: the adapter's contract comes from the same file
+    adapter = importlib.import_module(f"{name}.verify_adapter")
+    assert adapter.MODEL_CHOICES == dict(d.models)
+    assert adapter.DEFAULT_MODEL == d.default_model
+    # C++: the program offers the same --model choices and default prompt
+    binary = REPO / "build" / f"{name}_inference"
+    proc = subprocess.run(
+        [str(binary), "--model", "no-such-choice"], capture_output=True, text=True, timeout=60
+    )
+    assert f"neither a known choice ({', '.join(sorted(d.models))})" in proc.stderr
+    help_text = subprocess.run([str(binary), "--help"], capture_output=True, text=True).stdout
+    assert d.default_prompt[:30] in help_text
+
+
+def test_smollm2_base_choice_is_one_fact(engine_binding: Any, tmp_path: Path) -> None:
+    """`base` (the drift the descriptor fixed) resolves the same way in C++ and Python."""
+    env = {**os.environ, "EDGELLM_MODELS": str(tmp_path)}
+    proc = subprocess.run(
+        [str(REPO / "build" / "smollm2_135m_inference"), "--model", "base"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert f"checkpoint not found at {tmp_path / 'smollm2-135m'}" in proc.stderr
+    verify = subprocess.run(
+        [
+            PYTHON,
+            str(REPO / "llms" / "verify" / "verify_runner.py"),
+            "--runner=smollm2_135m.verify_adapter",
+            "--model",
+            "base",
+        ],
+        capture_output=True,
+        text=True,
+        env={**verify_env(), "EDGELLM_MODELS": str(tmp_path)},
+        timeout=120,
+    )
+    assert proc.stderr.strip().removeprefix("error: ") in verify.stderr
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        ({"colour": "blue"}, "unknown field 'colour'"),
+        ({"default_model": "huge"}, "default_model 'huge' is not a key of models"),
+        ({"prompt_format": "fancy"}, "prompt_format must be auto, chat or raw"),
+        ({"fetch": ["elsewhere"]}, "is not a directory named in models"),
+        ({"models": {"x": "../up"}}, "models.x must be a directory name"),
+        ({"max_context": 0}, "max_context must be an integer"),
+    ],
+)
+def test_bad_descriptor_is_one_clear_error(
+    tmp_path: Path, engine_binding: Any, edit: dict, message: str
+) -> None:
+    d = json.loads((REPO / "llms" / "smollm2_135m" / "deployment.json").read_text())
+    d.update(edit)
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(engine_binding.Error, match=message.replace("(", r"\(")):
+        engine_binding.Deployment.load(path)
+
+
+def test_base_checkpoint_with_a_template_gets_raw_text_everywhere(
+    smollm2_checkpoint: Path, smollm2_bin: Path, engine_binding: Any, tmp_path: Path
+) -> None:
+    """A base checkpoint that ships a chat template: make run and make verify both feed raw text."""
+    ckpt = tmp_path / "base-with-template"
+    ckpt.mkdir()
+    for f in smollm2_checkpoint.iterdir():
+        if f.is_file() and f.name != "edgellm.json":
+            os.symlink(f, ckpt / f.name)
+    (ckpt / "edgellm.json").write_text(json.dumps({"edgellm_variant": "base"}))
+    prompt = "The capital of France is"
+    proc = subprocess.run(
+        [str(smollm2_bin), "--model", str(ckpt), "--prompt", prompt, "--n-tokens", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    tok = engine_binding.Tokenizer.load(ckpt)
+    assert json.loads(proc.stdout)["prompt_tokens"] == len(tok.encode(prompt, True))
+    adapter = importlib.import_module("smollm2_135m.verify_adapter")
+    config = adapter.build_config(ckpt, str(ckpt))
+    assert (config.variant, config.prompt_format) == ("base", "raw")
+    shutil.rmtree(ckpt)
