@@ -20,6 +20,7 @@ N_TOKENS ?= 100
 PROMPT ?=
 MODEL ?= instruct
 THREADS ?= $(shell nproc)
+VERIFY_ARGS ?=
 export PROMPT
 export PYTHONPATH := $(BUILD_DIR)/python:$(REPO_ROOT)/llms:$(REPO_ROOT)
 export HF_HUB_OFFLINE := 1
@@ -36,9 +37,9 @@ help:
 	@echo "  run          generate N_TOKENS=$(N_TOKENS) tokens for PROMPT; prints TTFT and TPS"
 	@echo "  profile      per-phase and per-kernel time breakdown"
 	@echo "  chat         interactive REPL (Ctrl-D to quit)"
-	@echo "  verify       top-5 token gate vs HF transformers bf16 (2 prompts x 32 tokens)"
-	@echo "  verify-full  the gate over all prompts, teacher-forced lens gating too"
-	@echo "  diagnosis    per-layer cosine vs HF (informational)"
+	@echo "  verify       gate vs HF transformers bf16 and fp32, every lens (2 prompts x 32 tokens)"
+	@echo "  verify-full  the same gate over all prompts (VERIFY_ARGS=--spec-gate: the seed's gate)"
+	@echo "  diagnosis    per-layer cosine vs HF bf16 and fp32 for PROMPT, with a plot (informational)"
 	@echo "  clean        remove the binary"
 	@echo "variables: MODEL=$(MODEL) (a choice or a checkpoint dir), PROMPT, N_TOKENS, THREADS=$(THREADS)"
 
@@ -60,13 +61,13 @@ chat: compile fetch
 	@$(BIN) $(RUN_ARGS) --chat
 
 verify: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model $(MODEL) --max-prompts 2
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model $(MODEL) --max-prompts 2 $(VERIFY_ARGS)
 
 verify-full: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model $(MODEL) --all-steps
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model $(MODEL) $(VERIFY_ARGS)
 
 diagnosis: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts single --model $(MODEL)
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts single --model $(MODEL) $(PROMPT_ARG)
 
 clean:
 	rm -f $(BIN)
