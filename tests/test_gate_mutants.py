@@ -115,7 +115,8 @@ def subjects(engine_binding: Any, tmp_path_factory: pytest.TempPathFactory) -> A
                 pytest.skip(f"no checkpoint at {src}: run `make fetch`")
             choice = "instruct" if model == "smollm2" else "base"
             if changes:
-                src = altered_checkpoint(src, tmp_path_factory.mktemp(model), None, changes)
+                dst = tmp_path_factory.mktemp(model) / "ckpt"
+                src = altered_checkpoint(src, dst, None, changes)
             cache[key] = _capture_subject(src, choice)
         return cache[key]
 
@@ -217,8 +218,9 @@ def _swap_gate_up(t: Tensors, c: Config) -> None:
     t[key.format("gate")], t[key.format("up")] = t[key.format("up")], t[key.format("gate")]
 
 
-def _scale_down_proj_mid(t: Tensors, c: Config) -> None:
-    t[f"model.layers.{c['num_hidden_layers'] // 2}.mlp.down_proj.weight"] *= 1.2
+def _scale_gate_proj_mid(t: Tensors, c: Config) -> None:
+    # gate_proj, not down_proj or o_proj: Gemma's post-norms would cancel a linear scale.
+    t[f"model.layers.{c['num_hidden_layers'] // 2}.mlp.gate_proj.weight"] *= 1.2
 
 
 def _query_head_wrong_group(t: Tensors, c: Config) -> None:
@@ -242,14 +244,14 @@ class WeightMutant:
 SMOL, GEMMA, BOTH = ("smollm2",), ("gemma3",), ("smollm2", "gemma3")
 
 WEIGHT_MUTANTS: dict[str, WeightMutant] = {
-    "o_proj of layer 0 scaled x1.5": WeightMutant(BOTH, _scale_o_proj),
+    "o_proj of layer 0 scaled x1.5": WeightMutant(SMOL, _scale_o_proj),
     "K rows of KV heads 0 and 1 swapped (layer 0)": WeightMutant(SMOL, _swap_kv_heads("k", 0)),
     "final norm weight perturbed 25% (seeded)": WeightMutant(SMOL, _perturb_final_norm),
     "norm weight read as 1 + w (layer 5 input norm)": WeightMutant(SMOL, _norm_one_plus_w),
     "gate_proj and up_proj swapped (layer 20)": WeightMutant(SMOL, _swap_gate_up),
     "V rows of KV heads 0 and 1 swapped (layer 1)": WeightMutant(SMOL, _swap_kv_heads("v", 1)),
     # new classes
-    "down_proj of the middle layer scaled x1.2": WeightMutant(BOTH, _scale_down_proj_mid),
+    "gate_proj of the middle layer scaled x1.2": WeightMutant(BOTH, _scale_gate_proj_mid),
     "query head 0 mapped to the wrong KV group (layer 3)": WeightMutant(
         SMOL, _query_head_wrong_group
     ),
