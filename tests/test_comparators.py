@@ -16,6 +16,8 @@ import pytest
 from verify.comparators import (
     GATE_K,
     GATE_N_TOKENS,
+    TIER_MARGINS,
+    calibrated_check,
     compare_pair,
     compute_topk_set_check,
     kl_divergence,
@@ -24,7 +26,7 @@ from verify.comparators import (
     topk_token_ids,
 )
 from verify.errors import VerifyError
-from verify.gate import Capture, SideCapture, evaluate, greedy, teacher_forced
+from verify.gate import Capture, GatePolicy, SideCapture, evaluate, greedy, teacher_forced
 from verify.report import Report, ensure_writable
 from verify.runners.records import DecodeStepRecord, PrefillRecord
 
@@ -250,7 +252,7 @@ def _side(
     )
 
 
-def test_evaluate_lenses_and_all_steps_gating() -> None:
+def test_evaluate_lenses_and_gating_policy() -> None:
     ref_logits = [_peaked(5), _peaked(6, second=9), _peaked(7), _peaked(8)]
     ref = Capture("reference", "toy", {}, [_side([5, 6, 7, 8], ref_logits, None)])
     late = [x.copy() for x in ref_logits]
@@ -259,11 +261,12 @@ def test_evaluate_lenses_and_all_steps_gating() -> None:
     # never sees the late bug at step 3; the teacher-forced lens does.
     greedy_logits = [ref_logits[0], _peaked(9, second=6), _peaked(11), _peaked(12)]
     ours = Capture("engine", "toy", {}, [_side([5, 9, 11, 12], greedy_logits, late)])
-    (r,) = evaluate(ours, ref, all_steps=False)
+    (r,) = evaluate(ours, ref, policy=GatePolicy(spec=True))  # the seed's gate
     assert r.first_divergence.passed and r.first_divergence.divergence_step == 1
     assert not r.teacher_forced.passed and r.lenses == ["teacher-forced"] and not r.failed
-    (r,) = evaluate(ours, ref, all_steps=True)
-    assert r.failed
+    assert r.gating == ["first-divergence"]
+    (r,) = evaluate(ours, ref)  # the default: every lens gates
+    assert r.failed and "teacher-forced" in r.gating
     mismatched = Capture(
         "engine", "toy", {}, [_side([5, 6, 7, 8], ref_logits, ref_logits, ids=[1, 3])]
     )
@@ -295,7 +298,7 @@ def _report(failed: bool) -> Report:
         [_side([topk_token_ids(x, 1)[0] for x in ours_logits], ours_logits, ours_logits)],
     )
     report = Report({"deployment": "toy", "mode": "topk_token", "model_choice": "instruct"})
-    for r in evaluate(ours, ref, all_steps=True):
+    for r in evaluate(ours, ref):
         report.add(r)
     return report
 
@@ -329,3 +332,90 @@ def test_unwritable_report_dir(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(VerifyError, match="not writable"):
         ensure_writable(blocker / "reports")
+
+
+# --- the calibrated lens ----------------------------------------------------------------------
+
+
+def _noisy(base: np.ndarray, scale: float, seed: int) -> np.ndarray:
+    return base + np.random.default_rng(seed).normal(scale=scale, size=base.shape)
+
+
+def _three_sides(steps: int = 6) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    rng = np.random.default_rng(1)
+    truth = [rng.normal(size=VOCAB) * 3 for _ in range(steps)]
+    bf16 = [_noisy(x, 0.05, 100 + i) for i, x in enumerate(truth)]  # the floor's noise
+    return truth, bf16
+
+
+def test_calibrated_lens_passes_rounding_and_fails_above_the_margin() -> None:
+    truth, bf16 = _three_sides()
+    fp32_like = [_noisy(x, 1e-5, i) for i, x in enumerate(truth)]  # KL ~4e-8 of the floor
+    c = calibrated_check(truth, bf16, fp32_like, "fp32")
+    assert c.passed and c.gating and c.ratio_mean < TIER_MARGINS["fp32"], c
+    assert c.top1_agreement == 1.0 and c.steps == 6
+    # bf16-level noise: far above the fp32 tier's margin, within the reduced tier's.
+    bf16_like = [_noisy(x, 0.05, 200 + i) for i, x in enumerate(truth)]
+    assert not calibrated_check(truth, bf16, bf16_like, "fp32").passed
+    assert calibrated_check(truth, bf16, bf16_like, "reduced").passed
+    # A bug 5x the floor's noise fails even the reduced tier, on the mean and the worst step.
+    broken = [_noisy(x, 0.25, 300 + i) for i, x in enumerate(truth)]
+    c = calibrated_check(truth, bf16, broken, "reduced")
+    assert not c.passed and "mean KL" in c.reason and "worst-step KL" in c.reason
+    # requantized: the same figures, reported, never gating.
+    c = calibrated_check(truth, bf16, broken, "requantized")
+    assert c.passed and not c.gating and c.margin is None and c.ratio_mean > 4
+
+
+def test_calibrated_lens_sees_one_bad_step() -> None:
+    """A bug that bites once (a late KV overwrite): the mean hardly moves, the worst step does."""
+    truth, bf16 = _three_sides(steps=32)
+    ours = [x.copy() for x in truth]
+    ours[27] = _noisy(truth[27], 0.2, 7)
+    c = calibrated_check(truth, bf16, ours, "reduced")
+    assert not c.passed and c.kl_max_step == 27
+    assert "worst-step" in c.reason and "mean KL" not in c.reason
+
+
+def test_calibrated_lens_degenerate_inputs() -> None:
+    truth, _ = _three_sides(steps=3)
+    same = calibrated_check(truth, truth, truth, "fp32")  # a floor of 0 and ours 0: pass
+    assert same.passed and same.ratio_mean == 0.0
+    off = [x + np.eye(VOCAB)[0] for x in truth]
+    c = calibrated_check(truth, truth, off, "fp32")  # a floor of 0 and ours above: fail
+    assert not c.passed and c.ratio_mean == float("inf")
+    c = calibrated_check(truth, truth[:2], truth, "fp32")  # a side with fewer steps
+    assert not c.passed and "step counts differ" in c.reason
+    with pytest.raises(ValueError, match="tier"):
+        calibrated_check(truth, truth, truth, "bf17")
+
+
+def test_teacher_forced_excuses_steps_where_only_the_bf16_reference_disagrees() -> None:
+    """Where bf16 rounding alone reorders near-ties, agreeing with the fp32 truth is enough."""
+    truth = [_peaked(5, second=6), _peaked(7)]
+    bf16 = [_peaked(20), _peaked(7)]  # step 0: bf16 far from its own truth
+    ours = [x.copy() for x in truth]
+    assert not teacher_forced_check(bf16, ours).passed
+    assert teacher_forced_check(bf16, ours, truth_logits=truth).passed
+    wrong = [_peaked(30), _peaked(7)]  # agrees with neither reference: still a failure
+    assert teacher_forced_check(bf16, wrong, truth_logits=truth).failed_steps == [0]
+
+
+def test_evaluate_with_the_truth_gates_the_calibrated_lens() -> None:
+    truth, bf16 = _three_sides(steps=4)
+    tokens = [topk_token_ids(x, 1)[0] for x in bf16]
+    ref = Capture("reference", "toy", {}, [_side(tokens, bf16, None)])
+    tru = Capture("truth", "toy", {}, [_side(tokens, truth, None)])
+    # Same top-5 everywhere, but 10x the floor's noise in the logits.
+    ours_logits = [_noisy(x, 0.02, 50 + i) for i, x in enumerate(bf16)]
+    ours = Capture("engine", "toy", {}, [_side(tokens, bf16, ours_logits)])
+    (r,) = evaluate(ours, ref, tru)
+    assert r.lenses == ["calibrated"] and r.failed and r.calibrated.tier == "fp32"
+    (r,) = evaluate(ours, ref, tru, policy=GatePolicy(tier="requantized"))
+    assert not r.failed and "calibrated" not in r.gating
+    (r,) = evaluate(ours, ref, tru, policy=GatePolicy(spec=True))
+    assert not r.failed and r.gating == ["first-divergence"]
+    report = Report({"deployment": "toy", "mode": "topk_token", "model_choice": "x"})
+    report.add(evaluate(ours, ref, tru)[0])
+    line = report.summary_line()
+    assert "calibrated 0/1 (gating; fp32 tier" in line and "bf16 floor mean" in line, line

@@ -1,16 +1,16 @@
-"""The gate must be able to fail: mutants of the engine that the gate has to catch.
+"""The gate must be able to fail: mutants of the engine that `make verify` has to catch.
 
-Weight mutants run our engine on an altered copy of the checkpoint while HF reads the
-original. Call-path mutants wrap the runner from the test side (wrong positions, a stale KV
-entry, a wrong RoPE base in decode, the final norm skipped); nothing in the production
-kernels knows about them. Every mutant must make the gate fail as CI runs it (--all-steps:
-first-divergence or teacher-forced lens), and the clean engine must pass. The lens that
-caught each mutant is printed at the end of the run.
+Weight mutants run our engine on an altered copy of the checkpoint (tensors or config.json)
+while HF reads the original. Call-path mutants wrap the runner from the test side (wrong
+positions, overwritten KV entries, rounded logits, the final norm skipped); nothing in the
+production kernels knows about them. Every mutant is judged as `make verify` judges: the
+first 2 prompts of the model's set, 32 tokens, every default lens, at the precision tier the
+engine reports. Each must fail, and the clean engine must pass. The lens that caught each
+mutant (and whether the looser `reduced` tier would have) is printed at the end of the run:
+that table is in llms/verify/README.md.
 
-Cost: one HF reference capture of the full prompt set (32 tokens) shared by all. Each mutant
-is judged on the `make verify` prompts (2) unless it needs the `verify-full` set (8) to be
-seen reliably (off-by-one positions and RoPE base shift only nudge this model's top-5), or
-needs fewer to stay cheap (final norm skipped recomputes the whole context each step).
+Cost: the two HF references (bf16 greedy, fp32 teacher-forced) of each model are captured
+once per session and shared by its mutants; a mutant costs one engine setup and 2 prompts.
 """
 
 from __future__ import annotations
@@ -18,94 +18,186 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from smollm2_135m import verify_adapter as adapter
-from verify.adapter_support import VerifyConfig
+from conftest import SMOLLM2_DIR
+from verify.adapter_support import VerifyConfig, load_verify_config
 from verify.comparators import GATE_N_TOKENS, topk_token_ids
-from verify.gate import Capture, PromptResult, capture_side, encode_prompts, evaluate
+from verify.gate import (
+    Capture,
+    GatePolicy,
+    PromptResult,
+    capture_side,
+    capture_truth,
+    encode_prompts,
+    evaluate,
+)
 from verify.runners.engine_runner import EngineRunner
 from verify.runners.records import DecodeStepRecord, PrefillRecord
 from verify.verify_runner import PROMPTS_DIR, load_prompts
 
-PROMPTS = load_prompts(PROMPTS_DIR / "instruct.txt")  # verify-full; make verify: the first 2
-VERIFY = 2
+VERIFY = 2  # make verify's prompt count
+GEMMA_DIR = SMOLLM2_DIR.parent / "gemma3-270m"
+MODELS = {"smollm2": SMOLLM2_DIR, "gemma3": GEMMA_DIR}
+WINDOW = 16  # Gemma's sliding window in the window mutant's checkpoint: the prompts cross it
 
 
-@pytest.fixture(scope="module")
-def config(smollm2_checkpoint: Path, engine_binding: Any) -> VerifyConfig:
-    return adapter.build_config(smollm2_checkpoint, "instruct")
+# ---------------------------------------------------------------------------------------------
+# references, captured once per (model, checkpoint config) and shared
+# ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def reference(config: VerifyConfig) -> Capture:
-    """HF bf16 on the original checkpoint, captured once for every mutant."""
+@dataclass
+class Subject:
+    """One model under test with its two HF references over make verify's prompts."""
+
+    config: VerifyConfig
+    prompts: list[str]
+    reference: Capture
+    truth: Capture
+
+
+def altered_checkpoint(
+    src: Path,
+    dst: Path,
+    mutate: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+    config_changes: dict[str, Any] | None = None,
+) -> Path:
+    """A checkpoint copy: unchanged files symlinked, only what changes written anew."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True)
+    cfg = json.loads((src / "config.json").read_text())
+    for f in src.iterdir():
+        if not f.is_file() or f.name.startswith("."):
+            continue
+        if f.name == "model.safetensors" and mutate is not None:
+            tensors = load_file(f)
+            mutate(tensors, cfg)
+            save_file(tensors, dst / f.name, metadata={"format": "pt"})
+        elif f.name == "config.json" and config_changes:
+            (dst / f.name).write_text(json.dumps({**cfg, **config_changes}, indent=2))
+        else:
+            os.symlink(f, dst / f.name)
+    return dst
+
+
+def _capture_subject(model_dir: Path, choice: str) -> Subject:
     from verify.runners.hf_runner import HfRunner
 
-    hf = HfRunner(adapter.hf_reference(config.model_dir), config.max_context, threads=1)
-    ids = encode_prompts(hf, PROMPTS, True, GATE_N_TOKENS, config.max_context)
-    capture = capture_side("reference", hf, PROMPTS, ids, GATE_N_TOKENS)
+    config = load_verify_config("mutants", model_dir, choice)
+    prompts = load_prompts(PROMPTS_DIR / f"{config.variant}.txt")[:VERIFY]
+    chat = config.prompt_format == "chat"
+    hf = HfRunner(model_dir, config.max_context, threads=1)
+    ids = encode_prompts(hf, prompts, chat, GATE_N_TOKENS, config.max_context)
+    reference = capture_side("reference", hf, prompts, ids, GATE_N_TOKENS)
     hf.close()
-    return capture
+    fp32 = HfRunner(model_dir, config.max_context, threads=1, precision="fp32")
+    truth = capture_truth(fp32, reference)
+    fp32.close()
+    return Subject(config, prompts, reference, truth)
 
 
-def judge(
-    runner: Any,
-    config: VerifyConfig,
-    reference: Capture,
-    n_prompts: int = VERIFY,
-    n_tokens: int = GATE_N_TOKENS,
-) -> list[PromptResult]:
-    """The gate as CI runs it (--all-steps) on our side through ``runner``, over the first
-    n_prompts prompts and n_tokens tokens of the shared reference."""
-    ref = Capture(
-        reference.side,
-        reference.runner,
-        reference.meta,
-        [
+@pytest.fixture(scope="session")
+def subjects(engine_binding: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """subjects(model, config_changes) -> Subject, captured on first use."""
+    cache: dict[tuple[str, str], Subject] = {}
+
+    def get(model: str, changes: dict[str, Any] | None = None) -> Subject:
+        key = (model, json.dumps(changes, sort_keys=True))
+        if key not in cache:
+            src = MODELS[model]
+            if not (src / "config.json").is_file():
+                pytest.skip(f"no checkpoint at {src}: run `make fetch`")
+            choice = "instruct" if model == "smollm2" else "base"
+            if changes:
+                dst = tmp_path_factory.mktemp(model) / "ckpt"
+                src = altered_checkpoint(src, dst, None, changes)
+            cache[key] = _capture_subject(src, choice)
+        return cache[key]
+
+    return get
+
+
+def judge(runner: Any, s: Subject, n_prompts: int = VERIFY, n_tokens: int = GATE_N_TOKENS,
+          tier: str | None = None) -> list[PromptResult]:  # fmt: skip
+    """`make verify` on our side through ``runner``: every default lens, the runner's tier."""
+
+    def cut(c: Capture) -> Capture:
+        prompts = [
             replace(p, tokens=p.tokens[:n_tokens], logits=p.logits[:n_tokens])
-            for p in reference.prompts[:n_prompts]
-        ],
-    )
-    prompts = PROMPTS[:n_prompts]
-    ids = encode_prompts(runner, prompts, True, n_tokens, config.max_context)
+            for p in c.prompts[:n_prompts]
+        ]
+        return replace(c, prompts=prompts)
+
+    ref, truth = cut(s.reference), cut(s.truth)
+    prompts = s.prompts[:n_prompts]
+    chat = s.config.prompt_format == "chat"
+    ids = encode_prompts(runner, prompts, chat, n_tokens, s.config.max_context)
     ours = capture_side(
         "engine", runner, prompts, ids, n_tokens, forced=[p.tokens for p in ref.prompts]
     )
-    return evaluate(ours, ref, all_steps=True)
+    policy = GatePolicy(tier=tier or runner.precision_tier)
+    results = evaluate(ours, ref, truth, policy=policy)
+    # What the looser tier of a bf16-activation path would have said (same captures).
+    reduced = evaluate(ours, ref, truth, policy=GatePolicy(tier="reduced"))
+    for r, red in zip(results, reduced, strict=True):
+        r.notes.append(f"reduced tier: {'caught' if red.failed else 'passed'}")
+    return results
 
 
 def lenses_of(results: list[PromptResult]) -> str:
     per_prompt = [f"p{r.index + 1}: {'+'.join(r.lenses) or '-'}" for r in results]
-    return "; ".join(per_prompt)
+    worst = max((r.calibrated.ratio_max for r in results if r.calibrated), default=0.0)
+    reduced = any("reduced tier: caught" in n for r in results for n in r.notes)
+    return f"{'; '.join(per_prompt)} | KL/floor up to {worst:.3g} | reduced tier: " + (
+        "caught" if reduced else "passed"
+    )
 
 
-def test_clean_engine_passes(config: VerifyConfig, reference: Capture) -> None:
-    results = judge(adapter.build_runner(config), config, reference, n_prompts=len(PROMPTS))
+def _engine(model_dir: Path, s: Subject) -> EngineRunner:
+    return EngineRunner(model_dir, max_context=s.config.max_context)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_clean_engine_passes(model: str, subjects: Any) -> None:
+    s = subjects(model)
+    runner = _engine(s.config.model_dir, s)
+    results = judge(runner, s)
+    runner.close()
     assert not any(r.failed or r.lenses for r in results), lenses_of(results)
 
 
 # ---------------------------------------------------------------------------------------------
-# weight mutants: the engine loads an altered copy, HF the original
+# weight mutants: the engine loads an altered copy (tensors or config.json), HF the original
 # ---------------------------------------------------------------------------------------------
 
 Tensors = dict[str, Any]
+Config = dict[str, Any]
+ATTN = "model.layers.{}.self_attn.{}_proj.weight"
 
 
-def _scale_o_proj(t: Tensors) -> None:
-    t["model.layers.0.self_attn.o_proj.weight"] *= 1.5
+def _scale_o_proj(t: Tensors, c: Config) -> None:
+    t[ATTN.format(0, "o")] *= 1.5
 
 
-def _swap_kv_heads_k(t: Tensors) -> None:
-    w = t["model.layers.0.self_attn.k_proj.weight"]  # [kv_heads * head_dim, hidden]
-    w[0:64], w[64:128] = w[64:128].clone(), w[0:64].clone()
+def _swap_rows(w: Any, a: slice, b: slice) -> None:
+    w[a], w[b] = w[b].clone(), w[a].clone()
 
 
-def _perturb_final_norm(t: Tensors) -> None:
+def _swap_kv_heads(which: str, layer: int) -> Callable[[Tensors, Config], None]:
+    def mutate(t: Tensors, c: Config) -> None:
+        d = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        _swap_rows(t[ATTN.format(layer, which)], slice(0, d), slice(d, 2 * d))
+
+    return mutate
+
+
+def _perturb_final_norm(t: Tensors, c: Config) -> None:
     import torch
 
     w = t["model.norm.weight"]
@@ -113,72 +205,112 @@ def _perturb_final_norm(t: Tensors) -> None:
     w *= 1 + 0.25 * torch.randn(w.shape, generator=gen).to(w.dtype)
 
 
-def _norm_one_plus_w(t: Tensors) -> None:
+def _norm_one_plus_w(t: Tensors, c: Config) -> None:
     t["model.layers.5.input_layernorm.weight"] += 1  # Gemma's convention applied to Llama
 
 
-def _swap_gate_up(t: Tensors) -> None:
+def _norm_w_not_one_plus_w(t: Tensors, c: Config) -> None:
+    t["model.layers.3.self_attn.k_norm.weight"] -= 1  # Gemma's 1 + w read as plain w
+
+
+def _swap_gate_up(t: Tensors, c: Config) -> None:
     key = "model.layers.20.mlp.{}_proj.weight"
     t[key.format("gate")], t[key.format("up")] = t[key.format("up")], t[key.format("gate")]
 
 
-def _swap_kv_heads_v(t: Tensors) -> None:
-    w = t["model.layers.1.self_attn.v_proj.weight"]
-    w[0:64], w[64:128] = w[64:128].clone(), w[0:64].clone()
+def _scale_gate_proj_mid(t: Tensors, c: Config) -> None:
+    # gate_proj, not down_proj or o_proj: Gemma's post-norms would cancel a linear scale.
+    t[f"model.layers.{c['num_hidden_layers'] // 2}.mlp.gate_proj.weight"] *= 1.2
 
 
-WEIGHT_MUTANTS: dict[str, Callable[[Tensors], None]] = {
-    "o_proj of layer 0 scaled x1.5": _scale_o_proj,
-    "K rows of KV heads 0 and 1 swapped (layer 0)": _swap_kv_heads_k,
-    "final norm weight perturbed 25% (seeded)": _perturb_final_norm,
-    "norm weight read as 1 + w (layer 5 input norm)": _norm_one_plus_w,
-    "gate_proj and up_proj swapped (layer 20)": _swap_gate_up,
-    "V rows of KV heads 0 and 1 swapped (layer 1)": _swap_kv_heads_v,
+def _query_head_wrong_group(t: Tensors, c: Config) -> None:
+    """Query head 0 attends with KV group 1 (and head g, g = heads per group, with group 0):
+    moving head 0's q rows and o_proj columns to slot g, which sits in the next group."""
+    d = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    g = c["num_attention_heads"] // c["num_key_value_heads"]
+    _swap_rows(t[ATTN.format(3, "q")], slice(0, d), slice(g * d, (g + 1) * d))
+    o = t[ATTN.format(3, "o")].T  # a view: columns of o_proj as rows
+    _swap_rows(o, slice(0, d), slice(g * d, (g + 1) * d))
+
+
+@dataclass
+class WeightMutant:
+    models: tuple[str, ...]
+    mutate: Callable[[Tensors, Config], None] | None = None
+    config: Callable[[Config], Config] | None = None
+    reference_changes: dict[str, Any] = field(default_factory=dict)  # both sides' checkpoint
+
+
+SMOL, GEMMA, BOTH = ("smollm2",), ("gemma3",), ("smollm2", "gemma3")
+
+WEIGHT_MUTANTS: dict[str, WeightMutant] = {
+    "o_proj of layer 0 scaled x1.5": WeightMutant(SMOL, _scale_o_proj),
+    "K rows of KV heads 0 and 1 swapped (layer 0)": WeightMutant(SMOL, _swap_kv_heads("k", 0)),
+    "final norm weight perturbed 25% (seeded)": WeightMutant(SMOL, _perturb_final_norm),
+    "norm weight read as 1 + w (layer 5 input norm)": WeightMutant(SMOL, _norm_one_plus_w),
+    "gate_proj and up_proj swapped (layer 20)": WeightMutant(SMOL, _swap_gate_up),
+    "V rows of KV heads 0 and 1 swapped (layer 1)": WeightMutant(SMOL, _swap_kv_heads("v", 1)),
+    # new classes
+    "gate_proj of the middle layer scaled x1.2": WeightMutant(BOTH, _scale_gate_proj_mid),
+    "query head 0 mapped to the wrong KV group (layer 3)": WeightMutant(
+        SMOL, _query_head_wrong_group
+    ),
+    "k_norm read as w instead of 1 + w (layer 3)": WeightMutant(GEMMA, _norm_w_not_one_plus_w),
+    "RMSNorm epsilon of the other family (1e-5 <-> 1e-6)": WeightMutant(
+        BOTH, config=lambda c: {"rms_norm_eps": 1e-6 if c["rms_norm_eps"] > 5e-6 else 1e-5}
+    ),
+    "final-logit softcap 30 applied (Gemma 2's, Gemma 3 has none)": WeightMutant(
+        GEMMA, config=lambda c: {"final_logit_softcapping": 30.0}
+    ),
+    "local layers use the global RoPE base": WeightMutant(
+        GEMMA, config=lambda c: {"rope_local_base_freq": c["rope_theta"]}
+    ),
+    "attention scale 1/sqrt(hidden/heads), not query_pre_attn_scalar": WeightMutant(
+        GEMMA,
+        config=lambda c: {"query_pre_attn_scalar": c["hidden_size"] // c["num_attention_heads"]},
+    ),
+    f"sliding window off by one ({WINDOW - 1} vs {WINDOW} on both sides' copy)": WeightMutant(
+        GEMMA,
+        config=lambda c: {"sliding_window": WINDOW - 1},
+        reference_changes={"sliding_window": WINDOW},
+    ),
 }
 
 
-def altered_checkpoint(
-    src: Path,
-    dst: Path,
-    mutate: Callable[[Tensors], None] | None,
-    config_changes: dict[str, Any] | None = None,
-) -> Path:
-    """A checkpoint copy: unchanged files symlinked, only what changes written anew."""
-    from safetensors.torch import load_file, save_file
-
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.is_file() and not f.name.startswith("."):
-            if f.name == "model.safetensors" and mutate is not None:
-                tensors = load_file(f)
-                mutate(tensors)
-                save_file(tensors, dst / f.name, metadata={"format": "pt"})
-            elif f.name == "config.json" and config_changes:
-                cfg = json.loads(f.read_text())
-                cfg.update(config_changes)
-                (dst / f.name).write_text(json.dumps(cfg, indent=2))
-            else:
-                os.symlink(f, dst / f.name)
-    return dst
+def _cases(mutants: dict[str, Any]) -> list[Any]:
+    return [
+        pytest.param(m, name, id=f"{m}-{name}") for name, mt in mutants.items() for m in mt.models
+    ]
 
 
-@pytest.mark.parametrize("name", list(WEIGHT_MUTANTS))
-def test_weight_mutant_fails(
-    name: str,
-    config: VerifyConfig,
-    reference: Capture,
-    tmp_path: Path,
-    mutant_table: list[tuple[str, str, str]],
-) -> None:
-    ckpt = altered_checkpoint(config.model_dir, tmp_path / "ckpt", WEIGHT_MUTANTS[name])
+def _run_and_record(name: str, model: str, kind: str, runner: Any, s: Subject, table: list,
+                    **kw: Any) -> None:  # fmt: skip
     try:
-        runner = EngineRunner(ckpt, max_context=config.max_context)
-        results = judge(runner, config, reference)
-        runner.close()
+        results = judge(runner, s, **kw)
     finally:
-        (ckpt / "model.safetensors").unlink(missing_ok=True)  # 270 MB: do not keep
-    mutant_table.append((name, "weights", lenses_of(results)))
+        runner.close()
+    table.append((f"{model}: {name}", kind, lenses_of(results)))
     assert any(r.failed for r in results), f"the gate let '{name}' through: {lenses_of(results)}"
+
+
+@pytest.mark.parametrize(("model", "name"), _cases(WEIGHT_MUTANTS))
+def test_weight_mutant_fails(
+    model: str, name: str, subjects: Any, tmp_path: Path, mutant_table: list
+) -> None:
+    m = WEIGHT_MUTANTS[name]
+    s = subjects(model, m.reference_changes or None)
+    src_cfg = json.loads((s.config.model_dir / "config.json").read_text())
+    changes = m.config(src_cfg) if m.config else None
+    ckpt = altered_checkpoint(s.config.model_dir, tmp_path / "ckpt", m.mutate, changes)
+    try:
+        if m.reference_changes:  # the control: the clean engine passes on that copy
+            clean = _engine(s.config.model_dir, s)
+            control = judge(clean, s)
+            clean.close()
+            assert not any(r.failed for r in control), f"control failed: {lenses_of(control)}"
+        _run_and_record(name, model, "weights", _engine(ckpt, s), s, mutant_table)
+    finally:
+        (ckpt / "model.safetensors").unlink(missing_ok=True)  # hundreds of MB: do not keep
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,6 +326,7 @@ class Wrapped:
         self.name = f"mutant of {inner.name}"
         self.max_context = inner.max_context
         self.eos_token_ids = inner.eos_token_ids
+        self.precision_tier = inner.precision_tier
         self.prompt_len = 0
 
     def encode_prompt(self, text: str, chat: bool) -> list[int]:
@@ -238,12 +371,48 @@ class StaleKvEntry(Wrapped):
         return record
 
 
-class KvCacheWrapsAt64(Wrapped):
-    """A ring-buffer bug: decode positions wrap at 64, so late steps overwrite the prompt's
-    first entries and attend to a truncated history. Bites late (prompts are ~45 tokens)."""
+class EarlyKvOverwritten(Wrapped):
+    """At decode step 24 the KV entries of positions 1-4 are overwritten with the current
+    token's, as a mis-indexed cache write late in a long decode would. Bites late."""
+
+    STEP = 24
 
     def decode_step(self, token: int, pos: int) -> DecodeStepRecord:
-        return self.inner.decode_step(token, pos % 64)
+        if pos == self.prompt_len + self.STEP:
+            for early in range(1, 5):
+                self.inner.decode_step(token, early)  # rewrites that slot; logits dropped
+        return self.inner.decode_step(token, pos)
+
+
+class KvCacheWraps(Wrapped):
+    """A ring-buffer bug: decode positions wrap at a fixed capacity, so late steps overwrite
+    the prompt's first entries and attend to a truncated history. Bites late."""
+
+    def __init__(self, inner: EngineRunner, capacity: int) -> None:
+        super().__init__(inner)
+        self.capacity = capacity
+
+    def decode_step(self, token: int, pos: int) -> DecodeStepRecord:
+        return self.inner.decode_step(token, pos % self.capacity)
+
+
+class LogitsInBf16(Wrapped):
+    """The logits land in a bf16 buffer: every logit rounded to 8 significant bits."""
+
+    @staticmethod
+    def _round(logits: np.ndarray) -> np.ndarray:
+        bits = np.asarray(logits, dtype=np.float32).view(np.uint32)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+        return rounded.astype(np.uint32).view(np.float32)
+
+    def prefill(self, tokens: list[int], capture: bool = False) -> PrefillRecord:
+        record = super().prefill(tokens, capture)
+        record.logits = self._round(record.logits)
+        return record
+
+    def decode_step(self, token: int, pos: int) -> DecodeStepRecord:
+        logits = self._round(self.inner.decode_step(token, pos).logits)
+        return DecodeStepRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
 
 
 class DecodeRopeBase(Wrapped):
@@ -297,54 +466,71 @@ class SkipFinalNorm(Wrapped):
         return DecodeStepRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
 
 
-def _lm_head(config: VerifyConfig) -> np.ndarray:
+def _lm_head(model_dir: Path) -> np.ndarray:
     from safetensors import safe_open
 
-    with safe_open(config.model_dir / "model.safetensors", "pt") as f:
+    with safe_open(model_dir / "model.safetensors", "pt") as f:
         name = "lm_head.weight" if "lm_head.weight" in f.keys() else "model.embed_tokens.weight"
         return f.get_tensor(name).float().numpy()
 
 
-def _engine(config: VerifyConfig) -> EngineRunner:
-    return EngineRunner(config.model_dir, max_context=config.max_context)
+def _rope_mutant(s: Subject, tmp: Path) -> Wrapped:
+    other = altered_checkpoint(s.config.model_dir, tmp / "rope", None, {"rope_theta": 10000.0})
+    return DecodeRopeBase(_engine(s.config.model_dir, s), _engine(other, s))
+
+
+def _wrapping(s: Subject, _: Path) -> Wrapped:
+    """A capacity the decode crosses after ~16 steps: 64 for SmolLM2's ~45-token chat
+    prompts, the next multiple of 16 for Gemma's short base prompts."""
+    longest = max(len(p.prompt_ids) for p in s.reference.prompts)
+    return KvCacheWraps(_engine(s.config.model_dir, s), -(-(longest + 16) // 16) * 16)
 
 
 @dataclass
 class CallMutant:
-    make: Callable[[VerifyConfig, Path], Wrapped]
+    make: Callable[[Subject, Path], Wrapped]
+    models: tuple[str, ...] = BOTH
     n_prompts: int = VERIFY
     n_tokens: int = GATE_N_TOKENS
 
 
-def _rope_mutant(c: VerifyConfig, tmp: Path) -> Wrapped:
-    other = altered_checkpoint(c.model_dir, tmp / "rope", None, {"rope_theta": 10000.0})
-    return DecodeRopeBase(_engine(c), EngineRunner(other, max_context=c.max_context))
+def _wrap(cls: type[Wrapped]) -> Callable[[Subject, Path], Wrapped]:
+    return lambda s, _: cls(_engine(s.config.model_dir, s))
 
 
 CALL_MUTANTS: dict[str, CallMutant] = {
-    "decode position off by one": CallMutant(
-        lambda c, _: DecodePosOffByOne(_engine(c)), n_prompts=len(PROMPTS)
-    ),
-    "stale KV entry at decode step 20": CallMutant(lambda c, _: StaleKvEntry(_engine(c))),
-    "KV cache wraps at 64 positions": CallMutant(lambda c, _: KvCacheWrapsAt64(_engine(c))),
-    "RoPE base 10000 in decode": CallMutant(_rope_mutant, n_prompts=len(PROMPTS)),
+    "decode position off by one": CallMutant(_wrap(DecodePosOffByOne)),
+    "stale KV entry at decode step 20": CallMutant(_wrap(StaleKvEntry)),
+    "KV cache wraps at a fixed capacity": CallMutant(_wrapping),
+    "RoPE base 10000 in decode": CallMutant(_rope_mutant, SMOL),
     "final norm skipped": CallMutant(
-        lambda c, _: SkipFinalNorm(_engine(c), _lm_head(c)), n_prompts=1, n_tokens=8
+        lambda s, _: SkipFinalNorm(_engine(s.config.model_dir, s), _lm_head(s.config.model_dir)),
+        SMOL,
+        n_prompts=1,
+        n_tokens=8,
     ),
+    # new classes
+    "early KV entries (positions 1-4) overwritten at decode step 24": CallMutant(
+        _wrap(EarlyKvOverwritten)
+    ),
+    "logits rounded to bf16": CallMutant(_wrap(LogitsInBf16)),
 }
 
 
-@pytest.mark.parametrize("name", list(CALL_MUTANTS))
+@pytest.mark.parametrize(("model", "name"), _cases(CALL_MUTANTS))
 def test_call_path_mutant_fails(
-    name: str,
-    config: VerifyConfig,
-    reference: Capture,
-    tmp_path: Path,
-    mutant_table: list[tuple[str, str, str]],
+    model: str, name: str, subjects: Any, tmp_path: Path, mutant_table: list
 ) -> None:
-    mutant = CALL_MUTANTS[name]
-    runner = mutant.make(config, tmp_path)
-    results = judge(runner, config, reference, mutant.n_prompts, mutant.n_tokens)
-    runner.close()
-    mutant_table.append((name, "call path", lenses_of(results)))
-    assert any(r.failed for r in results), f"the gate let '{name}' through: {lenses_of(results)}"
+    m = CALL_MUTANTS[name]
+    s = subjects(model)
+    runner = m.make(s, tmp_path)
+    _run_and_record(
+        name,
+        model,
+        "call path",
+        runner,
+        s,
+        mutant_table,
+        n_prompts=m.n_prompts,
+        n_tokens=m.n_tokens,
+    )

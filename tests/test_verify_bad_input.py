@@ -143,6 +143,19 @@ def test_compare_phase_without_captures(stub_ckpt: Path, tmp_path: Path) -> None
     assert_one_line_error(proc, "no reference capture", code=2)
 
 
+def test_compare_phase_without_the_truth(stub_ckpt: Path, tmp_path: Path) -> None:
+    """A work dir holding the bf16 and engine captures but no fp32 one is refused by name."""
+    from verify.gate import Capture, save_capture
+
+    work = tmp_path / "work"
+    meta = {"model_dir": str(stub_ckpt.resolve()), "diagnose": False}
+    for side, name in (("reference", "reference.pkl"), ("engine", "engine.pkl")):
+        save_capture(Capture(side, "stub", meta, []), work / name)
+    args = ("--gate-phase", "compare", "--work-dir", str(work), "--report-dir", str(tmp_path))
+    proc = run(ADAPTER, "--model", str(stub_ckpt), *args)
+    assert_one_line_error(proc, "no truth capture", "--gate-phase truth", code=2)
+
+
 def test_prompt_longer_than_the_context(smollm2_checkpoint: Path, tmp_path: Path) -> None:
     long_prompt = "The quick brown fox jumps over the lazy dog. " * 500  # ~5000 tokens
     proc = run(

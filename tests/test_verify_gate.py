@@ -1,8 +1,9 @@
-"""The smollm2_135m deployment passes the verify gate, end to end through the CLI.
+"""The deployments pass the verify gate, end to end through the CLI.
 
-Runs what `make -C llms/smollm2_135m verify` runs (2 prompts x 32 tokens, top-5), with the
-teacher-forced lens gating too (--all-steps, as CI does), in the default auto phase mode:
-HF and our engine each in a process of their own. Then diagnosis: informational, exit 0.
+Runs what `make -C llms/smollm2_135m verify` runs (32 tokens, every default lens: first
+divergence, teacher-forced top-5, the calibrated KL lens), in the default auto phase mode:
+HF bf16, HF fp32 and our engine each in a process of their own. Then --spec-gate (the seed's
+gate alone), the held-out prompts, and diagnosis: informational, exit 0, with its plot.
 """
 
 from __future__ import annotations
@@ -47,32 +48,78 @@ def test_smollm2_passes_the_gate(
         "instruct",
         "--max-prompts",
         "3",
-        "--all-steps",
         "--report-dir",
         str(tmp_path),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = proc.stdout.strip().splitlines()[-1]
-    assert "PASS" in summary and "first-divergence 3/3" in summary, summary
+    assert "PASS" in summary and "first-divergence 3/3 (gating)" in summary, summary
+    assert "teacher-forced 3/3 (gating" in summary and "calibrated 3/3 (gating" in summary
+    assert "bf16 floor mean" in summary, summary
     report = report_of(proc, tmp_path)
-    assert report["verdict"] == "pass"
-    assert report["meta"]["prompt_format"] == "chat" and report["meta"]["all_steps"] is True
+    assert report["verdict"] == "pass" and report["meta"]["prompt_format"] == "chat"
+    assert report["meta"]["truth_runner"] == "hf-transformers-fp32"
     assert [p["failed"] for p in report["prompts"]] == [False, False, False]
-    assert all(p["teacher_forced"]["steps"] == 32 for p in report["prompts"])
+    for p in report["prompts"]:
+        assert p["teacher_forced"]["steps"] == p["calibrated"]["steps"] == 32
+        assert p["gating"] == ["tokenizer", "non-finite", "first-divergence", "teacher-forced",
+                               "calibrated"]  # fmt: skip
+        # The floor is real bf16 noise, and ours is below the tier's margin of it.
+        assert p["calibrated"]["floor_mean"] > 0 and p["calibrated"]["passed"]
     assert len(list(tmp_path.glob("*.md"))) == 1
+
+
+def test_spec_gate_is_the_seeds_gate(
+    smollm2_checkpoint: Path, engine_binding: Any, tmp_path: Path
+) -> None:
+    proc = run_verify(
+        "--max-prompts", "1", "--spec-gate", "--report-dir", str(tmp_path)
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert "first-divergence 1/1 (gating)" in summary, summary
+    assert "(informational" in summary and "calibrated" not in summary, summary
+    report = report_of(proc, tmp_path)
+    assert report["meta"]["truth_runner"].startswith("not run")
+    assert report["prompts"][0]["gating"] == ["first-divergence"]
+
+
+def test_held_out_prompts_do_not_fail(
+    smollm2_checkpoint: Path, engine_binding: Any, tmp_path: Path
+) -> None:
+    """Prompts no margin was chosen on: a correct engine must pass every lens there too."""
+    held_out = REPO / "llms" / "verify" / "prompts" / "heldout_instruct.txt"
+    proc = run_verify(
+        "--prompts-file", str(held_out), "--max-prompts", "2", "--report-dir", str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_diagnosis_prints_the_layer_table(
     smollm2_checkpoint: Path, engine_binding: Any, tmp_path: Path
 ) -> None:
-    proc = run_verify("--prompts", "single", "--model", "instruct", "--report-dir", str(tmp_path))
+    prompt = "Name three colours of the rainbow."
+    proc = run_verify(
+        "--prompts", "single", "--prompt", prompt, "--report-dir", str(tmp_path)
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     n_layers = json.loads((smollm2_checkpoint / "config.json").read_text())["num_hidden_layers"]
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| layer ")]
     assert len(rows) == n_layers
-    assert "| final norm |" in proc.stdout and "DIAGNOSIS" in proc.stdout
-    layers = report_of(proc, tmp_path)["prompts"][0]["layers"]
-    assert len(layers) == n_layers + 2 and all(-1.0 <= s["cos_min"] <= 1.0 for s in layers)
+    assert "| final norm |" in proc.stdout and f"prompt: {prompt}" in proc.stdout
+    assert "fp32 cos min" in proc.stdout and "bf16 cos min" in proc.stdout
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert summary.startswith("diagnosis smollm2_135m") and "PASS" not in summary, summary
+    report = report_of(proc, tmp_path)
+    layers, truth = report["prompts"][0]["layers"], report["prompts"][0]["layers_truth"]
+    assert len(layers) == len(truth) == n_layers + 2
+    if report["meta"]["precision_tier"] == "fp32":
+        # Against fp32 our fp32 path is orders of magnitude closer than against bf16.
+        assert max(s["rel_err"] for s in truth) < 0.01 * min(s["rel_err"] for s in layers)
+    md = next(tmp_path.glob("*.md")).read_text()
+    assert md.startswith("# diagnosis smollm2_135m") and "verify PASS" not in md
+    (png,) = tmp_path.glob("*.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png.name})" in md
 
 
 def test_gemma3_base_passes_the_gate(engine_binding: Any, tmp_path: Path) -> None:
@@ -86,7 +133,6 @@ def test_gemma3_base_passes_the_gate(engine_binding: Any, tmp_path: Path) -> Non
         "base",
         "--max-prompts",
         "2",
-        "--all-steps",
         "--report-dir",
         str(tmp_path),
         adapter="gemma3_270m.verify_adapter",

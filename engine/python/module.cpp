@@ -90,6 +90,17 @@ NB_MODULE(edgellm_py, m) {
       },
       "the active tier and the activation precision of its matmuls, for reports");
 
+  m.def(
+      "activation_dtype",
+      [] {
+        namespace k = edgellm::kernels;
+        const bool bf16 =
+            k::active_isa() >= k::Isa::avx512 && k::gemm_precision() == k::GemmPrecision::bf16;
+        return std::string(bf16 ? "bf16" : "f32");
+      },
+      "what the prefill matmuls round activations to on the active tier (the calibrated lens' "
+      "precision tier)");
+
   m.def("detected_isa",
         [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::detect_isa())); });
 

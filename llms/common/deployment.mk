@@ -29,6 +29,7 @@ FETCH_CMD ?= $(PY) $(REPO_ROOT)/scripts/fetch_model.py $(FETCH_DIR)
 N_TOKENS ?= 100
 THREADS ?= $(shell nproc)
 IGNORE_EOS ?= 1
+VERIFY_ARGS ?=
 export PYTHONPATH := $(BUILD_DIR)/python:$(REPO_ROOT)/llms:$(REPO_ROOT)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -52,9 +53,9 @@ help:
 	@echo "  run          answer PROMPT; prints TTFT and TPS over N_TOKENS=$(N_TOKENS) tokens"
 	@echo "  profile      the same run with the per-phase and per-kernel time breakdown"
 	@echo "  chat         interactive chat with line editing (/help inside; Ctrl-D quits)"
-	@echo "  verify       top-5 token gate vs HF transformers bf16 (2 prompts x 32 tokens)"
-	@echo "  verify-full  the gate over all prompts, teacher-forced lens gating too"
-	@echo "  diagnosis    per-layer cosine vs HF (informational)"
+	@echo "  verify       gate vs HF transformers bf16 and fp32, every lens (2 prompts x 32 tokens)"
+	@echo "  verify-full  the same gate over all prompts (VERIFY_ARGS=--spec-gate: the seed's gate)"
+	@echo "  diagnosis    per-layer cosine vs HF bf16 and fp32 for PROMPT, with a plot (informational)"
 	@echo "  clean        remove the binary"
 	@echo "variables: MODEL=$(MODEL) (a choice of deployment.json or a checkpoint dir), PROMPT,"
 	@echo "  N_TOKENS, THREADS=$(THREADS), TEMPERATURE, TOP_K, TOP_P, SEED,"
@@ -78,13 +79,13 @@ chat: compile fetch
 	@$(BIN) $(RUN_ARGS) --chat
 
 verify: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --max-prompts 2
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --max-prompts 2 $(VERIFY_ARGS)
 
 verify-full: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --all-steps
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' $(VERIFY_ARGS)
 
 diagnosis: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts single --model '$(MODEL)'
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts single --model '$(MODEL)' $(PROMPT_ARG)
 
 clean:
 	rm -f $(BIN)

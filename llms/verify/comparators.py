@@ -1,10 +1,12 @@
-"""The gate's comparisons: top-k token sets (decides), per-layer cosine (informs).
+"""The gate's comparisons: top-k token sets, KL calibrated on a measured noise floor, and
+per-layer cosine (informs).
 
-Why a token-set gate and not logits thresholds: the reference runs in bf16, so the two sides
-differ by rounding, and near-ties between the top candidates flip one way or the other. A
-correct engine keeps each side's choice inside the other's top-5 at the first point where
-the greedy sequences part; a KV-cache, position or weight bug does not. Continuous metrics
-(cosine, KL) are reported to localize a failure, never to decide one.
+Why token sets against the bf16 reference: it differs from us by rounding, and near-ties
+between the top candidates flip one way or the other. A correct engine keeps each side's
+choice inside the other's top-5; a KV-cache, position or weight bug does not, unless it is
+small. Why a KL threshold only against the fp32 reference: there the noise is measured, not
+guessed. HF bf16's own KL from the fp32 truth on the same tokens is the floor, and our
+figure is judged as a multiple of it (``calibrated_check``).
 
 Ties everywhere are broken toward the smaller token id, as ``argmax`` does, so one logits
 vector always yields one ranking.
@@ -198,16 +200,25 @@ class TeacherForcedCheck:
     first_failure: str = ""
 
 
+def _mutual_topk(a: np.ndarray, b: np.ndarray, k: int) -> tuple[list[int], list[int], bool]:
+    a_top, b_top = topk_token_ids(a, k), topk_token_ids(b, k)
+    return a_top, b_top, a_top[0] in b_top and b_top[0] in a_top
+
+
 def teacher_forced_check(
     ref_logits: Sequence[np.ndarray],
     test_logits: Sequence[np.ndarray],
     k: int = GATE_K,
     token_text: Callable[[int], str] | None = None,
+    truth_logits: Sequence[np.ndarray] | None = None,
 ) -> TeacherForcedCheck:
     """Compare step i of both sides, where both were fed the reference's tokens before step i.
 
     The token the reference chose at step i is its argmax; ours is our argmax. Each must be in
-    the other's top-k at every step.
+    the other's top-k at every step. With ``truth_logits`` (HF fp32 on the same tokens) a step
+    also passes when our top-k agrees that way with the truth instead: where bf16 rounding
+    alone reorders near-ties (random-weight checkpoints do it at most steps), the bf16
+    reference is not the one to be agreed with.
     """
     steps = min(len(ref_logits), len(test_logits))
     text = token_text or str
@@ -216,11 +227,12 @@ def teacher_forced_check(
     failed: list[int] = []
     first_failure = ""
     for i in range(steps):
-        r_top = topk_token_ids(ref_logits[i], k)
-        t_top = topk_token_ids(test_logits[i], k)
+        r_top, t_top, ok = _mutual_topk(ref_logits[i], test_logits[i], k)
         kl.append(kl_divergence(ref_logits[i], test_logits[i]))
         agree.append(r_top[0] == t_top[0])
-        if r_top[0] not in t_top or t_top[0] not in r_top:
+        if not ok and truth_logits is not None and i < len(truth_logits):
+            ok = _mutual_topk(truth_logits[i], test_logits[i], k)[2]
+        if not ok:
             failed.append(i)
             if not first_failure:
                 first_failure = (
@@ -247,6 +259,114 @@ def teacher_forced_check(
         top1_agreement=float(np.mean(agree)) if agree else 1.0,
         failed_steps=failed,
         first_failure=first_failure,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Lens 3, calibrated: KL from the fp32 truth, judged against the bf16 reference's own KL
+# ---------------------------------------------------------------------------------------------
+
+# How far from the fp32 truth a precision tier may be, as a multiple of the bf16 floor (mean
+# and worst step alike). Measured and argued in llms/verify/README.md ("Choosing the margin").
+TIER_MARGINS = {"fp32": 1e-5, "reduced": 4.0}
+TIERS = (*TIER_MARGINS, "requantized")  # requantized: weights HF never saw; informational
+
+
+@dataclass
+class CalibratedCheck:
+    """Our KL from the fp32 truth beside HF bf16's, per step, with the verdict.
+
+    ``kl[i]`` = KL(P_fp32 || P_ours) and ``floor[i]`` = KL(P_fp32 || P_bf16) at teacher-forced
+    step i, the same tokens on all three sides. Passing means mean and worst-step KL are both
+    within ``margin`` times the floor's mean and worst step.
+    """
+
+    passed: bool
+    gating: bool
+    tier: str
+    margin: float | None
+    steps: int
+    kl: list[float]
+    floor: list[float]
+    kl_mean: float
+    kl_max: float
+    kl_max_step: int
+    floor_mean: float
+    floor_max: float
+    ratio_mean: float  # kl_mean / floor_mean
+    ratio_max: float  # kl_max / floor_max
+    top1_agreement: float  # our argmax vs the truth's
+    floor_top1_agreement: float  # HF bf16's argmax vs the truth's
+    reason: str = ""
+
+
+def _ratio(x: float, floor: float) -> float:
+    if floor > 0:
+        return x / floor
+    return 0.0 if x == 0 else float("inf")
+
+
+def calibrated_check(
+    truth_logits: Sequence[np.ndarray],
+    ref_logits: Sequence[np.ndarray],
+    test_logits: Sequence[np.ndarray],
+    tier: str = "fp32",
+) -> CalibratedCheck:
+    """Judge our KL from the fp32 truth against the bf16 reference's, on the same steps.
+
+    Why mean and worst step: the mean catches a bug spread thinly over every step, the worst
+    step one that bites once (a KV entry overwritten late). Why relative to the floor: it is
+    measured per prompt in the same run, so it carries that prompt's sensitivity (a flat or
+    a peaked distribution) and that model's (random weights are chaotic), and needs no
+    per-model constant. The tier sets the margin: an fp32 engine must sit orders of
+    magnitude below bf16's noise; a bf16-activation or quantized path near it.
+    """
+    if tier not in TIERS:
+        raise ValueError(f"precision tier {tier!r}: expected one of {', '.join(TIERS)}")
+    steps = min(len(truth_logits), len(ref_logits), len(test_logits))
+    kl = [kl_divergence(truth_logits[i], test_logits[i]) for i in range(steps)]
+    floor = [kl_divergence(truth_logits[i], ref_logits[i]) for i in range(steps)]
+    truth_top1 = [topk_token_ids(truth_logits[i], 1)[0] for i in range(steps)]
+    ours_agree = [topk_token_ids(test_logits[i], 1)[0] == t for i, t in enumerate(truth_top1)]
+    ref_agree = [topk_token_ids(ref_logits[i], 1)[0] == t for i, t in enumerate(truth_top1)]
+    kl_arr = np.asarray(kl) if kl else np.zeros(1)
+    floor_arr = np.asarray(floor) if floor else np.zeros(1)
+    kl_mean, kl_max = float(kl_arr.mean()), float(kl_arr.max())
+    floor_mean, floor_max = float(floor_arr.mean()), float(floor_arr.max())
+    ratio_mean, ratio_max = _ratio(kl_mean, floor_mean), _ratio(kl_max, floor_max)
+    margin = TIER_MARGINS.get(tier)
+    gating = margin is not None
+    reasons = []
+    if steps != max(len(truth_logits), len(ref_logits), len(test_logits)):
+        reasons.append(
+            f"step counts differ: truth {len(truth_logits)}, reference {len(ref_logits)}, "
+            f"ours {len(test_logits)}"
+        )
+    if not np.isfinite(kl_arr).all():
+        reasons.append("non-finite KL")
+    if margin is not None:
+        if not ratio_mean <= margin:
+            reasons.append(f"mean KL {ratio_mean:.3g}x the floor (margin {margin:g}x)")
+        if not ratio_max <= margin:
+            reasons.append(f"worst-step KL {ratio_max:.3g}x the floor (margin {margin:g}x)")
+    return CalibratedCheck(
+        passed=not reasons,
+        gating=gating,
+        tier=tier,
+        margin=margin,
+        steps=steps,
+        kl=kl,
+        floor=floor,
+        kl_mean=kl_mean,
+        kl_max=kl_max,
+        kl_max_step=int(kl_arr.argmax()),
+        floor_mean=floor_mean,
+        floor_max=floor_max,
+        ratio_mean=ratio_mean,
+        ratio_max=ratio_max,
+        top1_agreement=float(np.mean(ours_agree)) if steps else 1.0,
+        floor_top1_agreement=float(np.mean(ref_agree)) if steps else 1.0,
+        reason="; ".join(reasons),
     )
 
 

@@ -1,9 +1,9 @@
 """Running both sides over the prompts, and judging the captures.
 
-Capture and judgement are separate so that each side can run in its own process (the two
-models never sit in memory together) and so that tests can capture the reference once and
-judge many engine variants (the mutant suite) against it. The order is reference first: the
-engine's teacher-forced pass is fed the reference's tokens.
+Capture and judgement are separate so that each side can run in its own process (no two
+models ever sit in memory together) and so that tests can capture the references once and
+judge many engine variants (the mutant suite) against them. The order is the bf16 reference
+first: the fp32 truth and the engine's teacher-forced pass are fed its tokens.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ import numpy as np
 from verify.comparators import (
     GATE_K,
     GATE_N_TOKENS,
+    CalibratedCheck,
     PairStats,
     TeacherForcedCheck,
     TopkCheck,
+    calibrated_check,
     compare_pair,
     compute_topk_set_check,
     teacher_forced_check,
@@ -32,7 +34,8 @@ from verify.comparators import (
 from verify.errors import VerifyError
 from verify.runners.records import PrefillRecord, Runner
 
-CAPTURE_FORMAT = 1
+CAPTURE_FORMAT = 2
+LENSES = ("tokenizer", "non-finite", "first-divergence", "teacher-forced", "calibrated")
 
 
 @dataclass
@@ -56,11 +59,26 @@ class SideCapture:
 class Capture:
     """A side's captures over the prompt set, plus how they were made."""
 
-    side: str  # reference | engine
+    side: str  # reference (HF bf16) | truth (HF fp32, teacher-forced) | engine
     runner: str
     meta: dict[str, Any]
     prompts: list[SideCapture]
     format: int = CAPTURE_FORMAT
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    """Which lenses gate. The default gates every lens; ``spec`` is the seed's gate exactly
+    (first divergence, top-5, HF bf16); ``tier`` is our engine's precision tier, which sets
+    the calibrated lens' margin (comparators.TIER_MARGINS) or makes it informational."""
+
+    spec: bool = False
+    tier: str = "fp32"
+
+    def gates(self, lens: str) -> bool:
+        if self.spec:
+            return lens == "first-divergence"
+        return lens != "calibrated" or self.tier != "requantized"
 
 
 @dataclass
@@ -73,11 +91,13 @@ class PromptResult:
     tokens_match: bool
     first_divergence: TopkCheck
     teacher_forced: TeacherForcedCheck | None
-    gate_all_steps: bool
+    calibrated: CalibratedCheck | None
+    gating: list[str]  # the lenses that decide (the others are reported only)
     failed: bool
     lenses: list[str]  # which checks flagged this prompt (empty when clean)
     notes: list[str] = field(default_factory=list)
-    layers: list[PairStats] = field(default_factory=list)
+    layers: list[PairStats] = field(default_factory=list)  # vs HF bf16
+    layers_truth: list[PairStats] = field(default_factory=list)  # vs HF fp32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,6 +219,31 @@ def capture_side(
     return Capture(side=side, runner=runner.name, meta=meta, prompts=captures)
 
 
+def capture_truth(runner: Any, reference: Capture, capture_layers: bool = False) -> Capture:
+    """The fp32 truth, teacher-forced on the bf16 reference's tokens (one pass per prompt).
+
+    ``runner`` is an HfRunner in fp32: it needs ``forced_logits`` besides the Runner protocol.
+    """
+    captures = []
+    for p in reference.prompts:
+        logits = runner.forced_logits(p.prompt_ids, p.tokens)
+        record = runner.prefill(p.prompt_ids, capture=True) if capture_layers else None
+        captures.append(
+            SideCapture(
+                prompt=p.prompt,
+                prompt_ids=list(p.prompt_ids),
+                tokens=list(p.tokens),
+                logits=logits,
+                forced_logits=None,
+                text=p.text,
+                token_texts={},
+                prefill=record,
+                nonfinite=_first_nonfinite("fp32 reference", logits),
+            )
+        )
+    return Capture(side="truth", runner=runner.name, meta=dict(reference.meta), prompts=captures)
+
+
 # ---------------------------------------------------------------------------------------------
 # judgement
 # ---------------------------------------------------------------------------------------------
@@ -228,16 +273,23 @@ def layer_stats(ours: PrefillRecord, ref: PrefillRecord, positions: int) -> list
 
 
 def evaluate(
-    ours: Capture, ref: Capture, k: int = GATE_K, all_steps: bool = False
+    ours: Capture,
+    ref: Capture,
+    truth: Capture | None = None,
+    k: int = GATE_K,
+    policy: GatePolicy = GatePolicy(),
 ) -> list[PromptResult]:
-    """Judge every prompt: tokenization, first-divergence gate, teacher-forced lens, layers."""
-    if len(ours.prompts) != len(ref.prompts):
-        raise VerifyError(
-            f"captures disagree: {len(ours.prompts)} prompts (engine) vs {len(ref.prompts)} "
-            "(reference); rerun both phases into one --work-dir"
-        )
+    """Judge every prompt: tokenization, first divergence, teacher-forced top-k, the
+    calibrated KL lens (when the fp32 truth was captured), per-layer closeness."""
+    for other in (ref, truth):
+        if other is not None and len(other.prompts) != len(ours.prompts):
+            raise VerifyError(
+                f"captures disagree: {len(ours.prompts)} prompts (engine) vs "
+                f"{len(other.prompts)} ({other.side}); rerun every phase into one --work-dir"
+            )
     results = []
     for i, (o, r) in enumerate(zip(ours.prompts, ref.prompts, strict=True)):
+        t = truth.prompts[i] if truth is not None else None
         texts = {**o.token_texts, **r.token_texts}
 
         def token_text(t: int, texts: dict[int, str] = texts) -> str:
@@ -271,19 +323,21 @@ def evaluate(
         )
         if not check.passed:
             lenses.append("first-divergence")
-        tf = None
+        tf = cal = None
+        if t is not None and t.nonfinite:
+            notes.append(t.nonfinite + " (the truth itself: the calibrated lens is skipped)")
+        truth_logits = t.logits if t is not None and not t.nonfinite else None
         if o.forced_logits is not None:
-            tf = teacher_forced_check(r.logits, o.forced_logits, k, token_text)
+            tf = teacher_forced_check(r.logits, o.forced_logits, k, token_text, truth_logits)
             if not tf.passed:
                 lenses.append("teacher-forced")
-        gating = [lens for lens in lenses if lens != "teacher-forced" or all_steps]
-        layers: list[PairStats] = []
-        if o.prefill is not None and r.prefill is not None and o.prefill.layer_outputs:
-            try:
-                same = _common_prefix(o.prompt_ids, r.prompt_ids)
-                layers = layer_stats(o.prefill, r.prefill, same)
-            except ValueError as e:
-                notes.append(f"layer comparison skipped: {e}")
+            if truth_logits is not None:
+                cal = calibrated_check(truth_logits, r.logits, o.forced_logits, policy.tier)
+                if not cal.passed:
+                    lenses.append("calibrated")
+        gating = [lens for lens in LENSES if policy.gates(lens)]
+        layers = _layers(o, r, notes)
+        layers_truth = _layers(o, t, notes) if t is not None else []
         results.append(
             PromptResult(
                 index=i,
@@ -292,14 +346,27 @@ def evaluate(
                 tokens_match=tokens_match,
                 first_divergence=check,
                 teacher_forced=tf,
-                gate_all_steps=all_steps,
-                failed=bool(gating),
+                calibrated=cal,
+                gating=gating,
+                failed=any(lens in gating for lens in lenses),
                 lenses=lenses,
                 notes=notes,
                 layers=layers,
+                layers_truth=layers_truth,
             )
         )
     return results
+
+
+def _layers(o: SideCapture, r: SideCapture, notes: list[str]) -> list[PairStats]:
+    """Per-layer closeness of our prefill capture to one reference's (diagnosis only)."""
+    if o.prefill is None or r.prefill is None or not o.prefill.layer_outputs:
+        return []
+    try:
+        return layer_stats(o.prefill, r.prefill, _common_prefix(o.prompt_ids, r.prompt_ids))
+    except ValueError as e:
+        notes.append(f"layer comparison skipped: {e}")
+        return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,10 +390,8 @@ def save_capture(capture: Capture, path: Path) -> None:
 def load_capture(path: Path, side: str) -> Capture:
     """A capture this subsystem wrote into its own work dir (pickle: never from elsewhere)."""
     if not path.is_file():
-        raise VerifyError(
-            f"{path}: no {side} capture (run --gate-phase "
-            f"{'reference' if side == 'reference' else 'capture'} first)"
-        )
+        phase = "capture" if side == "engine" else side
+        raise VerifyError(f"{path}: no {side} capture (run --gate-phase {phase} first)")
     try:
         with open(path, "rb") as f:
             capture = pickle.load(f)

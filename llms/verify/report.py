@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import secrets
 import tempfile
@@ -16,16 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verify.comparators import PairStats
+from verify.comparators import TIER_MARGINS, PairStats
 from verify.errors import VerifyError
 from verify.gate import PromptResult
 
 DEFAULT_REPORT_DIR = Path(__file__).resolve().parent / "reports"
 MARKDOWN_META = (
     "mode", "model_choice", "model_dir", "hf_reference", "variant", "prompt_format",
-    "prompt_source", "k", "n_tokens", "all_steps", "strict", "engine_isa",
-    "hf_attn_implementation", "versions", "reference_eos_token_ids", "engine_eos_token_ids",
-    "started", "seconds",
+    "prompt_source", "k", "n_tokens", "gate", "strict", "engine_isa", "precision_path",
+    "precision_tier", "truth_runner", "hf_attn_implementation", "versions",
+    "reference_eos_token_ids", "engine_eos_token_ids", "started",
 )  # fmt: skip
 
 
@@ -56,8 +57,8 @@ def _plain(obj: Any) -> Any:
         return str(obj)
     if hasattr(obj, "item") and callable(obj.item):
         return obj.item()
-    if isinstance(obj, float) and obj != obj:  # NaN is not JSON
-        return None
+    if isinstance(obj, float) and not math.isfinite(obj):  # NaN and inf are not JSON
+        return None if obj != obj else str(obj)
     return obj
 
 
@@ -72,6 +73,7 @@ class Report:
         self.meta = dict(meta)
         self.records: list[PromptResult] = []
         self.errors: list[str] = []
+        self.notes: list[str] = []  # run-level remarks (e.g. no plot), not failures
         self.paths: tuple[Path, Path] | None = None
 
     def add(self, record: PromptResult) -> None:
@@ -96,24 +98,59 @@ class Report:
             "failed_prompts": sum(not tf.passed for tf in tfs),
         }
 
+    def calibrated_summary(self) -> dict[str, Any] | None:
+        cals = [r.calibrated for r in self.records if r.calibrated is not None]
+        if not cals:
+            return None
+        return {
+            "tier": cals[0].tier,
+            "margin": cals[0].margin,
+            "kl_mean": sum(c.kl_mean for c in cals) / len(cals),
+            "kl_worst": max(c.kl_max for c in cals),
+            "floor_mean": sum(c.floor_mean for c in cals) / len(cals),
+            "floor_worst": max(c.floor_max for c in cals),
+            "ratio_mean_worst": max(c.ratio_mean for c in cals),  # the verdict's figures
+            "ratio_max_worst": max(c.ratio_max for c in cals),
+            "top1_agreement_worst": min(c.top1_agreement for c in cals),
+            "failed_prompts": sum(not c.passed for c in cals),
+        }
+
+    def _is_diagnosis(self) -> bool:
+        return self.meta.get("mode") == "single"
+
+    def _gating(self, lens: str) -> str:
+        gates = any(lens in r.gating for r in self.records)
+        return "gating" if gates and not self._is_diagnosis() else "informational"
+
     def summary_line(self) -> str:
         n = len(self.records)
         fd_pass = sum(r.first_divergence.passed for r in self.records)
         verdict = "FAIL" if self.has_failure() else "PASS"
-        if self.meta.get("mode") == "single":
-            verdict = "DIAGNOSIS (informational)"
+        what = "verify"
+        if self._is_diagnosis():
+            what, verdict = "diagnosis", "informational"
         parts = [
-            f"verify {self.meta.get('deployment')} --model {self.meta.get('model_choice')}: "
+            f"{what} {self.meta.get('deployment')} --model {self.meta.get('model_choice')}: "
             f"{verdict}",
-            f"first-divergence {fd_pass}/{n}",
+            f"first-divergence {fd_pass}/{n} ({self._gating('first-divergence')})",
         ]
         tf = self.teacher_forced_summary()
         if tf is not None:
-            gating = "gating" if self.meta.get("all_steps") else "informational"
             parts.append(
-                f"teacher-forced {n - int(tf['failed_prompts'])}/{n} ({gating}; KL mean "
+                f"teacher-forced {n - int(tf['failed_prompts'])}/{n} "
+                f"({self._gating('teacher-forced')}; vs HF bf16 KL mean "
                 f"{_fmt(tf['kl_mean'])} worst {_fmt(tf['kl_worst'])}; top-1 "
                 f"{tf['top1_agreement_mean']:.3f} worst {tf['top1_agreement_worst']:.3f})"
+            )
+        cal = self.calibrated_summary()
+        if cal is not None:
+            margin = f", margin {cal['margin']:g}x" if cal["margin"] is not None else ""
+            parts.append(
+                f"calibrated {n - int(cal['failed_prompts'])}/{n} ({self._gating('calibrated')};"
+                f" {cal['tier']} tier{margin}; KL vs HF fp32: ours mean {_fmt(cal['kl_mean'])} "
+                f"worst {_fmt(cal['kl_worst'])}, bf16 floor mean {_fmt(cal['floor_mean'])} "
+                f"worst {_fmt(cal['floor_worst'])}; ours/floor up to "
+                f"{_fmt(max(cal['ratio_mean_worst'], cal['ratio_max_worst']))}x)"
             )
         flagged = sorted({lens for r in self.records for lens in r.lenses})
         if flagged:
@@ -132,23 +169,33 @@ class Report:
                 "verdict": "fail" if self.has_failure() else "pass",
                 "meta": self.meta,
                 "errors": self.errors,
+                "notes": self.notes,
                 "teacher_forced_summary": self.teacher_forced_summary(),
+                "calibrated_summary": self.calibrated_summary(),
+                "tier_margins": TIER_MARGINS,
                 "prompts": self.records,
             }
         )
 
     def to_markdown(self) -> str:
         m = self.meta
-        lines = [
-            f"# verify {m.get('deployment')}: {'FAIL' if self.has_failure() else 'PASS'}",
-            "",
-            "| | |",
-            "|---|---|",
-        ]
+        if self._is_diagnosis():
+            title = f"# diagnosis {m.get('deployment')} (informational: per-layer closeness)"
+        else:
+            title = f"# verify {m.get('deployment')}: {'FAIL' if self.has_failure() else 'PASS'}"
+        lines = [title, "", "| | |", "|---|---|"]
         for key in MARKDOWN_META:
             if key in m:
                 lines.append(f"| {key} | {m[key]} |")
         lines += ["", self.summary_line(), ""]
+        seconds = m.get("seconds")
+        if isinstance(seconds, dict):
+            lines += ["| phase | seconds |", "|---|---:|"]
+            lines += [f"| {k} | {_secs(v)} |" for k, v in seconds.items()]
+            lines.append("")
+        if m.get("plot"):
+            lines += [f"![per-layer closeness]({m['plot']})", ""]
+        lines += [f"- note: {n}" for n in self.notes]
         if m.get("prompt_format") == "chat":
             lines += [
                 "Prompts went through the model's chat template (as production feeds "
@@ -191,11 +238,11 @@ class Report:
         ]
         tf = r.teacher_forced
         if tf is not None:
-            gating = "gating" if r.gate_all_steps else "informational"
+            gating = "gating" if "teacher-forced" in r.gating else "informational"
             out += [
                 "",
                 f"**Teacher-forced** ({'pass' if tf.passed else 'FAIL'}, {gating}): {tf.steps} "
-                f"steps, KL mean {_fmt(tf.kl_mean)} max {_fmt(tf.kl_max)} (step "
+                f"steps, KL vs HF bf16 mean {_fmt(tf.kl_mean)} max {_fmt(tf.kl_max)} (step "
                 f"{tf.kl_max_step}), top-1 agreement {tf.top1_agreement:.3f}",
             ]
             if tf.failed_steps:
@@ -203,8 +250,30 @@ class Report:
                     f"- top-{tf.k} inclusion fails at steps {tf.failed_steps}; first: "
                     f"{tf.first_failure}"
                 )
+        cal = r.calibrated
+        if cal is not None:
+            gating = "gating" if "calibrated" in r.gating else "informational"
+            margin = f"margin {cal.margin:g}x the floor" if cal.margin is not None else "no margin"
+            out += [
+                "",
+                f"**Calibrated** ({'pass' if cal.passed else 'FAIL'}, {gating}; {cal.tier} tier, "
+                f"{margin}){': ' + cal.reason if cal.reason else ''}",
+                "",
+                "| KL from HF fp32 | mean | worst step | top-1 agreement |",
+                "|---|---|---|---|",
+                f"| ours | {_fmt(cal.kl_mean)} | {_fmt(cal.kl_max)} (step {cal.kl_max_step}) | "
+                f"{cal.top1_agreement:.3f} |",
+                f"| HF bf16 (the floor) | {_fmt(cal.floor_mean)} | {_fmt(cal.floor_max)} | "
+                f"{cal.floor_top1_agreement:.3f} |",
+                f"| ours / floor | {_fmt(cal.ratio_mean)} | {_fmt(cal.ratio_max)} | |",
+            ]
         if r.layers:
-            out += ["", "**Per-layer closeness** (informational)", "", *layer_table(r.layers)]
+            out += [
+                "",
+                "**Per-layer closeness** (informational; cosine 1-x means 1 minus x)",
+                "",
+                *layer_table(r.layers, r.layers_truth),
+            ]
         out.append("")
         return out
 
@@ -223,23 +292,68 @@ class Report:
             raise VerifyError(f"could not find a free report name in {report_dir}")
         md_path = report_dir / f"{stem}.md"
         self.paths = (json_path, md_path)
+        if self._write_plot(report_dir / f"{stem}.png"):
+            data = json.dumps(self.to_dict(), indent=1, allow_nan=False, default=str)
+            _publish(report_dir, json_path, data, overwrite=True)
         _publish(report_dir, md_path, self.to_markdown(), overwrite=True)
         return self.paths
 
+    def _write_plot(self, path: Path) -> bool:
+        """Diagnosis: the per-layer plot beside the report (a note, not a failure, if absent)."""
+        record = next((r for r in self.records if r.layers), None)
+        if record is None:
+            return False
+        from verify.plot import write_layer_plot
 
-def layer_table(layers: list[PairStats]) -> list[str]:
-    """Markdown rows of the per-layer cosine table (also printed by diagnosis)."""
-    rows = [
-        "| tensor | positions | cos min | cos p5 | cos median | cos mean | max abs | rel err |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".png")
+        os.close(fd)
+        try:
+            title = f"{self.meta.get('deployment')}: {record.prompt[:80]}"
+            write_layer_plot(record.layers, record.layers_truth, Path(tmp), title)
+            os.replace(tmp, path)
+        except VerifyError as e:
+            self.notes.append(str(e))
+            return False
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        self.meta["plot"] = path.name
+        return True
+
+
+def layer_table(layers: list[PairStats], truth: list[PairStats] | None = None) -> list[str]:
+    """Markdown rows of the per-layer table: ours vs HF bf16, and vs HF fp32 beside it."""
+    cols = ["cos min", "cos p5", "cos median", "max abs", "rel err"]
+    head = ["tensor", "positions", *(f"bf16 {c}" for c in cols)]
+    if truth:
+        head += [f"fp32 {c}" for c in cols]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by_name = {s.name: s for s in truth or []}
     for s in layers:
-        rows.append(
-            f"| {s.name} | {s.positions} | {s.cos_min:.5f} | {s.cos_p5:.5f} | "
-            f"{s.cos_median:.5f} | {s.cos_mean:.5f} | {s.max_abs_err:.3g} | "
-            f"{s.rel_err:.3g} |"
-        )
+        cells = [s.name, str(s.positions), *_stat_cells(s)]
+        if truth:
+            t = by_name.get(s.name)
+            cells += _stat_cells(t) if t is not None else [""] * len(cols)
+        rows.append("| " + " | ".join(cells) + " |")
     return rows
+
+
+def _cos(x: float) -> str:
+    """Cosines near 1 as 1-x, so that 1 - 1e-9 and 1 - 1e-4 read differently."""
+    return f"1-{1 - x:.1e}" if 0.9999 < x < 1 else f"{x:.5f}"
+
+
+def _stat_cells(s: PairStats) -> list[str]:
+    return [
+        _cos(s.cos_min),
+        _cos(s.cos_p5),
+        _cos(s.cos_median),
+        f"{s.max_abs_err:.3g}",
+        f"{s.rel_err:.3g}",
+    ]
+
+
+def _secs(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) else "-"
 
 
 def _publish(report_dir: Path, path: Path, text: str, overwrite: bool = False) -> bool:

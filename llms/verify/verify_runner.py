@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
-"""The verify gate: our engine against HF transformers bf16 on the same checkpoint.
+"""The verify gate: our engine against HF transformers (bf16 and fp32) on the same checkpoint.
 
     verify_runner.py --runner=<deployment>.verify_adapter --prompts topk_token|single
-                     --model instruct|base|<checkpoint dir> [--max-prompts N] [--all-steps]
+                     --model instruct|base|<checkpoint dir> [--max-prompts N] [--spec-gate]
 
-``topk_token`` greedy-decodes 32 tokens per prompt on both sides and applies the first-
-divergence top-5 gate, plus the teacher-forced lens (reported; gating with --all-steps).
-``single`` is diagnosis: one prompt, per-layer cosine table, never fails on values.
+``topk_token`` greedy-decodes 32 tokens per prompt on both sides and gates on every lens:
+first divergence (top-5 vs HF bf16), teacher-forced top-5, and the calibrated lens (KL from
+HF fp32 against HF bf16's own KL). ``--spec-gate`` is the seed's gate exactly: first
+divergence vs HF bf16 alone. ``single`` is diagnosis: one prompt, per-layer cosine against
+both references, never fails on values.
 Exit status: 0 when nothing failed (or --no-strict / diagnosis), 1 when the gate failed,
 2 for bad input (one ``error:`` line).
 
-Phases (--gate-phase): ``reference`` runs HF, ``capture`` runs our engine (teacher-forced on
-the reference's tokens), ``compare`` judges the two captures and writes the report. ``auto``
-(default) runs reference and capture each in its own process, so the two models never sit in
-memory together, then compares; ``both`` does everything in this process.
-See llms/verify/README.md.
+Phases (--gate-phase): ``reference`` runs HF bf16, ``truth`` HF fp32 teacher-forced on the
+reference's tokens, ``capture`` our engine (teacher-forced likewise), ``compare`` judges the
+captures and writes the report. ``auto`` (default) runs each model phase in a process of its
+own, so no two models sit in memory together, then compares; ``both`` does everything in
+this process. See llms/verify/README.md.
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ for _p in (str(_LLMS), str(_REPO)):
 if str(_REPO / "build" / "python") not in sys.path:
     sys.path.append(str(_REPO / "build" / "python"))  # the binding, when PYTHONPATH lacks it
 
-from verify.comparators import GATE_K, GATE_N_TOKENS  # noqa: E402
+from verify.comparators import GATE_K, GATE_N_TOKENS, TIERS  # noqa: E402
 from verify.errors import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, VerifyError  # noqa: E402
 from verify.gate import (  # noqa: E402
     Capture,
+    GatePolicy,
     capture_side,
+    capture_truth,
     encode_prompts,
     evaluate,
     load_capture,
@@ -64,7 +68,7 @@ ADAPTER_CONTRACT = (
     "build_config",
     "build_runner",
 )
-PHASES = ("auto", "both", "reference", "capture", "compare")
+PHASES = ("auto", "both", "reference", "truth", "capture", "compare")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,9 +111,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
     p.add_argument("--no-strict", action="store_true", help="report failures but exit 0")
     p.add_argument(
-        "--all-steps",
+        "--spec-gate",
         action="store_true",
-        help="the teacher-forced lens gates too (verify-full and CI)",
+        help="the seed's gate exactly: first divergence, top-5, HF bf16 (no fp32 run)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("auto", *TIERS),
+        default="auto",
+        help="our engine's precision tier for the calibrated lens (auto: what the binding "
+        "reports; requantized: weights HF never saw, the lens is informational)",
+    )
+    p.add_argument(
+        "--all-steps", action="store_true", help="accepted for old scripts: every lens gates now"
     )
     p.add_argument("--gate-phase", choices=PHASES, default="auto")
     p.add_argument(
@@ -123,7 +137,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="torch threads for the reference (default 1: see README)",
     )
     args = p.parse_args(argv)
-    if args.gate_phase in ("reference", "capture", "compare") and args.work_dir is None:
+    if args.gate_phase not in ("auto", "both") and args.work_dir is None:
         p.error(f"--gate-phase {args.gate_phase} needs --work-dir")
     return args
 
@@ -208,6 +222,10 @@ class Context:
     def chat(self) -> bool:
         return self.config.prompt_format == "chat"
 
+    @property
+    def wants_truth(self) -> bool:
+        return not self.args.spec_gate
+
 
 def build_context(args: argparse.Namespace) -> Context:
     adapter = load_adapter(args.runner)
@@ -250,13 +268,18 @@ def check_matches(ctx: Context, capture: Capture) -> None:
         )
 
 
-def run_reference(ctx: Context) -> Capture:
-    """HF transformers bf16 on the checkpoint the adapter names."""
+def _hf(ctx: Context, precision: str) -> Any:
     from verify.runners.hf_runner import HfRunner
 
+    ref = ctx.adapter.hf_reference(ctx.config.model_dir)
+    return HfRunner(ref, ctx.config.max_context, threads=ctx.args.hf_threads, precision=precision)
+
+
+def run_reference(ctx: Context) -> Capture:
+    """HF transformers bf16 on the checkpoint the adapter names."""
     start = time.monotonic()
     ref = ctx.adapter.hf_reference(ctx.config.model_dir)
-    hf = HfRunner(ref, max_context=ctx.config.max_context, threads=ctx.args.hf_threads)
+    hf = _hf(ctx, "bf16")
     ids = encode_prompts(hf, ctx.prompts, ctx.chat, ctx.n_tokens, ctx.config.max_context)
     import torch
     import transformers
@@ -281,6 +304,17 @@ def run_reference(ctx: Context) -> Capture:
     return capture
 
 
+def run_truth(ctx: Context, reference: Capture) -> Capture:
+    """HF transformers fp32 on the same checkpoint, fed the bf16 reference's tokens."""
+    check_matches(ctx, reference)
+    start = time.monotonic()
+    hf = _hf(ctx, "fp32")
+    capture = capture_truth(hf, reference, capture_layers=ctx.diagnose)
+    hf.close()
+    capture.meta["seconds"] = round(time.monotonic() - start, 1)
+    return capture
+
+
 def run_capture(ctx: Context, reference: Capture) -> Capture:
     """Our engine through the adapter's runner, teacher-forced on the reference's tokens."""
     check_matches(ctx, reference)
@@ -296,19 +330,31 @@ def run_capture(ctx: Context, reference: Capture) -> Capture:
         forced=[p.tokens for p in reference.prompts],
         capture_layers=ctx.diagnose,
         k=ctx.k,
-        meta={**run_meta(ctx), "engine_isa": getattr(runner, "isa", "?")},
+        meta={
+            **run_meta(ctx),
+            "engine_isa": getattr(runner, "isa", "?"),
+            "precision_path": getattr(runner, "precision_path", "?"),
+            "precision_tier": getattr(runner, "precision_tier", "reduced"),
+        },
     )
     runner.close()
     capture.meta["seconds"] = round(time.monotonic() - start, 1)
     return capture
 
 
-def run_compare(ctx: Context, reference: Capture, engine: Capture) -> int:
+def run_compare(
+    ctx: Context, reference: Capture, engine: Capture, truth: Capture | None = None
+) -> int:
     """Judge, write the report, print the summary; the exit status."""
-    check_matches(ctx, reference)
-    check_matches(ctx, engine)
+    for capture in (reference, engine, truth):
+        if capture is not None:
+            check_matches(ctx, capture)
     args = ctx.args
-    results = evaluate(engine, reference, ctx.k, all_steps=args.all_steps)
+    tier = engine.meta.get("precision_tier", "reduced")
+    if args.precision != "auto":
+        tier = args.precision
+    policy = GatePolicy(spec=args.spec_gate, tier=tier)
+    results = evaluate(engine, reference, truth, ctx.k, policy)
     meta = {
         "deployment": ctx.config.deployment,
         "mode": args.prompts,
@@ -319,14 +365,17 @@ def run_compare(ctx: Context, reference: Capture, engine: Capture) -> int:
         "prompt_source": ctx.prompt_source,
         "k": ctx.k,
         "n_tokens": ctx.n_tokens,
-        "all_steps": args.all_steps,
+        "gate": "spec (first divergence vs HF bf16)" if args.spec_gate else "every lens",
         "strict": not args.no_strict,
         "gate_phase": args.gate_phase,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         **reference.meta,
         **engine.meta,
+        "precision_tier": tier,
+        "truth_runner": truth.runner if truth is not None else "not run (--spec-gate)",
         "seconds": {
-            "reference": reference.meta.get("seconds"),
+            "reference (HF bf16)": reference.meta.get("seconds"),
+            "truth (HF fp32)": truth.meta.get("seconds") if truth is not None else None,
             "engine": engine.meta.get("seconds"),
         },
     }
@@ -339,7 +388,9 @@ def run_compare(ctx: Context, reference: Capture, engine: Capture) -> int:
             print(f"prompt: {r.prompt}")
             for note in r.notes:
                 print(f"note: {note}")
-            print("\n".join(layer_table(r.layers)))
+            print("\n".join(layer_table(r.layers, r.layers_truth)))
+        for note in report.notes:
+            print(f"note: {note}")
     print(report.summary_line())
     if ctx.diagnose or args.no_strict or not report.has_failure():
         return EXIT_OK
@@ -384,27 +435,34 @@ def run(argv: list[str]) -> int:
     if phase == "reference":
         save_capture(run_reference(ctx), work / "reference.pkl")
         return EXIT_OK
+    if phase == "truth":
+        reference = load_capture(work / "reference.pkl", "reference")
+        save_capture(run_truth(ctx, reference), work / "truth.pkl")
+        return EXIT_OK
     if phase == "capture":
         reference = load_capture(work / "reference.pkl", "reference")
         save_capture(run_capture(ctx, reference), work / "engine.pkl")
         return EXIT_OK
     if phase == "compare":
-        return run_compare(
-            ctx,
-            load_capture(work / "reference.pkl", "reference"),
-            load_capture(work / "engine.pkl", "engine"),
-        )
+        return compare_saved(ctx, work)
     if phase == "both":
         reference = run_reference(ctx)
-        return run_compare(ctx, reference, run_capture(ctx, reference))
+        truth = run_truth(ctx, reference) if ctx.wants_truth else None
+        return run_compare(ctx, reference, run_capture(ctx, reference), truth)
     with tempfile.TemporaryDirectory(prefix="edgellm-verify-", dir=work) as tmp:
         spawn(argv, "reference", Path(tmp))
+        if ctx.wants_truth:
+            spawn(argv, "truth", Path(tmp))
         spawn(argv, "capture", Path(tmp))
-        return run_compare(
-            ctx,
-            load_capture(Path(tmp) / "reference.pkl", "reference"),
-            load_capture(Path(tmp) / "engine.pkl", "engine"),
-        )
+        return compare_saved(ctx, Path(tmp))
+
+
+def compare_saved(ctx: Context, work: Path) -> int:
+    """The compare phase over the captures the other phases left in ``work``."""
+    reference = load_capture(work / "reference.pkl", "reference")
+    engine = load_capture(work / "engine.pkl", "engine")
+    truth = load_capture(work / "truth.pkl", "truth") if ctx.wants_truth else None
+    return run_compare(ctx, reference, engine, truth)
 
 
 def main(argv: list[str] | None = None) -> int:

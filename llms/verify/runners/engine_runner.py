@@ -21,6 +21,11 @@ from verify.errors import VerifyError
 from verify.runners.records import DecodeStepRecord, PrefillRecord
 
 BINDING = "edgellm_py"
+# ISA tiers whose kernels keep activations in fp32 end to end (kernels.h). Any other tier, or
+# one this list does not know yet, is judged as a reduced-precision path unless the binding
+# says otherwise: a wrong guess then costs sharpness, never a false fail.
+FP32_ISAS = ("scalar", "avx2")
+FULL_PRECISION_WEIGHTS = ("checkpoint", "bf16", "f16", "f32")
 
 
 def import_binding() -> ModuleType:
@@ -49,7 +54,10 @@ class EngineRunner:
         self.max_context = int(self.session.max_context)
         self.eos_token_ids = tuple(int(i) for i in self.session.eos_token_ids)
         self.num_layers = int(self.session.num_layers)
-        self.isa = str(self._py.precision_path())
+        self.isa = str(self._py.active_isa())
+        self.precision_path, self.precision_tier = precision_of(
+            self._py, self.session, self.isa, self.model_dir
+        )
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Engine errors (bad checkpoint, position out of range) become one-line VerifyErrors."""
@@ -92,3 +100,31 @@ class EngineRunner:
 
     def close(self) -> None:
         self.session = None
+
+
+def _declared(obj: Any, name: str) -> str | None:
+    """A precision fact the binding may expose, as an attribute or a no-argument function."""
+    value = getattr(obj, name, None)
+    if callable(value):
+        value = value()
+    return str(value).lower() if value is not None else None
+
+
+def precision_of(py: ModuleType, session: Any, isa: str, model: Path) -> tuple[str, str]:
+    """(what the report shows, the calibrated lens' tier) for the path this session runs.
+
+    The tier is ``fp32`` only when activations are known to stay fp32 (the binding's
+    ``activation_dtype``, else a known fp32 ISA) and the weights are the checkpoint's own
+    (the session's ``weight_format`` absent or unquantized, not a .gguf file); otherwise
+    ``reduced``. ``requantized`` (weights HF never saw) is for the caller to say:
+    --precision requantized.
+    """
+    activations = _declared(session, "activation_dtype") or _declared(py, "activation_dtype")
+    if activations is None:
+        activations = "f32" if isa in FP32_ISAS else "unknown"
+    weights = _declared(session, "weight_format")
+    if weights is None:
+        weights = "gguf" if model.suffix.lower() == ".gguf" else "checkpoint"
+    path = f"isa {isa}, activations {activations}, weights {weights}"
+    exact = activations in ("f32", "fp32", "float32") and weights in FULL_PRECISION_WEIGHTS
+    return path, "fp32" if exact else "reduced"

@@ -1,15 +1,21 @@
-"""The reference side: HuggingFace transformers in bf16 on the CPU.
+"""The reference side: HuggingFace transformers on the CPU, in bf16 or fp32.
 
-Greedy prefill, then KV-cached decode steps, exactly as ``generate(do_sample=False)`` does
-it; for diagnosis each decoder layer's block output and the post-final-norm hidden state.
+bf16 is the seed's gate reference: greedy prefill, then KV-cached decode steps, exactly as
+``generate(do_sample=False)`` does it. fp32 on the same checkpoint is the "truth" the
+calibrated lens measures against: our engine computes in fp32 on the same weights, so it
+should match it to rounding. For diagnosis either precision also captures each decoder
+layer's block output and the post-final-norm hidden state.
 torch and transformers are imported here only, so the engine-side phase never pays for them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from verify.comparators import topk_token_ids
 from verify.errors import VerifyError
@@ -20,16 +26,31 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+# name -> (weights dtype, autocast dtype or None). "bf16-autocast" is fp32 weights with every
+# matmul in bf16 and fp32 accumulation: the precision of a bf16-activation (AMX) engine, used
+# by calibrate.py to see where such an engine lands against the floor.
+PRECISIONS = {
+    "bf16": ("bfloat16", None),
+    "fp32": ("float32", None),
+    "bf16-autocast": ("float32", "bfloat16"),
+}
+
+
 class HfRunner:
-    """transformers AutoModelForCausalLM in bf16; the model loads on first use.
+    """transformers AutoModelForCausalLM in bf16 or fp32; the model loads on first use.
 
     Why lazily: the prompts are tokenized and checked against the context first, so a bad
     prompt fails in a second, not after the model has loaded.
     """
 
-    name = "hf-transformers-bf16"
-
-    def __init__(self, model_ref: str | Path, max_context: int, threads: int = 0) -> None:
+    def __init__(
+        self,
+        model_ref: str | Path,
+        max_context: int,
+        threads: int = 0,
+        precision: str = "bf16",
+        attn_implementation: str | None = None,
+    ) -> None:
         import torch
         import transformers
         from transformers import AutoTokenizer
@@ -38,6 +59,13 @@ class HfRunner:
         if threads > 0:
             torch.set_num_threads(threads)
         self._torch = torch
+        if precision not in PRECISIONS:
+            raise VerifyError(
+                f"HF precision {precision!r}: expected one of {', '.join(PRECISIONS)}"
+            )
+        self.precision = precision
+        self._attn = attn_implementation
+        self.name = f"hf-transformers-{precision}" + (f"-{self._attn}" if self._attn else "")
         self.model_ref = str(model_ref)
         self.max_context = max_context
         try:
@@ -61,14 +89,19 @@ class HfRunner:
             from transformers import AutoModelForCausalLM
 
             try:
+                extra = {"attn_implementation": self._attn} if self._attn else {}
                 model = AutoModelForCausalLM.from_pretrained(
-                    self.model_ref, dtype=self._torch.bfloat16
+                    self.model_ref,
+                    dtype=getattr(self._torch, PRECISIONS[self.precision][0]),
+                    **extra,
                 )
             except Exception as e:  # any load failure is a bad checkpoint: say it in one line
                 raise VerifyError(
                     f"HF transformers cannot load {self.model_ref}: {_first_line(e)}"
                 ) from None
             self._model = model.eval()
+            if self.precision != "bf16":
+                _round_scalar_buffers_like_bf16(model, self._torch)
             eos = model.generation_config.eos_token_id
             ids = [eos] if isinstance(eos, int) else list(eos or [])
             self.eos_token_ids = tuple(sorted({*ids, *self.eos_token_ids}))
@@ -76,6 +109,13 @@ class HfRunner:
             # before it, so hook the last decoder layer for the pre-norm value.
             model.model.layers[-1].register_forward_hook(self._hook_last_layer)
         return self._model
+
+    def _autocast(self) -> Any:
+        dtype = PRECISIONS[self.precision][1]
+        torch = self._torch
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=getattr(torch, dtype))
 
     def _hook_last_layer(self, _module: Any, _inputs: Any, output: Any) -> None:
         self._last_layer_out = output[0] if isinstance(output, tuple) else output
@@ -107,7 +147,7 @@ class HfRunner:
 
         model = self.model
         self._cache = DynamicCache()
-        with torch.inference_mode():
+        with torch.inference_mode(), self._autocast():
             out = model(
                 input_ids=torch.tensor([tokens], dtype=torch.long),
                 past_key_values=self._cache,
@@ -132,7 +172,7 @@ class HfRunner:
             raise VerifyError(f"HF decode_step at position {pos} with {self._cache_len} cached")
         if pos < self._cache_len:
             self._cache.crop(pos)  # rewind: positions >= pos are recomputed
-        with torch.inference_mode():
+        with torch.inference_mode(), self._autocast():
             out = self.model(
                 input_ids=torch.tensor([[token]], dtype=torch.long),
                 position_ids=torch.tensor([[pos]], dtype=torch.long),
@@ -145,9 +185,44 @@ class HfRunner:
         logits = out.logits[0, -1].float().numpy().copy()
         return DecodeStepRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
 
+    def forced_logits(self, prompt_ids: list[int], tokens: list[int]) -> np.ndarray:
+        """Logits of every step of a teacher-forced run over ``tokens``, in one forward pass.
+
+        Row i is the distribution after the prompt plus tokens[:i], as a KV-cached decode
+        step i would give it (the same positions and mask; only the matmul shapes differ,
+        which in fp32 moves the logits by rounding alone). Only the last len(tokens)
+        positions go through the LM head, so a long prompt costs no vocab-sized rows.
+        """
+        torch = self._torch
+        if not tokens:
+            return np.zeros((0, 0), dtype=np.float32)
+        ids = list(prompt_ids) + list(tokens[:-1])
+        with torch.inference_mode(), self._autocast():
+            out = self.model(
+                input_ids=torch.tensor([ids], dtype=torch.long),
+                use_cache=False,
+                logits_to_keep=len(tokens),
+            )
+        return out.logits[0].float().numpy().copy()
+
     def close(self) -> None:
         self._model = None
         self._cache = None
+
+
+def _round_scalar_buffers_like_bf16(model: Any, torch: Any) -> None:
+    """Round scalar buffers that HF casts to the weight dtype, as a bf16 run sees them.
+
+    Gemma's embedding scale sqrt(hidden) is a non-persistent fp32 buffer that HF multiplies
+    in after ``.to(weight.dtype)``: 25.25 in bf16, 25.298 in fp32. The checkpoint's model
+    (and our engine) is the bf16 one, so the fp32 truth uses the rounded scale too; without
+    it the truth itself would be 0.2% off in every embedding.
+    """
+    for module in model.modules():
+        scale = getattr(module, "embed_scale", None)
+        if isinstance(scale, torch.Tensor) and scale.numel() == 1:
+            with torch.no_grad():
+                scale.copy_(scale.to(torch.bfloat16).to(scale.dtype))
 
 
 def _first_line(e: BaseException) -> str:
