@@ -93,7 +93,7 @@ bool has_avxvnni() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool yes = [] {
     __builtin_cpu_init();
-    return detect_isa() == Isa::avx2 && __builtin_cpu_supports("avxvnni");
+    return detect_isa() >= Isa::avx2 && __builtin_cpu_supports("avxvnni");
   }();
   return yes;
 #else
@@ -107,9 +107,9 @@ void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, cons
   thread_local QuantizedActs scratch;
   const QuantizedActs& acts = scratch;  // the workers must read the caller's, not their own
   quantize_acts(x, n, w.cols, scratch);
-  const QuantRowsFn rows_fn = active_isa() != Isa::avx2 ? ref::quant_rows
-                              : has_avxvnni()           ? avxvnni::quant_rows
-                                                        : avx2::quant_rows;
+  const QuantRowsFn rows_fn = active_isa() < Isa::avx2 ? ref::quant_rows
+                              : has_avxvnni()          ? avxvnni::quant_rows
+                                                       : avx2::quant_rows;
   pool.parallel_chunks(w.rows, [&](size_t r0, size_t r1) {
     size_t base = 0;  // first row of the segment
     for (const QuantSegment& s : w.segments) {

@@ -44,6 +44,21 @@ std::filesystem::path model_store() {
   return EDGELLM_DEFAULT_STORE;
 }
 
+namespace {
+
+// A store entry: a directory name, or a .gguf file inside one. Never a path
+// that climbs out of the store.
+bool is_store_entry(const std::string& entry) {
+  const std::filesystem::path p(entry);
+  if (entry.empty() || p.is_absolute()) return false;
+  const auto parts = std::distance(p.begin(), p.end());
+  if (parts == 1) return entry != "." && entry != "..";
+  return parts == 2 && p.begin()->string() != ".." && p.begin()->string() != "." &&
+         p.extension() == ".gguf";
+}
+
+}  // namespace
+
 Deployment Deployment::load(const std::filesystem::path& file) {
   const json j = read_json_object(file);
   const std::string f = file.string();
@@ -57,9 +72,9 @@ Deployment Deployment::load(const std::filesystem::path& file) {
   check(j.contains("models") && j["models"].is_object() && !j["models"].empty(),
         f + ": field 'models' must be a non-empty object of --model key -> store directory");
   for (const auto& [key, dir] : j["models"].items()) {
-    check(dir.is_string() && !dir.get<std::string>().empty() &&
-              dir.get<std::string>().find('/') == std::string::npos,
-          f + ": models." + key + " must be a directory name in the model store");
+    check(dir.is_string() && is_store_entry(dir.get<std::string>()),
+          f + ": models." + key +
+              " must be a directory name in the model store, or <directory>/<file>.gguf");
     d.models[key] = dir.get<std::string>();
   }
   // "fetch" (read by make) lists the store directories `make fetch` can bring.
