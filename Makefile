@@ -9,7 +9,8 @@ TEST_MODELS := smollm2-135m-instruct gemma3-270m
 .PHONY: help bootstrap build fetch run test test-cpp test-py bench format lint clean
 
 help:
-	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (N_TOKENS, PROMPT, MODEL, THREADS)"
+	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (PROMPT, N_TOKENS, MODEL, THREADS,"
+	@echo "                TEMPERATURE, TOP_K, TOP_P, SEED, ARGS=--json; make -C llms/<model> help)"
 	@echo "make test       C++ unit tests (ctest), then pytest (end to end, gate, mutants, bad input)"
 	@echo "make bench      side-by-side benchmark against peers (docs/benchmarks.md)"
 	@echo "make format     clang-format the C++ and ruff-format the Python"
