@@ -14,7 +14,8 @@ FUZZ_SECONDS ?= 10
   build-fuzz fuzz bench format lint clean
 
 help:
-	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (N_TOKENS, PROMPT, MODEL, THREADS)"
+	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (PROMPT, N_TOKENS, MODEL, THREADS,"
+	@echo "                TEMPERATURE, TOP_K, TOP_P, SEED, ARGS=--json; make -C llms/<model> help)"
 	@echo "make test       C++ unit tests (ctest), then pytest (end to end, gate, mutants, bad input)"
 	@echo "make test-sanitize  C++ tests + a short smollm2 run built with ASan+UBSan ($(SAN_DIR))"
 	@echo "make fuzz       every libFuzzer target in engine/fuzz for FUZZ_SECONDS each (default $(FUZZ_SECONDS))"

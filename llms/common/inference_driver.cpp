@@ -166,8 +166,12 @@ int run(const Deployment& deployment, Options opt) {
         "prompt of " + std::to_string(prompt.size()) + " tokens does not fit the context of " +
             std::to_string(session.max_context()) +
             " tokens (raise --max-context or shorten --prompt)");
-  opt.n_tokens =
-      std::min<int>(opt.n_tokens, session.max_context() - static_cast<int>(prompt.size()));
+  const int room = session.max_context() - static_cast<int>(prompt.size());
+  if (opt.n_tokens > room) {
+    std::fprintf(stderr, "note: --n-tokens %d capped at %d by the context of %d positions\n",
+                 opt.n_tokens, room, session.max_context());
+    opt.n_tokens = room;
+  }
   Sampler sampler(opt.sampling);
   StreamDecoder stream(session.tokenizer());
   std::string answer;
@@ -182,13 +186,14 @@ int run(const Deployment& deployment, Options opt) {
   };
 
   // ---- timed region: prefill + decode loop ---------------------------------
-  const auto prefill_start = Clock::now();
   int32_t next;
   {
+    // The note's thread starts before the clock and is joined after it stops.
     Progress note("prefill of " + std::to_string(prompt.size()) + " tokens");
+    const auto prefill_start = Clock::now();
     next = sampler.sample(session.prefill(prompt));
+    f.ttft_ms = ms_since(prefill_start);
   }
-  f.ttft_ms = ms_since(prefill_start);
   emit(next);
   const auto decode_start = Clock::now();
   for (int pos = static_cast<int>(prompt.size());
