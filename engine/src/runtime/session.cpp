@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -151,6 +152,7 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
     const size_t weight_bytes = check_weights(checkpoint, s->config);
     s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
     check_memory(s->config, weight_bytes, s->max_context);
+    step = "starting the worker threads";
     s->pool = std::make_unique<ThreadPool>(threads);
     step = "packing " + gb_str(weight_bytes) + " of weights";
     ModelWeights weights = load_weights(checkpoint, s->config, s->pool->size());
@@ -162,6 +164,8 @@ void Session::setup(const std::filesystem::path& model_dir, const SessionOptions
     throw Error("out of memory while " + step);
   } catch (const std::length_error&) {
     throw Error("out of memory while " + step);
+  } catch (const std::system_error& e) {  // e.g. a thread the OS would not create
+    throw Error(std::string(e.what()) + " while " + step);
   }
   s->profiler.add(Zone::setup,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0,
