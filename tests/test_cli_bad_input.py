@@ -210,6 +210,24 @@ def test_context_that_cannot_fit_in_memory(ckpt_copy: Path) -> None:
     assert_one_line_error(proc, "setup needs", "GB available", "--max-context")
 
 
+def test_out_of_memory_names_the_step() -> None:
+    """Was `internal error: std::bad_alloc`. An address-space limit of 450 MB lets the
+    270 MB checkpoint map but not be packed; MemAvailable alone cannot see the limit."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (450 << 20, 450 << 20))
+
+    proc = subprocess.run(
+        [str(BIN), "--n-tokens", "2", "--threads", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit,
+    )
+    assert_one_line_error(proc, "out of memory while packing")
+
+
 def test_threads_beyond_the_hardware() -> None:
     assert_one_line_error(run("--threads", "1000"), "threads must be at most", "got 1000")
 

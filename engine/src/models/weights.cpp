@@ -193,8 +193,8 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
 }
 
 // Every tensor the config names, found and shape-checked before anything sized
-// by the config is allocated: a config that claims 1e9 layers or a huge vocab
-// fails on the first tensor it lacks.
+// by the config is allocated: a config claiming more layers, or a larger vocab,
+// than the checkpoint holds fails on the first tensor that disagrees.
 struct WeightPlan {
   const TensorView* embed;
   std::vector<LayerTensors> layers;

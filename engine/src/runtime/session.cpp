@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -198,6 +199,7 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     const size_t weight_bytes = check_weights(checkpoint, s->config);
     s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
     check_memory(s->config, weight_bytes, s->max_context);
+    step = "starting the worker threads";
     s->pool = std::make_unique<ThreadPool>(threads);
     step = "reading the GGUF file";
     const auto gguf = is_gguf ? open_gguf_weights(model, s->config) : nullptr;
@@ -212,6 +214,8 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     throw Error("out of memory while " + step);
   } catch (const std::length_error&) {
     throw Error("out of memory while " + step);
+  } catch (const std::system_error& e) {  // e.g. a thread the OS would not create
+    throw Error(std::string(e.what()) + " while " + step);
   }
   s->profiler.add(Zone::setup,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0,
