@@ -6,10 +6,11 @@ DEFAULT_DEPLOYMENT := llms/smollm2_135m
 # Models the test suite needs (fetched and converted once into the model store).
 TEST_MODELS := smollm2-135m-instruct gemma3-270m
 
-.PHONY: help bootstrap build fetch run test test-cpp test-py bench format lint clean
+.PHONY: help bootstrap build fetch run serve test test-cpp test-py bench format lint clean
 
 help:
 	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (N_TOKENS, PROMPT, MODEL, THREADS)"
+	@echo "make serve      OpenAI-compatible server for the default deployment (HOST, PORT, MODEL)"
 	@echo "make test       C++ unit tests (ctest), then pytest (end to end, gate, mutants, bad input)"
 	@echo "make bench      side-by-side benchmark against peers (docs/benchmarks.md)"
 	@echo "make format     clang-format the C++ and ruff-format the Python"
@@ -29,6 +30,9 @@ fetch: bootstrap
 
 run:
 	@$(MAKE) --no-print-directory -C $(DEFAULT_DEPLOYMENT) run
+
+serve:
+	@$(MAKE) --no-print-directory -C $(DEFAULT_DEPLOYMENT) serve
 
 test: build fetch test-cpp test-py
 

@@ -20,6 +20,8 @@ N_TOKENS ?= 100
 PROMPT ?=
 MODEL ?= instruct
 THREADS ?= $(shell nproc)
+HOST ?= 127.0.0.1
+PORT ?= 8080
 export PROMPT
 export PYTHONPATH := $(BUILD_DIR)/python:$(REPO_ROOT)/llms:$(REPO_ROOT)
 export HF_HUB_OFFLINE := 1
@@ -28,7 +30,7 @@ export TRANSFORMERS_OFFLINE := 1
 PROMPT_ARG = $${PROMPT:+--prompt "$$PROMPT"}
 RUN_ARGS = --model $(MODEL) --threads $(THREADS) $(PROMPT_ARG)
 
-.PHONY: help compile fetch run profile chat verify verify-full diagnosis clean
+.PHONY: help compile fetch run profile chat serve verify verify-full diagnosis clean
 
 help:
 	@echo "$(DEPLOYMENT) targets:"
@@ -36,6 +38,7 @@ help:
 	@echo "  run          generate N_TOKENS=$(N_TOKENS) tokens for PROMPT; prints TTFT and TPS"
 	@echo "  profile      per-phase and per-kernel time breakdown"
 	@echo "  chat         interactive REPL (Ctrl-D to quit)"
+	@echo "  serve        OpenAI-compatible server on HOST=$(HOST) PORT=$(PORT) (Ctrl-C stops)"
 	@echo "  verify       top-5 token gate vs HF transformers bf16 (2 prompts x 32 tokens)"
 	@echo "  verify-full  the gate over all prompts, teacher-forced lens gating too"
 	@echo "  diagnosis    per-layer cosine vs HF (informational)"
@@ -58,6 +61,11 @@ profile: compile fetch
 
 chat: compile fetch
 	@$(BIN) $(RUN_ARGS) --chat
+
+# The server takes a checkpoint directory or its name in the model store.
+serve: compile fetch
+	@$(BUILD_DIR)/edgellm_server --model $(if $(findstring /,$(MODEL)),$(MODEL),$(firstword $(STORE_MODELS))) \
+	  --host $(HOST) --port $(PORT) --threads $(THREADS)
 
 verify: compile fetch
 	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model $(MODEL) --max-prompts 2
