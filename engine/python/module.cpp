@@ -286,6 +286,22 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           },
           "token"_a, "pos"_a, "Runs one token at pos; the next position's logits.");
 
+  m.def(
+      "decode_batch",
+      [](const std::vector<edgellm::Context*>& contexts, const std::vector<int32_t>& tokens,
+         const std::vector<int>& positions) {
+        {
+          nb::gil_scoped_release release;
+          edgellm::decode_batch(contexts, tokens, positions);
+        }
+        nb::list out;
+        for (const edgellm::Context* c : contexts) out.append(to_numpy(c->logits()));
+        return out;
+      },
+      "contexts"_a, "tokens"_a, "positions"_a,
+      "One decode step for several contexts of one model in one pass over the weights; returns "
+      "each context's next-token logits, identical to its own decode_step.");
+
   nb::class_<TextStream>(m, "TextStream",
                          "Iterator over the text of a generation (see generate()).")
       .def("__iter__", [](nb::handle self) { return self; })

@@ -23,6 +23,7 @@ from ._core import (
     TextStream,
     Tokenizer,
     active_isa,
+    decode_batch,
     generate,
 )
 
@@ -37,5 +38,6 @@ __all__ = [
     "TextStream",
     "Tokenizer",
     "active_isa",
+    "decode_batch",
     "generate",
 ]
