@@ -10,16 +10,18 @@ SAN_DIR := build-sanitize
 FUZZ_DIR := build-fuzz
 FUZZ_SECONDS ?= 10
 
-.PHONY: help bootstrap build fetch run test test-cpp test-py test-sanitize build-sanitize \
-  build-fuzz fuzz bench format lint clean
+.PHONY: help bootstrap build fetch run serve test test-cpp test-py test-sanitize build-sanitize \
+  build-fuzz fuzz bench bench-serve format lint clean
 
 help:
 	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (PROMPT, N_TOKENS, MODEL, THREADS,"
 	@echo "                TEMPERATURE, TOP_K, TOP_P, SEED, ARGS=--json; make -C llms/<model> help)"
+	@echo "make serve      OpenAI-compatible server for the default deployment (HOST, PORT, MODEL)"
 	@echo "make test       C++ unit tests (ctest), then pytest (end to end, gate, mutants, bad input)"
 	@echo "make test-sanitize  C++ tests + a short smollm2 run built with ASan+UBSan ($(SAN_DIR))"
 	@echo "make fuzz       every libFuzzer target in engine/fuzz for FUZZ_SECONDS each (default $(FUZZ_SECONDS))"
 	@echo "make bench      side-by-side benchmark against peers (docs/benchmarks.md)"
+	@echo "make bench-serve  server throughput, 8 streams vs 1 (docs/benchmarks.md, serving section)"
 	@echo "make format     clang-format the C++ and ruff-format the Python"
 	@echo "make lint       ruff check"
 	@echo "deployments:    make -C llms/<model> help"
@@ -37,6 +39,9 @@ fetch: bootstrap
 
 run:
 	@$(MAKE) --no-print-directory -C $(DEFAULT_DEPLOYMENT) run
+
+serve:
+	@$(MAKE) --no-print-directory -C $(DEFAULT_DEPLOYMENT) serve
 
 test: build fetch test-cpp test-py
 
@@ -81,6 +86,9 @@ fuzz: build-fuzz
 
 bench: build fetch
 	$(PY) bench/run_bench.py
+
+bench-serve: build fetch
+	$(PY) bench/serve_bench.py --out docs/benchmarks.md
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')

@@ -293,5 +293,15 @@ def test_load_disconnect_and_sigterm(smollm2_checkpoint: Path) -> None:
         assert s.metric("edgellm_queue_depth") == 0
         assert s.metric("edgellm_generation_tokens_total") - before < 200
         assert s.get("/health")[0] == 200
+
+        # SIGTERM drains: a request already running still completes, then the server exits 0.
+        body = json.dumps({"model": NAME, "prompt": "Once", "max_tokens": 12, "ignore_eos": True})
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(s.post, "/v1/completions", body.encode())
+            while s.metric("edgellm_active_requests") == 0 and not running.done():
+                time.sleep(0.05)
+            s.proc.send_signal(signal.SIGTERM)
+            code, reply, _ = running.result(timeout=60)
+        assert code == 200 and reply["usage"]["completion_tokens"] == 12
     finally:
         assert s.stop() == 0

@@ -20,6 +20,7 @@
 #include "kernels/avx2.h"
 #include "kernels/avx512.h"
 #include "kernels/kernels.h"
+#include "kernels/matmul_rows_avx512.h"
 #include "kernels/quant.h"
 
 namespace edgellm::kernels {
@@ -227,7 +228,9 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
 }
 
 void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
-  if (w.isa == Isa::avx2) return avx2::matmul_rows(w, x, n, y, pool);
+  if (w.isa == Isa::avx2)
+    return avx512::available() ? avx512::matmul_rows(w, x, n, y, pool)
+                               : avx2::matmul_rows(w, x, n, y, pool);
   // Any other layout: one n == 1 call per row is identical by definition.
   for (size_t t = 0; t < n; ++t) matmul(w, x + t * w.cols, 1, y + t * w.rows, pool);
 }

@@ -124,12 +124,6 @@ void gemv_panels(const PackedMatrix& w, const float* x, float* y, size_t p0, siz
   }
 }
 
-// Batched decode: the GEMV of every token over one panel before the next panel.
-void gemv_rows(const PackedMatrix& w, const float* x, size_t n, float* y, size_t p0, size_t p1) {
-  for (size_t p = p0; p < p1; ++p)
-    for (size_t t = 0; t < n; ++t) gemv_panels(w, x + t * w.cols, y + t * w.rows, p, p + 1);
-}
-
 // --- GEMM ---------------------------------------------------------------------
 
 // Converts columns [k0, k0 + kc) of one panel to fp32: out[k][0..15] = rows 0..15.
@@ -196,6 +190,72 @@ void gemm_panels(const PackedMatrix& w, const float* x, size_t n, float* y, size
   }
 }
 
+// Batched decode (matmul_rows). Each panel is converted to fp32 once per
+// k-block of kKcMax columns (a multiple of 4, so the column groups line up with
+// the GEMV's); every token then runs the GEMV's exact FMA sequence on it, its 8
+// accumulators parked in memory between k-blocks. The conversion is exact, so
+// each row equals the n == 1 GEMV bit for bit, while the bf16 -> fp32 work is
+// paid once per panel instead of once per token.
+void gemv_rows(const PackedMatrix& w, const float* x, size_t n, float* y, size_t p0, size_t p1) {
+  const size_t cols = w.cols, body = cols / 4 * 4;
+  const uint16_t* base = panel_base(w);
+  thread_local Scratch panel_scratch, acc_scratch;
+  float* panel = panel_scratch.get(kKcMax * kPanelRows);
+  float* acc = acc_scratch.get(n * 64);  // per token: a0..a7, 8 floats each
+  for (size_t p = p0; p < p1; ++p) {
+    const uint16_t* wp = base + p * cols * kPanelRows;
+    std::fill(acc, acc + n * 64, 0.0f);
+    for (size_t k0 = 0; k0 < cols; k0 += kKcMax) {
+      const size_t kc = std::min(kKcMax, cols - k0);
+      const size_t grouped = body > k0 ? std::min(kc, body - k0) : 0;  // the rest is the tail
+      convert_panel(wp, k0, kc, panel);
+      for (size_t t = 0; t < n; ++t) {
+        const float* xt = x + t * cols + k0;
+        float* at = acc + t * 64;
+        __m256 a0 = _mm256_load_ps(at), a1 = _mm256_load_ps(at + 8);
+        __m256 a2 = _mm256_load_ps(at + 16), a3 = _mm256_load_ps(at + 24);
+        __m256 a4 = _mm256_load_ps(at + 32), a5 = _mm256_load_ps(at + 40);
+        __m256 a6 = _mm256_load_ps(at + 48), a7 = _mm256_load_ps(at + 56);
+        size_t c = 0;
+        for (; c < grouped; c += 4) {
+          const float* wc = panel + c * kPanelRows;
+          const __m256 x0 = _mm256_broadcast_ss(xt + c), x1 = _mm256_broadcast_ss(xt + c + 1);
+          const __m256 x2 = _mm256_broadcast_ss(xt + c + 2), x3 = _mm256_broadcast_ss(xt + c + 3);
+          a0 = _mm256_fmadd_ps(_mm256_load_ps(wc), x0, a0);
+          a1 = _mm256_fmadd_ps(_mm256_load_ps(wc + 8), x0, a1);
+          a2 = _mm256_fmadd_ps(_mm256_load_ps(wc + 16), x1, a2);
+          a3 = _mm256_fmadd_ps(_mm256_load_ps(wc + 24), x1, a3);
+          a4 = _mm256_fmadd_ps(_mm256_load_ps(wc + 32), x2, a4);
+          a5 = _mm256_fmadd_ps(_mm256_load_ps(wc + 40), x2, a5);
+          a6 = _mm256_fmadd_ps(_mm256_load_ps(wc + 48), x3, a6);
+          a7 = _mm256_fmadd_ps(_mm256_load_ps(wc + 56), x3, a7);
+        }
+        for (; c < kc; ++c) {
+          const __m256 xc = _mm256_broadcast_ss(xt + c);
+          a0 = _mm256_fmadd_ps(_mm256_load_ps(panel + c * kPanelRows), xc, a0);
+          a1 = _mm256_fmadd_ps(_mm256_load_ps(panel + c * kPanelRows + 8), xc, a1);
+        }
+        _mm256_store_ps(at, a0), _mm256_store_ps(at + 8, a1);
+        _mm256_store_ps(at + 16, a2), _mm256_store_ps(at + 24, a3);
+        _mm256_store_ps(at + 32, a4), _mm256_store_ps(at + 40, a5);
+        _mm256_store_ps(at + 48, a6), _mm256_store_ps(at + 56, a7);
+      }
+    }
+    const size_t r0 = p * kPanelRows;
+    for (size_t t = 0; t < n; ++t) {
+      const float* at = acc + t * 64;
+      const __m256 lo =
+          _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(at), _mm256_load_ps(at + 16)),
+                        _mm256_add_ps(_mm256_load_ps(at + 32), _mm256_load_ps(at + 48)));
+      const __m256 hi =
+          _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(at + 8), _mm256_load_ps(at + 24)),
+                        _mm256_add_ps(_mm256_load_ps(at + 40), _mm256_load_ps(at + 56)));
+      store_row(y + t * w.rows + r0, lo, hi, /*first=*/true, w.bias ? w.bias + r0 : nullptr,
+                std::min(kPanelRows, w.rows - r0));
+    }
+  }
+}
+
 }  // namespace
 
 void pack(const uint16_t* src, size_t rows, size_t cols, PackedMatrix& out) {
@@ -240,7 +300,7 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
 }
 
 void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
-  if (n == 0 || w.rows == 0 || w.cols == 0) return avx2::matmul(w, x, n, y, pool);
+  if (n <= 1 || w.rows == 0 || w.cols == 0) return avx2::matmul(w, x, n, y, pool);
   const size_t panels = (w.rows + kPanelRows - 1) / kPanelRows;
   pool.parallel_chunks(panels, [&](size_t p0, size_t p1) { gemv_rows(w, x, n, y, p0, p1); });
 }

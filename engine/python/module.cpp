@@ -1,5 +1,7 @@
 // Python binding of the engine (nanobind). The verify adapters call the same
 // Session::setup / prefill / decode_step that the inference programs use.
+// Built twice from this file: build/python/edgellm_py (the verify adapters) and
+// edgellm._core, the extension of the installable `edgellm` package.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
@@ -11,6 +13,7 @@
 
 #include "edgellm/deployment.h"
 #include "edgellm/error.h"
+#include "edgellm/generate.h"
 #include "edgellm/roofline.h"
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
@@ -40,9 +43,57 @@ FloatMatrix to_numpy(std::vector<float>&& values, size_t rows, size_t cols) {
   return FloatMatrix(data->data(), {rows, cols}, owner);
 }
 
+// A running generate(): each __next__ runs one engine step (the prefill
+// first) with the GIL released and returns the text that became final.
+class TextStream {
+ public:
+  TextStream(edgellm::Context& context, std::vector<int32_t> prompt,
+             const edgellm::GenerateOptions& options, int start_pos)
+      : context_(&context),
+        prompt_(std::move(prompt)),
+        gen_(context.tokenizer(), context.config(), options),
+        pos_(start_pos) {
+    if (prompt_.empty()) throw edgellm::Error("generate needs at least one prompt token");
+  }
+
+  std::string next() {
+    if (gen_.done()) throw nb::stop_iteration();
+    nb::gil_scoped_release release;
+    edgellm::Generation::Step step;
+    if (!started_) {
+      started_ = true;
+      step = gen_.next(context_->prefill(prompt_, pos_));
+      pos_ += static_cast<int>(prompt_.size());
+    } else if (pos_ >= context_->max_context()) {
+      step = gen_.finish(edgellm::FinishReason::length);
+    } else {
+      step = gen_.next(context_->decode_step(last_, pos_++));
+    }
+    last_ = step.token;
+    return step.text;
+  }
+
+  const edgellm::Generation& generation() const { return gen_; }
+  int position() const { return pos_; }
+
+ private:
+  edgellm::Context* context_;
+  std::vector<int32_t> prompt_;
+  edgellm::Generation gen_;
+  int pos_;
+  int32_t last_ = -1;
+  bool started_ = false;
+};
+
 }  // namespace
 
-NB_MODULE(edgellm_py, m) {
+// NB_MODULE pastes its name: the indirection lets CMake choose it.
+#ifndef EDGELLM_MODULE_NAME
+#define EDGELLM_MODULE_NAME edgellm_py
+#endif
+#define EDGELLM_NB_MODULE(name, var) NB_MODULE(name, var)
+
+EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
   m.doc() = "edgellm engine binding";
   nb::exception<edgellm::Error>(m, "Error", PyExc_RuntimeError);
 
@@ -253,4 +304,135 @@ NB_MODULE(edgellm_py, m) {
                                             add_generation_prompt);
       },
       "tokenizer"_a, "chat_template"_a, "messages"_a, "add_generation_prompt"_a = true);
+  // ---- Model / Context / generate: the embedding API ------------------------
+  nb::class_<edgellm::SamplerOptions>(m, "SamplerOptions")
+      .def(nb::init<>())
+      .def_rw("temperature", &edgellm::SamplerOptions::temperature, "0 = greedy")
+      .def_rw("top_k", &edgellm::SamplerOptions::top_k, "0 = off")
+      .def_rw("top_p", &edgellm::SamplerOptions::top_p, "1 = off")
+      .def_rw("seed", &edgellm::SamplerOptions::seed);
+
+  nb::class_<edgellm::Sampler>(m, "Sampler",
+                               "Picks the next token from logits: greedy at temperature 0, "
+                               "else temperature / top-k / top-p with a seeded generator.")
+      .def(
+          "__init__",
+          [](edgellm::Sampler* self, float temperature, int top_k, float top_p, uint64_t seed) {
+            new (self) edgellm::Sampler(edgellm::SamplerOptions{temperature, top_k, top_p, seed});
+          },
+          "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0)
+      .def(
+          "sample",
+          [](edgellm::Sampler& s, nb::ndarray<const float, nb::ndim<1>, nb::c_contig> logits) {
+            return s.sample({logits.data(), logits.shape(0)});
+          },
+          "logits"_a, "The next token id for these logits ([vocab] float32).");
+
+  nb::class_<edgellm::Model>(m, "Model",
+                             "The immutable model (config, tokenizer, chat template, packed "
+                             "weights), loaded once and shared by any number of Contexts.")
+      .def(nb::init<>())
+      .def(
+          "setup",
+          [](edgellm::Model& self, const std::filesystem::path& dir, int threads, int max_context) {
+            edgellm::SessionOptions o;
+            o.threads = threads;
+            o.max_context = max_context;
+            nb::gil_scoped_release release;
+            self.setup(dir, o);
+          },
+          "model_dir"_a, "threads"_a = 0, "max_context"_a = 4096,
+          "Loads and validates a checkpoint directory, packs the weights, starts the threads. "
+          "max_context is the KV cache size of each Context.")
+      .def_prop_ro("ready", &edgellm::Model::ready)
+      .def_prop_ro("tokenizer", &edgellm::Model::tokenizer, nb::rv_policy::reference_internal)
+      .def_prop_ro("chat_template", &edgellm::Model::chat_template,
+                   nb::rv_policy::reference_internal)
+      .def_prop_ro("max_context", &edgellm::Model::max_context)
+      .def_prop_ro("vocab_size", [](const edgellm::Model& s) { return s.config().vocab_size; })
+      .def_prop_ro("eos_token_ids",
+                   [](const edgellm::Model& s) { return s.config().eos_token_ids; });
+
+  nb::class_<edgellm::Context>(m, "Context",
+                               "One sequence of a Model: its KV cache, scratch and position. "
+                               "It keeps the model's weights alive.")
+      .def(nb::init<>())
+      .def(nb::init<const edgellm::Model&>(), "model"_a)
+      .def_prop_ro("ready", &edgellm::Context::ready)
+      .def_prop_ro("position", &edgellm::Context::position,
+                   "The next position to run (tokens in the KV cache).")
+      .def_prop_ro("max_context", &edgellm::Context::max_context)
+      .def(
+          "prefill",
+          [](edgellm::Context& c, const std::vector<int32_t>& tokens, int start_pos) {
+            std::span<const float> logits;
+            {
+              nb::gil_scoped_release release;
+              logits = c.prefill(tokens, start_pos);
+            }
+            return to_numpy(logits);
+          },
+          "tokens"_a, "start_pos"_a = 0, "Runs tokens at [start_pos, ...); the last one's logits.")
+      .def(
+          "decode_step",
+          [](edgellm::Context& c, int32_t token, int pos) {
+            std::span<const float> logits;
+            {
+              nb::gil_scoped_release release;
+              logits = c.decode_step(token, pos);
+            }
+            return to_numpy(logits);
+          },
+          "token"_a, "pos"_a, "Runs one token at pos; the next position's logits.");
+
+  m.def(
+      "decode_batch",
+      [](const std::vector<edgellm::Context*>& contexts, const std::vector<int32_t>& tokens,
+         const std::vector<int>& positions) {
+        {
+          nb::gil_scoped_release release;
+          edgellm::decode_batch(contexts, tokens, positions);
+        }
+        nb::list out;
+        for (const edgellm::Context* c : contexts) out.append(to_numpy(c->logits()));
+        return out;
+      },
+      "contexts"_a, "tokens"_a, "positions"_a,
+      "One decode step for several contexts of one model in one pass over the weights; returns "
+      "each context's next-token logits, identical to its own decode_step.");
+
+  nb::class_<TextStream>(m, "TextStream",
+                         "Iterator over the text of a generation (see generate()).")
+      .def("__iter__", [](nb::handle self) { return self; })
+      .def("__next__", &TextStream::next)
+      .def_prop_ro("done", [](const TextStream& s) { return s.generation().done(); })
+      .def_prop_ro(
+          "finish_reason",
+          [](const TextStream& s) {
+            return std::string(edgellm::finish_reason_name(s.generation().finish_reason()));
+          })
+      .def_prop_ro("tokens", [](const TextStream& s) { return s.generation().tokens(); })
+      .def_prop_ro("text", [](const TextStream& s) { return s.generation().text(); })
+      .def_prop_ro("position", &TextStream::position);
+
+  m.def(
+      "generate",
+      [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
+         int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
+         std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos) {
+        edgellm::GenerateOptions o;
+        o.max_tokens = max_tokens;
+        o.sampling = {temperature, top_k, top_p, seed};
+        o.stop_strings = std::move(stop);
+        o.stop_tokens = std::move(stop_tokens);
+        o.stop_at_eos = stop_at_eos;
+        return TextStream(context, std::move(prompt), o, start_pos);
+      },
+      "context"_a, "prompt"_a, "max_tokens"_a = 100, "temperature"_a = 0.0f, "top_k"_a = 0,
+      "top_p"_a = 1.0f, "seed"_a = 0, "stop"_a = std::vector<std::string>{},
+      "stop_tokens"_a = std::vector<int32_t>{}, "stop_at_eos"_a = true, "start_pos"_a = 0,
+      nb::keep_alive<0, 1>(),
+      "Streams the text generated after `prompt` (token ids) in `context`: prefill, then one "
+      "decode step per iteration, until EOS / a stop token or string / max_tokens / the end of "
+      "the context. The iterator's finish_reason, tokens and text tell the outcome.");
 }

@@ -5,13 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "edgellm/bf16.h"
 #include "edgellm/thread_pool.h"
+#include "kernels/avx2.h"
 #include "kernels/kernels.h"
+#include "kernels/matmul_rows_avx512.h"
 
 namespace edgellm::kernels {
 namespace {
@@ -45,8 +48,24 @@ TEST(MatmulRows, EachRowBitIdenticalToGemv) {
       PackedMatrix plain = pack_matrix(w.data(), sh.rows, sh.cols, Isa::scalar);
       plain.bias = bias.data();
       ref::matmul(plain, x.data(), sh.n, ref.data());
+      // Each implementation of the AVX2 layout's batch, not only the one dispatch picks.
+      std::vector<std::vector<float>> variants;
+      if (m.isa == Isa::avx2) {
+        variants.emplace_back(sh.n * sh.rows);
+        avx2::matmul_rows(m, x.data(), sh.n, variants.back().data(), pool);
+        if (avx512::available()) {
+          variants.emplace_back(sh.n * sh.rows);
+          avx512::matmul_rows(m, x.data(), sh.n, variants.back().data(), pool);
+        } else {
+          std::printf("[ SKIPPED  ] avx512 matmul_rows: the CPU lacks AVX-512F\n");
+        }
+      }
       for (size_t t = 0; t < sh.n; ++t) {
         matmul(m, &x[t * sh.cols], 1, alone.data(), pool);
+        for (size_t v = 0; v < variants.size(); ++v)
+          EXPECT_EQ(0,
+                    std::memcmp(alone.data(), &variants[v][t * sh.rows], sh.rows * sizeof(float)))
+              << "variant " << v << " " << sh.rows << "x" << sh.cols << " row " << t;
         EXPECT_EQ(0, std::memcmp(alone.data(), &batched[t * sh.rows], sh.rows * sizeof(float)))
             << isa_name(isa) << " " << sh.rows << "x" << sh.cols << " row " << t;
         for (size_t r = 0; r < sh.rows; ++r) {

@@ -30,6 +30,8 @@ N_TOKENS ?= 100
 THREADS ?= $(shell nproc)
 IGNORE_EOS ?= 1
 VERIFY_ARGS ?=
+HOST ?= 127.0.0.1
+PORT ?= 8080
 export PYTHONPATH := $(BUILD_DIR)/python:$(REPO_ROOT)/llms:$(REPO_ROOT)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -45,7 +47,7 @@ SAMPLING_ARGS := $(if $(TEMPERATURE),--temperature '$(TEMPERATURE)') $(if $(TOP_
 RUN_ARGS = --model '$(MODEL)' --threads $(THREADS) $(PROMPT_ARG) $(SAMPLING_ARGS) $(ARGS)
 TIMING_ARGS = --n-tokens $(N_TOKENS) $(if $(filter 1,$(IGNORE_EOS)),--ignore-eos)
 
-.PHONY: help compile fetch run profile chat verify verify-full diagnosis clean
+.PHONY: help compile fetch run profile chat serve verify verify-full diagnosis clean
 
 help:
 	@echo "$(DEPLOYMENT) targets:"
@@ -53,6 +55,7 @@ help:
 	@echo "  run          answer PROMPT; prints TTFT and TPS over N_TOKENS=$(N_TOKENS) tokens"
 	@echo "  profile      the same run with the per-phase and per-kernel time breakdown"
 	@echo "  chat         interactive chat with line editing (/help inside; Ctrl-D quits)"
+	@echo "  serve        OpenAI-compatible server on HOST=$(HOST) PORT=$(PORT) (Ctrl-C stops)"
 	@echo "  verify       gate vs HF transformers bf16 and fp32, every lens (2 prompts x 32 tokens)"
 	@echo "  verify-full  the same gate over all prompts (VERIFY_ARGS=--spec-gate: the seed's gate)"
 	@echo "  diagnosis    per-layer cosine vs HF bf16 and fp32 for PROMPT, with a plot (informational)"
@@ -77,6 +80,11 @@ profile: compile fetch
 
 chat: compile fetch
 	@$(BIN) $(RUN_ARGS) --chat
+
+# The server takes a checkpoint path or its entry in the model store (MODEL's in deployment.json).
+serve: compile fetch
+	@$(BUILD_DIR)/edgellm_server --model '$(call descriptor_get,d["models"].get(m, m))' \
+	  --host $(HOST) --port $(PORT) --threads $(THREADS)
 
 verify: compile fetch
 	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --max-prompts 2 $(VERIFY_ARGS)

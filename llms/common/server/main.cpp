@@ -62,13 +62,19 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
   try {
+    // A checkpoint directory or a .gguf file in one, as a path or a model-store entry.
+    auto is_model = [](const std::filesystem::path& p) {
+      return std::filesystem::is_directory(p) ||
+             (p.extension() == ".gguf" && std::filesystem::is_regular_file(p));
+    };
     std::filesystem::path dir = model;
-    if (!std::filesystem::is_directory(dir) && model.find('/') == std::string::npos)
-      dir = model_store() / model;
-    if (!std::filesystem::is_directory(dir))
-      throw Error(model + ": no such checkpoint directory (nor in the model store " +
+    if (!is_model(dir)) dir = model_store() / model;
+    if (!is_model(dir))
+      throw Error(model + ": no such checkpoint directory or .gguf file (nor in the model store " +
                   model_store().string() + ")");
-    if (so.model_name.empty()) so.model_name = std::filesystem::absolute(dir).filename().string();
+    if (so.model_name.empty())
+      so.model_name = std::filesystem::absolute(checkpoint_dir(dir)).filename().string() +
+                      (dir.extension() == ".gguf" ? "-gguf" : "");
     Model m;
     SessionOptions mo;
     mo.threads = threads;

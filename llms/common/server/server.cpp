@@ -430,6 +430,7 @@ Server::~Server() {
 
 bool Server::run() {
   Impl& s = *impl_;
+  if (s.stopped) return true;  // a stop signal came while loading
   if (!s.http.bind_to_port(s.options.host, s.options.port)) {
     std::fprintf(stderr, "error: cannot listen on %s:%d (in use, or not a local address)\n",
                  s.options.host.c_str(), s.options.port);

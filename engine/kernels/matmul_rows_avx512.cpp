@@ -1,0 +1,122 @@
+// Batched decode (matmul_rows) with AVX-512 on the AVX2 panel layout, for
+// CPUs that have it. A converted panel column is 16 fp32 = one zmm whose lanes
+// 0..7 are the AVX2 GEMV's "lo" rows and 8..15 its "hi" rows, so one zmm FMA
+// does the work of the GEMV's two ymm FMAs with the same per-lane arithmetic.
+// Four zmm accumulators per token mirror a0|a1, a2|a3, a4|a5, a6|a7 and are
+// summed in the GEMV's order, so each row is bit-identical to the AVX2 n == 1
+// GEMV. Four tokens share each weight load (16 accumulators of 32 registers).
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/avx2.h"
+#include "kernels/matmul_rows_avx512.h"
+#include "kernels/vec_avx2.h"
+
+namespace edgellm::kernels::avx512 {
+
+namespace {
+
+constexpr size_t kKc = 256;  // columns per converted block (a multiple of 4)
+constexpr size_t kRows = avx2::kPanelRows;
+
+// Columns [k0, k0 + kc) of one AVX2 panel as fp32, one zmm (rows 0..15) per
+// column. Meanwhile it prefetches the block that comes next (`next`): the
+// sweeps over this block then hide that block's DRAM latency, which the
+// hardware prefetcher alone does not (the reads come in bursts).
+void convert(const uint16_t* wp, size_t k0, size_t kc, const uint16_t* next, float* out) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  for (size_t k = 0; k < kc; ++k) {
+    if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + k * kRows), _MM_HINT_T0);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + (k0 + k) * kRows));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + k * kRows), _mm256_slli_epi32(v, 16));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + k * kRows + 8), _mm256_and_si256(v, high));
+  }
+}
+
+// T tokens over one converted block: `grouped` columns in the GEMV's groups of
+// four, then the tail columns up to kc into accumulator 0.
+template <int T>
+void sweep(const float* panel, size_t grouped, size_t kc, const float* x, size_t ldx, float* acc) {
+  __m512 a[T][4];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < 4; ++j) a[t][j] = _mm512_load_ps(acc + t * 64 + j * 16);
+  size_t c = 0;
+  for (; c < grouped; c += 4) {
+    const float* wc = panel + c * kRows;
+    const __m512 w0 = _mm512_load_ps(wc), w1 = _mm512_load_ps(wc + 16);
+    const __m512 w2 = _mm512_load_ps(wc + 32), w3 = _mm512_load_ps(wc + 48);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const float* xt = x + t * ldx + c;
+      a[t][0] = _mm512_fmadd_ps(w0, _mm512_set1_ps(xt[0]), a[t][0]);
+      a[t][1] = _mm512_fmadd_ps(w1, _mm512_set1_ps(xt[1]), a[t][1]);
+      a[t][2] = _mm512_fmadd_ps(w2, _mm512_set1_ps(xt[2]), a[t][2]);
+      a[t][3] = _mm512_fmadd_ps(w3, _mm512_set1_ps(xt[3]), a[t][3]);
+    }
+  }
+  for (; c < kc; ++c) {
+    const __m512 wc = _mm512_load_ps(panel + c * kRows);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t)
+      a[t][0] = _mm512_fmadd_ps(wc, _mm512_set1_ps(x[t * ldx + c]), a[t][0]);
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < 4; ++j) _mm512_store_ps(acc + t * 64 + j * 16, a[t][j]);
+}
+
+using SweepFn = void (*)(const float*, size_t, size_t, const float*, size_t, float*);
+constexpr SweepFn kSweeps[5] = {nullptr, sweep<1>, sweep<2>, sweep<3>, sweep<4>};
+
+void rows(const PackedMatrix& w, const float* x, size_t n, float* y, size_t p0, size_t p1) {
+  const size_t cols = w.cols, body = cols / 4 * 4;
+  const uint16_t* base = w.data.data() + w.offset;
+  thread_local avx2::Scratch panel_scratch, acc_scratch;
+  float* panel = panel_scratch.get(kKc * kRows);
+  float* acc = acc_scratch.get(n * 64);
+  for (size_t p = p0; p < p1; ++p) {
+    const uint16_t* wp = base + p * cols * kRows;
+    std::fill(acc, acc + n * 64, 0.0f);
+    for (size_t k0 = 0; k0 < cols; k0 += kKc) {
+      const size_t kc = std::min(kKc, cols - k0);
+      const size_t grouped = body > k0 ? std::min(kc, body - k0) : 0;
+      // The next block: this panel's next columns, else the next panel's first ones.
+      const uint16_t* next = k0 + kc < cols ? wp + (k0 + kc) * kRows : wp + cols * kRows;
+      convert(wp, k0, kc, next, panel);
+      for (size_t t = 0; t < n; t += 4)
+        kSweeps[std::min<size_t>(4, n - t)](panel, grouped, kc, x + t * cols + k0, cols,
+                                            acc + t * 64);
+    }
+    const size_t r0 = p * kRows, valid = std::min(kRows, w.rows - r0);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    const __m512 bias = w.bias ? _mm512_maskz_loadu_ps(mask, w.bias + r0) : _mm512_setzero_ps();
+    for (size_t t = 0; t < n; ++t) {
+      const float* at = acc + t * 64;
+      __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(at), _mm512_load_ps(at + 16)),
+                                 _mm512_add_ps(_mm512_load_ps(at + 32), _mm512_load_ps(at + 48)));
+      if (w.bias) sum = _mm512_add_ps(sum, bias);
+      _mm512_mask_storeu_ps(y + t * w.rows + r0, mask, sum);
+    }
+  }
+}
+
+}  // namespace
+
+bool available() {
+  // GCC's cpuinfo reports avx512f only when XCR0 shows the OS saves ZMM state.
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return yes;
+}
+
+void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  if (n <= 1 || w.rows == 0 || w.cols == 0) return avx2::matmul(w, x, n, y, pool);
+  const size_t panels = (w.rows + kRows - 1) / kRows;
+  pool.parallel_chunks(panels, [&](size_t p0, size_t p1) { rows(w, x, n, y, p0, p1); });
+}
+
+}  // namespace edgellm::kernels::avx512

@@ -1,0 +1,31 @@
+"""The C++ library installs with CMake and docs/example builds against it with find_package."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from conftest import REPO
+
+
+def run(*cmd: str, **kw) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def test_example_builds_against_the_installed_package(
+    tmp_path: Path, smollm2_checkpoint: Path
+) -> None:
+    prefix, build = tmp_path / "prefix", tmp_path / "example"
+    run("cmake", "--install", str(REPO / "build"), "--prefix", str(prefix))
+    assert (prefix / "lib" / "cmake" / "edgellm" / "edgellmConfig.cmake").is_file()
+    run(
+        "cmake", "-S", str(REPO / "docs" / "example"), "-B", str(build), "-G", "Ninja",
+        f"-DCMAKE_PREFIX_PATH={prefix}",
+    )  # fmt: skip
+    run("cmake", "--build", str(build))
+    out = run(
+        str(build / "edgellm_example"), str(smollm2_checkpoint), "What is the capital of France?"
+    )
+    assert "Paris" in out.stdout
