@@ -14,7 +14,9 @@
 
 namespace edgellm::kernels {
 
-void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
+namespace {
+
+void resize_acts(size_t n, size_t cols, QuantizedActs& a) {
   const size_t nb = cols / 32;
   a.n = n;
   a.cols = cols;
@@ -23,7 +25,11 @@ void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
   a.sum.resize(n * nb);
   a.qsum.resize(n * nb);
   a.scaled_qsum.resize(n * nb);
-  for (size_t i = 0; i < n * nb; ++i) {
+}
+
+// Blocks [i0, i1) of the n * cols / 32 blocks of x.
+void quantize_blocks(const float* x, QuantizedActs& a, size_t i0, size_t i1) {
+  for (size_t i = i0; i < i1; ++i) {
     const float* v = x + i * 32;
     int8_t* q = a.q.data() + i * 32;
     float amax = 0.0f, sum = 0.0f;
@@ -43,6 +49,13 @@ void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
     a.qsum[i] = qsum;
     a.scaled_qsum[i] = d * static_cast<float>(qsum);
   }
+}
+
+}  // namespace
+
+void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
+  resize_acts(n, cols, a);
+  quantize_blocks(x, a, 0, n * (cols / 32));
 }
 
 namespace ref {
@@ -105,8 +118,13 @@ void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, cons
                   ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
   thread_local QuantizedActs scratch;
-  const QuantizedActs& acts = scratch;  // the workers must read the caller's, not their own
-  quantize_acts(x, n, w.cols, scratch);
+  QuantizedActs& acts = scratch;  // the workers must use the caller's, not their own
+  resize_acts(n, w.cols, acts);
+  if (n == 1)  // decode: a few hundred values, not worth a pool dispatch
+    quantize_blocks(x, acts, 0, w.cols / 32);
+  else
+    pool.parallel_chunks(n * (w.cols / 32),
+                         [&](size_t i0, size_t i1) { quantize_blocks(x, acts, i0, i1); });
   const QuantRowsFn rows_fn = active_isa() != Isa::avx2 ? ref::quant_rows
                               : has_avxvnni()           ? avxvnni::quant_rows
                                                         : avx2::quant_rows;
