@@ -65,8 +65,8 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
   const size_t nb = s.cols / 32;
   for (size_t r = r0; r < r1; ++r) {
     const uint8_t* wq = s.qs.data() + r * s.row_bytes();
-    const float* scales = s.scales.data() + r * (s.cols / s.group);
-    const float* mins = s.has_min ? s.mins.data() + r * nb : nullptr;
+    const size_t g0 = r * (s.cols / s.group);  // first scale of the row (u4: group 32)
+    auto scales = [&](size_t i) { return s.scale(g0 + i); };
     for (size_t t = 0; t < a.n; ++t) {
       const int8_t* xq = a.q.data() + t * s.cols;
       float acc = 0.0f;
@@ -80,10 +80,10 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
             hi += static_cast<int8_t>(wq[b * 32 + 16 + j]) * xq[b * 32 + 16 + j];
           }
           if (s.group == 16)
-            acc += sx * (scales[2 * b] * static_cast<float>(lo) +
-                         scales[2 * b + 1] * static_cast<float>(hi));
+            acc += sx * (scales(2 * b) * static_cast<float>(lo) +
+                         scales(2 * b + 1) * static_cast<float>(hi));
           else
-            acc += scales[b] * sx * static_cast<float>(lo + hi);
+            acc += scales(b) * sx * static_cast<float>(lo + hi);
         } else {
           int32_t dot = 0;
           for (int j = 0; j < 16; ++j) {
@@ -91,8 +91,8 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
             dot += (byte & 0xf) * xq[b * 32 + j] + (byte >> 4) * xq[b * 32 + 16 + j];
           }
           dot -= s.zero * a.qsum[ab];
-          acc += scales[b] * sx * static_cast<float>(dot);
-          if (mins) acc += mins[b] * a.sum[ab];
+          acc += scales(b) * sx * static_cast<float>(dot);
+          if (s.has_min) acc += s.min(g0 + b) * a.sum[ab];
         }
       }
       y[t * ldy + r] = acc;

@@ -192,6 +192,15 @@ TEST(QuantTest, MixedSegmentsAndBiasThroughMatmul) {
   EXPECT_EQ(a, b);
 }
 
+// Scales that are exact halves are stored as halves (Q4_1's are by construction);
+// Q4_K's products d * sc generally are not. The tests above run both kinds.
+TEST(QuantTest, ExactHalfScalesAreStoredAsHalves) {
+  std::mt19937 rng(6);
+  EXPECT_TRUE(random_matrix(BlockFormat::q4_1, 3, 64, rng).segments[0].half_scales);
+  EXPECT_TRUE(random_matrix(BlockFormat::q8_0, 3, 64, rng).segments[0].half_scales);
+  EXPECT_FALSE(random_matrix(BlockFormat::q4_k, 3, 256, rng).segments[0].half_scales);
+}
+
 TEST(QuantTest, RowOrderPermutesRows) {
   std::mt19937 rng(4);
   const auto blocks = random_blocks(BlockFormat::q4_1, 4, 64, rng);
