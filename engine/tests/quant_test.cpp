@@ -87,7 +87,7 @@ TEST(QuantTest, EveryIsaMatchesTheIntegerReference) {
   for (BlockFormat f : kFormats) {
     const size_t unit = block_elems(f);
     for (size_t rows : {1, 3, 5, 17}) {
-      for (size_t cols : {unit, 3 * unit}) {
+      for (size_t cols : {unit, 3 * unit, 9 * unit}) {
         const QuantMatrix w = random_matrix(f, rows, cols, rng);
         for (size_t n : {1, 2, 5}) {
           SCOPED_TRACE(std::string(block_format_name(f)) + " rows " + std::to_string(rows) +
