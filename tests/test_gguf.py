@@ -34,11 +34,14 @@ def gguf_path(name: str) -> Path:
     return path
 
 
+MAX_ROWS = 512  # a big table (Gemma's 262k-row embedding) is checked on its first rows
+
+
 def expect_bit_identical(binding: Any, path: Path, tensor: Any) -> None:
     from gguf.quants import dequantize
 
-    want = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-    got = binding.gguf_dequantize(str(path), tensor.name)
+    want = dequantize(tensor.data[:MAX_ROWS], tensor.tensor_type).astype(np.float32)
+    got = binding.gguf_dequantize(str(path), tensor.name, max_rows=MAX_ROWS)
     assert got.shape == want.shape, (tensor.name, got.shape, want.shape)
     diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
     assert diff.size == 0, (

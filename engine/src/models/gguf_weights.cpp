@@ -1,5 +1,6 @@
 #include "models/gguf_weights.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -63,11 +64,12 @@ kernels::BlockFormat runnable_format(const std::string& file, const GgufTensor& 
 
 }  // namespace
 
-std::vector<float> dequantize_gguf_tensor(const GgufTensor& t) {
+std::vector<float> dequantize_gguf_tensor(const GgufTensor& t, size_t max_rows) {
+  const size_t rows = max_rows ? std::min<size_t>(max_rows, t.rows()) : t.rows();
   kernels::QuantMatrix m;
-  kernels::append_segment(
-      m, kernels::repack_gguf(runnable_format("GGUF", t), t.data, t.rows(), t.cols()));
-  std::vector<float> out(t.numel());
+  kernels::append_segment(m,
+                          kernels::repack_gguf(runnable_format("GGUF", t), t.data, rows, t.cols()));
+  std::vector<float> out(rows * t.cols());
   for (size_t r = 0; r < m.rows; ++r) kernels::dequant_row(m, r, out.data() + r * m.cols);
   return out;
 }
