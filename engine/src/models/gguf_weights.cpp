@@ -103,7 +103,11 @@ std::unique_ptr<GgufWeights> open_gguf_weights(const std::filesystem::path& gguf
                                    std::to_string(t->dims.size()) +
                                    " dimensions, a matrix needs 2");
     if (is_float(t->type)) continue;  // runs from the checkpoint's bf16 copy
-    GgufMatrix m{runnable_format(g.path(), *t), t->data, t->rows(), t->cols(), {}};
+    GgufMatrix m{.format = runnable_format(g.path(), *t),
+                 .blocks = t->data,
+                 .nbytes = t->nbytes,
+                 .rows = t->rows(),
+                 .cols = t->cols()};
     if (entry.contains("row_order")) {
       const auto& order = entry["row_order"];
       check(order.is_array() && order.size() == m.rows, where + "tensors['" + hf_name +
