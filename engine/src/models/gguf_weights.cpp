@@ -107,7 +107,8 @@ std::unique_ptr<GgufWeights> open_gguf_weights(const std::filesystem::path& gguf
                  .blocks = t->data,
                  .nbytes = t->nbytes,
                  .rows = t->rows(),
-                 .cols = t->cols()};
+                 .cols = t->cols(),
+                 .row_order = {}};
     if (entry.contains("row_order")) {
       const auto& order = entry["row_order"];
       check(order.is_array() && order.size() == m.rows, where + "tensors['" + hf_name +
