@@ -66,6 +66,30 @@ def test_real_tensors_dequantize_bit_identically(model: str, engine_binding: Any
             expect_bit_identical(engine_binding, path, t)
 
 
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_map_rows_equal_the_converted_checkpoint(model: str, engine_binding: Any) -> None:
+    """gguf_map.json's row orders turn the GGUF's matrices into the checkpoint's (bf16-rounded)."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+
+    path = gguf_path(model)
+    tensors = json.loads((path.parent / "gguf_map.json").read_text())["tensors"]
+    with safe_open(str(path.parent / "model.safetensors"), "pt") as fh:
+        for hf in (
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.weight",
+            "model.layers.0.mlp.down_proj.weight",
+        ):
+            entry = tensors[hf]
+            rows = engine_binding.gguf_dequantize(str(path), entry["gguf"])
+            if "row_order" in entry:
+                rows = rows[np.asarray(entry["row_order"])]
+            got = torch.from_numpy(np.ascontiguousarray(rows)).to(torch.bfloat16)
+            assert torch.equal(got, fh.get_tensor(hf)), hf
+
+
 def test_gguf_writer_formats_dequantize_bit_identically(
     tmp_path: Path, engine_binding: Any
 ) -> None:
