@@ -47,11 +47,12 @@ def prompt_ids(model_dir: Path, n: int) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def time_ours(model_dir: Path, reps: int) -> dict:
+def time_ours(model_dir: Path, reps: int, model: Path | None = None) -> dict:
+    """Our engine on model_dir, or on `model` (its GGUF) with model_dir's tokenizer."""
     import edgellm_py
 
     session = edgellm_py.Session()
-    session.setup(str(model_dir), threads=THREADS, max_context=MAX_CONTEXT)
+    session.setup(str(model or model_dir), threads=THREADS, max_context=MAX_CONTEXT)
     out: dict = {
         "weight_bytes": session.weight_bytes,
         "lm_head_params": session.vocab_size * session.hidden_size,
@@ -145,6 +146,8 @@ def worker(args: argparse.Namespace) -> int:
     model_dir = Path(args.model)
     if args.worker == "ours":
         res = time_ours(model_dir, args.reps)
+    elif args.worker == "ours-gguf":
+        res = time_ours(model_dir, args.reps, model_dir / "model.gguf")
     elif args.worker.startswith("hf-"):
         res = time_hf(model_dir, args.reps, args.worker.removeprefix("hf-"))
     else:
@@ -214,6 +217,9 @@ def main() -> int:
         for name in peers:
             if (res := run_worker(name, m, args)) is not None:
                 rows[name] = res
+        if (Path(m) / "model.gguf").exists():  # the GGUF deployment (quantized blocks)
+            if (res := run_worker("ours-gguf", m, args)) is not None:
+                rows["ours gguf"] = res
         for spec in args.gguf:
             label, _, path = spec.partition("=")
             if (res := run_worker("llamacpp", m, args, Path(path))) is not None:
@@ -300,7 +306,35 @@ def render(
             "flops only, over the whole TTFT including attention: a lower bound for the "
             "projections; `make profile` gives them per kernel).",
         ]
+    if "ours gguf" in rows:
+        lines += render_gguf(rows, read_bw)
     return "\n".join(lines) + "\n"
+
+
+def render_gguf(rows: dict[str, dict], read_bw: float) -> list[str]:
+    """The GGUF deployment against its own roofline, the bf16 deployment and llama.cpp."""
+    q, ours = rows["ours gguf"], rows.get("ours", {})
+    roof = read_bw * 1e9 / q["weight_bytes"]
+    lines = [
+        "",
+        f"GGUF deployment (`ours gguf`: the file's blocks run as stored): decode "
+        f"{q['tps_32']:.1f} tok/s = {100 * q['tps_32'] / roof:.0f}% of the roofline for the "
+        f"{q['weight_bytes'] / 1e6:.1f} MB it streams per token ({roof:.1f} tok/s).",
+    ]
+    if ours:
+        lines.append(
+            f"vs the bf16 deployment: decode {q['tps_32'] / ours['tps_32']:.2f}x, TTFT 512 "
+            f"{ours['ttft_512'] / q['ttft_512']:.2f}x, peak RSS {q['peak_rss_mb']:.0f} MB = "
+            f"{100 * q['peak_rss_mb'] / ours['peak_rss_mb']:.0f}% of {ours['peak_rss_mb']:.0f} MB."
+        )
+    for name, r in rows.items():
+        if name.startswith("llama.cpp"):
+            lines.append(
+                f"vs {name}: decode {q['tps_32'] / r['tps_32']:.2f}x, TTFT 32/128/512 "
+                + "/".join(f"{r[f'ttft_{n}'] / q[f'ttft_{n}']:.2f}x" for n in PROMPT_LENGTHS)
+                + "."
+            )
+    return lines
 
 
 if __name__ == "__main__":

@@ -137,6 +137,8 @@ def test_checkpoint_files(name: str) -> None:
         "tokenizer_config.json",
         "generation_config.json",
         "edgellm.json",
+        "model.gguf",  # the GGUF deployment (MODEL=gguf) and its map
+        "gguf_map.json",
     ):
         assert (path / fname).is_file(), fname
     cfg = json.loads((path / "config.json").read_text())

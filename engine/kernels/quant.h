@@ -44,8 +44,15 @@ struct QuantSegment {
   std::vector<uint8_t> qs;    // i8: rows * cols int8; u4: rows * cols / 2
   std::vector<float> scales;  // rows * cols / group
   std::vector<float> mins;    // rows * cols / 32 when has_min
+  // When every scale and min is exactly an IEEE half (Q4_0, Q4_1, Q5_0, Q8_0
+  // store them so) they are kept as halves instead: decode streams 2 bytes
+  // less per block. Then `scales` and `mins` are empty.
+  bool half_scales = false;
+  std::vector<uint16_t> scales16, mins16;
 
   size_t row_bytes() const { return layout == QuantLayout::i8 ? cols : cols / 2; }
+  float scale(size_t i) const;  // scales[i] whichever way it is stored
+  float min(size_t i) const;
   size_t bytes() const;  // what one pass over the segment streams
 };
 

@@ -166,8 +166,44 @@ size_t block_bytes(BlockFormat f) {
 }
 
 size_t QuantSegment::bytes() const {
-  return qs.size() + (scales.size() + mins.size()) * sizeof(float);
+  return qs.size() + (scales.size() + mins.size()) * sizeof(float) +
+         (scales16.size() + mins16.size()) * sizeof(uint16_t);
 }
+
+float QuantSegment::scale(size_t i) const {
+  return half_scales ? f16_to_float(scales16[i]) : scales[i];
+}
+float QuantSegment::min(size_t i) const {
+  return half_scales ? f16_to_float(mins16[i]) : mins[i];
+}
+
+namespace {
+
+// Halves for `v` if every value is exactly one (and finite), else empty.
+std::vector<uint16_t> exact_halves(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    h[i] = float_to_f16(v[i]);
+    if (!std::isfinite(v[i]) || f16_to_float(h[i]) != v[i] ||
+        std::signbit(v[i]) != ((h[i] >> 15) != 0))
+      return {};
+  }
+  return h;
+}
+
+void store_halves_if_exact(QuantSegment& s) {
+  auto sc = exact_halves(s.scales);
+  if (sc.size() != s.scales.size()) return;
+  auto mn = exact_halves(s.mins);
+  if (mn.size() != s.mins.size()) return;
+  s.half_scales = true;
+  s.scales16 = std::move(sc);
+  s.mins16 = std::move(mn);
+  s.scales = {};
+  s.mins = {};
+}
+
+}  // namespace
 
 size_t QuantMatrix::bytes() const {
   size_t b = 0;
@@ -193,6 +229,7 @@ QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size
     const size_t from = row_order ? static_cast<size_t>(row_order[r]) : r;
     repack_row(f, blocks + from * src_row, cols, s, r);
   }
+  store_halves_if_exact(s);
   return s;
 }
 
@@ -249,19 +286,18 @@ void dequant_row(const QuantMatrix& m, size_t r, float* out) {
       continue;
     }
     const uint8_t* qs = s.qs.data() + r * s.row_bytes();
-    const float* scales = s.scales.data() + r * (s.cols / s.group);
+    const size_t g0 = r * (s.cols / s.group);  // first scale of the row
     if (s.layout == QuantLayout::i8) {
       for (size_t c = 0; c < s.cols; ++c)
-        out[c] = static_cast<float>(static_cast<int8_t>(qs[c])) * scales[c / s.group];
+        out[c] = static_cast<float>(static_cast<int8_t>(qs[c])) * s.scale(g0 + c / s.group);
       return;
     }
-    const float* mins = s.has_min ? s.mins.data() + r * (s.cols / 32) : nullptr;
     for (size_t c = 0; c < s.cols; ++c) {
       const size_t b = c / 32, j = c % 32;
       const uint8_t byte = qs[b * 16 + j % 16];
       const int q = (j < 16 ? byte & 0xf : byte >> 4) - s.zero;
-      const float v = scales[b] * static_cast<float>(q);
-      out[c] = mins ? v + mins[b] : v;
+      const float v = s.scale(g0 + b) * static_cast<float>(q);
+      out[c] = s.has_min ? v + s.min(g0 + b) : v;
     }
     return;
   }

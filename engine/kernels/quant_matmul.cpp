@@ -14,7 +14,9 @@
 
 namespace edgellm::kernels {
 
-void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
+namespace {
+
+void resize_acts(size_t n, size_t cols, QuantizedActs& a) {
   const size_t nb = cols / 32;
   a.n = n;
   a.cols = cols;
@@ -23,7 +25,11 @@ void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
   a.sum.resize(n * nb);
   a.qsum.resize(n * nb);
   a.scaled_qsum.resize(n * nb);
-  for (size_t i = 0; i < n * nb; ++i) {
+}
+
+// Blocks [i0, i1) of the n * cols / 32 blocks of x.
+void quantize_blocks(const float* x, QuantizedActs& a, size_t i0, size_t i1) {
+  for (size_t i = i0; i < i1; ++i) {
     const float* v = x + i * 32;
     int8_t* q = a.q.data() + i * 32;
     float amax = 0.0f, sum = 0.0f;
@@ -45,6 +51,13 @@ void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
   }
 }
 
+}  // namespace
+
+void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
+  resize_acts(n, cols, a);
+  quantize_blocks(x, a, 0, n * (cols / 32));
+}
+
 namespace ref {
 
 void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
@@ -52,8 +65,8 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
   const size_t nb = s.cols / 32;
   for (size_t r = r0; r < r1; ++r) {
     const uint8_t* wq = s.qs.data() + r * s.row_bytes();
-    const float* scales = s.scales.data() + r * (s.cols / s.group);
-    const float* mins = s.has_min ? s.mins.data() + r * nb : nullptr;
+    const size_t g0 = r * (s.cols / s.group);  // first scale of the row (u4: group 32)
+    auto scales = [&](size_t i) { return s.scale(g0 + i); };
     for (size_t t = 0; t < a.n; ++t) {
       const int8_t* xq = a.q.data() + t * s.cols;
       float acc = 0.0f;
@@ -67,10 +80,10 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
             hi += static_cast<int8_t>(wq[b * 32 + 16 + j]) * xq[b * 32 + 16 + j];
           }
           if (s.group == 16)
-            acc += sx * (scales[2 * b] * static_cast<float>(lo) +
-                         scales[2 * b + 1] * static_cast<float>(hi));
+            acc += sx * (scales(2 * b) * static_cast<float>(lo) +
+                         scales(2 * b + 1) * static_cast<float>(hi));
           else
-            acc += scales[b] * sx * static_cast<float>(lo + hi);
+            acc += scales(b) * sx * static_cast<float>(lo + hi);
         } else {
           int32_t dot = 0;
           for (int j = 0; j < 16; ++j) {
@@ -78,8 +91,8 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
             dot += (byte & 0xf) * xq[b * 32 + j] + (byte >> 4) * xq[b * 32 + 16 + j];
           }
           dot -= s.zero * a.qsum[ab];
-          acc += scales[b] * sx * static_cast<float>(dot);
-          if (mins) acc += mins[b] * a.sum[ab];
+          acc += scales(b) * sx * static_cast<float>(dot);
+          if (s.has_min) acc += s.min(g0 + b) * a.sum[ab];
         }
       }
       y[t * ldy + r] = acc;
@@ -105,8 +118,13 @@ void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, cons
                   ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
   thread_local QuantizedActs scratch;
-  const QuantizedActs& acts = scratch;  // the workers must read the caller's, not their own
-  quantize_acts(x, n, w.cols, scratch);
+  QuantizedActs& acts = scratch;  // the workers must use the caller's, not their own
+  resize_acts(n, w.cols, acts);
+  if (n == 1)  // decode: a few hundred values, not worth a pool dispatch
+    quantize_blocks(x, acts, 0, w.cols / 32);
+  else
+    pool.parallel_chunks(n * (w.cols / 32),
+                         [&](size_t i0, size_t i1) { quantize_blocks(x, acts, i0, i1); });
   const QuantRowsFn rows_fn = active_isa() < Isa::avx2 ? ref::quant_rows
                               : has_avxvnni()          ? avxvnni::quant_rows
                                                        : avx2::quant_rows;

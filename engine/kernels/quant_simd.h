@@ -40,14 +40,27 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline float dot(const float* a, const float* b, size_t n) {
+// sum_i w[i] * b[i] over n values; w is fp32 or IEEE half (F16C converts).
+inline float dot(const float* w, const uint16_t* w16, const float* b, size_t n) {
   __m256 acc = _mm256_setzero_ps();
   size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 wv =
+        w16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w16 + i)))
+            : _mm256_loadu_ps(w + i);
+    acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(b + i), acc);
+  }
   float sum = hsum(acc);
-  for (; i < n; ++i) sum += a[i] * b[i];
+  for (; i < n; ++i) sum += (w16 ? _cvtsh_ss(w16[i]) : w[i]) * b[i];
   return sum;
+}
+
+// Scale or min i of a segment, whichever way it is stored.
+inline float load_scale(const QuantSegment& s, size_t i) {
+  return s.half_scales ? _cvtsh_ss(s.scales16[i]) : s.scales[i];
+}
+inline float load_min(const QuantSegment& s, size_t i) {
+  return s.half_scales ? _cvtsh_ss(s.mins16[i]) : s.mins[i];
 }
 
 // Accumulators of an R-row x T-token tile: 8 fp32 lanes each, plus scalar
@@ -91,7 +104,7 @@ void tile_u4(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy
     for (int i = 0; i < R; ++i) {
       const size_t row = r + i;
       const __m256i w = load_u4(s.qs.data() + row * s.row_bytes() + b * 16);
-      const float ws = s.scales[row * nb + b];
+      const float ws = load_scale(s, row * nb + b);
 #pragma GCC unroll 4
       for (int j = 0; j < T; ++j) {
         const float ds = ws * a.scale[(t0 + j) * nb + b];
@@ -106,10 +119,16 @@ void tile_u4(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy
 #pragma GCC unroll 4
     for (int j = 0; j < T; ++j) {
       const size_t row = r + i, t = t0 + j;
+      const size_t g0 = row * nb;
       if (s.zero)
-        tile.extra[i][j] -= static_cast<float>(s.zero) *
-                            dot(s.scales.data() + row * nb, a.scaled_qsum.data() + t * nb, nb);
-      if (s.has_min) tile.extra[i][j] += dot(s.mins.data() + row * nb, a.sum.data() + t * nb, nb);
+        tile.extra[i][j] -=
+            static_cast<float>(s.zero) * dot(s.half_scales ? nullptr : s.scales.data() + g0,
+                                             s.half_scales ? s.scales16.data() + g0 : nullptr,
+                                             a.scaled_qsum.data() + t * nb, nb);
+      if (s.has_min)
+        tile.extra[i][j] +=
+            dot(s.half_scales ? nullptr : s.mins.data() + g0,
+                s.half_scales ? s.mins16.data() + g0 : nullptr, a.sum.data() + t * nb, nb);
     }
   tile.store(y, ldy, r, t0);
 }
@@ -129,10 +148,11 @@ void tile_i8(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy
       const __m256i w =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.qs.data() + row * s.cols + b * 32));
       const __m256i aw = _mm256_abs_epi8(w);
-      const float* sc = s.scales.data() + row * ng;
+      const size_t g0 = row * ng;
       // Lanes 0..3 hold elements 0..15, lanes 4..7 elements 16..31.
-      const __m256 ws = g16 ? _mm256_set_m128(_mm_set1_ps(sc[2 * b + 1]), _mm_set1_ps(sc[2 * b]))
-                            : _mm256_set1_ps(sc[b]);
+      const __m256 ws = g16 ? _mm256_set_m128(_mm_set1_ps(load_scale(s, g0 + 2 * b + 1)),
+                                              _mm_set1_ps(load_scale(s, g0 + 2 * b)))
+                            : _mm256_set1_ps(load_scale(s, g0 + b));
 #pragma GCC unroll 4
       for (int j = 0; j < T; ++j) {
         const __m256 ds = _mm256_mul_ps(ws, _mm256_set1_ps(a.scale[(t0 + j) * nb + b]));

@@ -165,14 +165,17 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
 
   m.def(
       "gguf_dequantize",
-      [](const std::filesystem::path& path, const std::string& name) {
+      [](const std::filesystem::path& path, const std::string& name, size_t max_rows) {
         const auto g = edgellm::GgufFile::open(path);
         const edgellm::GgufTensor* t = g.find(name);
         if (!t) throw edgellm::Error(path.string() + ": no tensor '" + name + "'");
-        return to_numpy(edgellm::dequantize_gguf_tensor(*t), t->rows(), t->cols());
+        auto values = edgellm::dequantize_gguf_tensor(*t, max_rows);
+        const size_t rows = values.size() / t->cols();
+        return to_numpy(std::move(values), rows, t->cols());
       },
-      "path"_a, "tensor"_a,
-      "a quantized GGUF tensor as the kernels use it: fp32 [rows, cols], GGUF row order");
+      "path"_a, "tensor"_a, "max_rows"_a = 0,
+      "a quantized GGUF tensor as the kernels use it: fp32 [rows, cols], GGUF row order "
+      "(max_rows > 0: only the first rows)");
 
   nb::class_<edgellm::Tokenizer>(m, "Tokenizer")
       .def_static("load", &edgellm::Tokenizer::load, "model_dir"_a)

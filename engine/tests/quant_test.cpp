@@ -87,7 +87,7 @@ TEST(QuantTest, EveryIsaMatchesTheIntegerReference) {
   for (BlockFormat f : kFormats) {
     const size_t unit = block_elems(f);
     for (size_t rows : {1, 3, 5, 17}) {
-      for (size_t cols : {unit, 3 * unit}) {
+      for (size_t cols : {unit, 3 * unit, 9 * unit}) {
         const QuantMatrix w = random_matrix(f, rows, cols, rng);
         for (size_t n : {1, 2, 5}) {
           SCOPED_TRACE(std::string(block_format_name(f)) + " rows " + std::to_string(rows) +
@@ -190,6 +190,15 @@ TEST(QuantTest, MixedSegmentsAndBiasThroughMatmul) {
   only.segments = {q->segments[1]};
   dequant_row(only, 1, b.data());
   EXPECT_EQ(a, b);
+}
+
+// Scales that are exact halves are stored as halves (Q4_1's are by construction);
+// Q4_K's products d * sc generally are not. The tests above run both kinds.
+TEST(QuantTest, ExactHalfScalesAreStoredAsHalves) {
+  std::mt19937 rng(6);
+  EXPECT_TRUE(random_matrix(BlockFormat::q4_1, 3, 64, rng).segments[0].half_scales);
+  EXPECT_TRUE(random_matrix(BlockFormat::q8_0, 3, 64, rng).segments[0].half_scales);
+  EXPECT_FALSE(random_matrix(BlockFormat::q4_k, 3, 256, rng).segments[0].half_scales);
 }
 
 TEST(QuantTest, RowOrderPermutesRows) {

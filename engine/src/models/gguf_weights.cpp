@@ -1,5 +1,6 @@
 #include "models/gguf_weights.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -63,11 +64,12 @@ kernels::BlockFormat runnable_format(const std::string& file, const GgufTensor& 
 
 }  // namespace
 
-std::vector<float> dequantize_gguf_tensor(const GgufTensor& t) {
+std::vector<float> dequantize_gguf_tensor(const GgufTensor& t, size_t max_rows) {
+  const size_t rows = max_rows ? std::min<size_t>(max_rows, t.rows()) : t.rows();
   kernels::QuantMatrix m;
-  kernels::append_segment(
-      m, kernels::repack_gguf(runnable_format("GGUF", t), t.data, t.rows(), t.cols()));
-  std::vector<float> out(t.numel());
+  kernels::append_segment(m,
+                          kernels::repack_gguf(runnable_format("GGUF", t), t.data, rows, t.cols()));
+  std::vector<float> out(rows * t.cols());
   for (size_t r = 0; r < m.rows; ++r) kernels::dequant_row(m, r, out.data() + r * m.cols);
   return out;
 }
@@ -101,7 +103,12 @@ std::unique_ptr<GgufWeights> open_gguf_weights(const std::filesystem::path& gguf
                                    std::to_string(t->dims.size()) +
                                    " dimensions, a matrix needs 2");
     if (is_float(t->type)) continue;  // runs from the checkpoint's bf16 copy
-    GgufMatrix m{runnable_format(g.path(), *t), t->data, t->rows(), t->cols(), {}};
+    GgufMatrix m{.format = runnable_format(g.path(), *t),
+                 .blocks = t->data,
+                 .nbytes = t->nbytes,
+                 .rows = t->rows(),
+                 .cols = t->cols(),
+                 .row_order = {}};
     if (entry.contains("row_order")) {
       const auto& order = entry["row_order"];
       check(order.is_array() && order.size() == m.rows, where + "tensors['" + hf_name +

@@ -30,6 +30,7 @@ std::unique_ptr<GgufWeights> open_gguf_weights(const std::filesystem::path& gguf
 
 // A quantized tensor's values as the kernels use them (GGUF row order, fp32):
 // the repacked layout dequantized, for the tests that hold it to gguf-py.
-std::vector<float> dequantize_gguf_tensor(const GgufTensor& t);
+// max_rows > 0 stops after that many rows.
+std::vector<float> dequantize_gguf_tensor(const GgufTensor& t, size_t max_rows = 0);
 
 }  // namespace edgellm

@@ -10,6 +10,7 @@
 
 #include "edgellm/bf16.h"
 #include "edgellm/error.h"
+#include "io/mapped_file.h"
 
 namespace edgellm {
 
@@ -108,6 +109,7 @@ std::shared_ptr<const kernels::QuantMatrix> pack_quant(
       kernels::append_segment(
           *m, kernels::repack_gguf(g.format, g.blocks, rows, cols,
                                    g.row_order.empty() ? nullptr : g.row_order.data()));
+      release_mapped_pages(g.blocks, g.nbytes);  // peak memory: the repacked copy only
     } else if (quant->quantize && cols % 32 == 0) {
       std::vector<uint16_t> bf16;
       append_bf16(*t, bf16);

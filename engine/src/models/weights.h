@@ -53,7 +53,8 @@ size_t check_weights(const Checkpoint& ckpt, const ModelConfig& config);
 // weights quantized at setup. Norms always come from the checkpoint.
 struct GgufMatrix {
   kernels::BlockFormat format;
-  const uint8_t* blocks = nullptr;
+  const uint8_t* blocks = nullptr;  // inside the mapped GGUF
+  size_t nbytes = 0;
   size_t rows = 0, cols = 0;
   std::vector<int32_t> row_order;  // empty: identity
 };
