@@ -231,12 +231,9 @@ int main(int argc, char** argv) {
   const double cold = bench_gemv_cold(49152, 576, isa, pool, quick ? 6 : 20);
   std::printf("gemv  lm_head smollm2 from DRAM (%d copies): %6.1f GB/s (%.0f%% of 1 GiB read bw)\n",
               quick ? 6 : 20, cold, 100.0 * cold / bw_big);
-  const Shape gemms[] = {{"gate smollm2", 128, 1536, 576},
-                         {"down smollm2", 128, 576, 1536},
-                         {"gate_up smollm2", 128, 3072, 576},
-                         {"gate_up smollm2", 512, 3072, 576},
-                         {"qkv smollm2", 512, 960, 576},
-                         {"llama down", 128, 2048, 8192}};
+  const Shape gemms[] = {{"gate smollm2", 128, 1536, 576},    {"down smollm2", 128, 576, 1536},
+                         {"gate_up smollm2", 128, 3072, 576}, {"gate_up smollm2", 512, 3072, 576},
+                         {"qkv smollm2", 512, 960, 576},      {"llama down", 128, 2048, 8192}};
   for (const Shape& s : gemms) {
     if (quick && s.cols > 4096) continue;
     const MatmulResult r = bench_matmul(s.n, s.rows, s.cols, isa, pool, quick ? 3 : 7);

@@ -62,10 +62,12 @@ def test_edgellm_isa_selects_each_supported_tier() -> None:
     for tier in TIERS:
         active, err = active_isa_with(tier)
         if TIERS.index(tier) <= TIERS.index(detected):
-            assert active == tier and err == "", (tier, active, err)
+            # (a CPU whose OS denies a tier says so once at detection: not an EDGELLM_ISA line)
+            assert active == tier and "EDGELLM_ISA" not in err, (tier, active, err)
         else:  # one stderr line, then the best tier there is
             assert active == detected, (tier, active)
-            assert err.count("\n") == 1 and f"EDGELLM_ISA={tier} is not supported" in err, err
+            lines = [ln for ln in err.splitlines() if "EDGELLM_ISA" in ln]
+            assert len(lines) == 1 and f"EDGELLM_ISA={tier} is not supported" in lines[0], err
 
 
 def test_edgellm_isa_unknown_value_is_one_line_and_the_default() -> None:
@@ -74,4 +76,5 @@ def test_edgellm_isa_unknown_value_is_one_line_and_the_default() -> None:
     for bad in ["avx", "AVX2", "native"]:
         active, err = active_isa_with(bad)
         assert active == default, (bad, active)
-        assert err.count("\n") == 1 and f"unknown EDGELLM_ISA={bad}" in err, err
+        lines = [ln for ln in err.splitlines() if "EDGELLM_ISA" in ln]
+        assert len(lines) == 1 and f"unknown EDGELLM_ISA={bad}" in lines[0], err

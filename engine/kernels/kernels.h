@@ -27,7 +27,7 @@ std::optional<Isa> parse_isa(std::string_view name);
 
 // What the engine registers: each kernel and the ISA paths it has. The kernel
 // registry (kernel_registry/supported_kernels.md) is generated from this list
-// (scripts/gen_kernel_registry.py).
+// (kernel_registry/generate.py).
 struct KernelInfo {
   std::string_view name;
   std::vector<Isa> paths;   // tiers with a path of their own; others run the best lower one
