@@ -419,3 +419,23 @@ def test_evaluate_with_the_truth_gates_the_calibrated_lens() -> None:
     report.add(evaluate(ours, ref, tru)[0])
     line = report.summary_line()
     assert "calibrated 0/1 (gating; fp32 tier" in line and "bf16 floor mean" in line, line
+
+
+def test_first_divergence_excused_only_where_bf16_alone_disagrees() -> None:
+    """Random-weight case: the bf16 reference's choice at the divergence is far from its own
+    fp32 truth; our choice agrees with the truth. Benign by default, a failure under --spec-gate,
+    and a real bug (agreeing with neither) still fails."""
+    truth = [_peaked(5), _peaked(6, second=7)]
+    bf16 = [_peaked(5), _peaked(20)]  # step 1: bf16 picks 20, outside the truth's top-5
+    ref = Capture("reference", "toy", {}, [_side([5, 20], bf16, None)])
+    tru = Capture("truth", "toy", {}, [_side([5, 20], truth, None)])
+    ours = Capture("engine", "toy", {}, [_side([5, 6], truth, truth)])
+    (r,) = evaluate(ours, ref, tru)
+    assert r.first_divergence.passed and "fp32 truth" in r.first_divergence.reason
+    assert "first-divergence" not in r.lenses
+    (r,) = evaluate(ours, ref, tru, policy=GatePolicy(spec=True))
+    assert r.failed and r.lenses[0] == "first-divergence"
+    wrong = [_peaked(5), _peaked(30)]
+    bad = Capture("engine", "toy", {}, [_side([5, 30], wrong, wrong)])
+    (r,) = evaluate(bad, ref, tru)
+    assert r.failed and "first-divergence" in r.lenses

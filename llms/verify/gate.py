@@ -321,12 +321,14 @@ def evaluate(
             test_text=o.text,
             ref_text=r.text,
         )
-        if not check.passed:
-            lenses.append("first-divergence")
         tf = cal = None
         if t is not None and t.nonfinite:
             notes.append(t.nonfinite + " (the truth itself: the calibrated lens is skipped)")
         truth_logits = t.logits if t is not None and not t.nonfinite else None
+        if not check.passed and not policy.spec and truth_logits is not None:
+            _excuse_by_truth(check, o.logits, truth_logits, k)
+        if not check.passed:
+            lenses.append("first-divergence")
         if o.forced_logits is not None:
             tf = teacher_forced_check(r.logits, o.forced_logits, k, token_text, truth_logits)
             if not tf.passed:
@@ -356,6 +358,23 @@ def evaluate(
             )
         )
     return results
+
+
+def _excuse_by_truth(check: TopkCheck, ours: np.ndarray, truth: np.ndarray, k: int) -> None:
+    """A divergence where only the bf16 reference disagrees is benign (not under --spec-gate).
+
+    Up to the first divergence our context is the reference's, so the fp32 truth's logits at
+    that step (teacher-forced on the reference's tokens) judge the same context. Where our
+    top-k and the truth's agree both ways, bf16 rounding alone moved the reference's choice:
+    on random-weight checkpoints it does at most steps.
+    """
+    step = check.divergence_step
+    if step is None or step >= len(truth) or step >= len(ours):
+        return
+    t_top, o_top = topk_token_ids(truth[step], k), topk_token_ids(ours[step], k)
+    if t_top[0] in o_top and o_top[0] in t_top:
+        check.passed = True
+        check.reason += f"; but mutual top-{k} with the HF fp32 truth at that step: benign"
 
 
 def _layers(o: SideCapture, r: SideCapture, notes: list[str]) -> list[PairStats]:

@@ -15,7 +15,7 @@ import numpy as np
 from verify.comparators import PairStats
 from verify.errors import VerifyError
 
-TINY = 1e-12  # floor for log axes: a cosine of exactly 1 or an error of 0
+TINY = 1e-16  # floor for log axes: a cosine of exactly 1 or an error of 0
 
 
 def write_layer_plot(
