@@ -22,11 +22,11 @@ def prompt(model: Any, text: str) -> list[int]:
 
 def test_objects_used_before_setup_raise(engine_binding: Any) -> None:
     m = engine_binding.Model()
-    with pytest.raises(engine_binding.Error, match="before setup"):
+    with pytest.raises(engine_binding.Error, match="not set up"):
         m.tokenizer  # noqa: B018
-    with pytest.raises(engine_binding.Error, match="before setup"):
+    with pytest.raises(engine_binding.Error, match="not set up"):
         engine_binding.Context(m)
-    with pytest.raises(engine_binding.Error, match="before setup"):
+    with pytest.raises(engine_binding.Error, match="not set up"):
         engine_binding.Context().prefill([1])
 
 

@@ -73,7 +73,7 @@ void unpack_row(const PackedMatrix& w, size_t r, float* out);
 // Activation precision of the prefill GEMM (n > 1) on the avx512/amx tiers:
 // bf16 rounds x to bf16 (vdpbf16ps / TDPBF16PS, 2x / ~16x the fp32 FMA rate),
 // fp32 keeps x exact. Products and sums are fp32 either way; decode (n == 1)
-// always keeps x in fp32. Set once from EDGELLM_GEMM_PRECISION=bf16|fp32.
+// always keeps x in fp32. Set once from EDGELLM_GEMM_PRECISION=fp32 (default)|bf16.
 enum class GemmPrecision { bf16, fp32 };
 std::string_view gemm_precision_name(GemmPrecision p);
 GemmPrecision gemm_precision();

@@ -202,9 +202,10 @@ TEST_P(KernelMatmul, OddShapesSweep) {
   }
 }
 
-// EDGELLM_GEMM_PRECISION=fp32: the same tiers with x kept in fp32.
-TEST_P(KernelMatmul, Fp32PrecisionShapes) {
-  PrecisionScope precision(GemmPrecision::fp32);
+// EDGELLM_GEMM_PRECISION=bf16: the same tiers with x rounded to bf16 (the
+// avx512/amx GEMM; check_matmul then compares with the reference on rounded x).
+TEST_P(KernelMatmul, Bf16PrecisionShapes) {
+  PrecisionScope precision(GemmPrecision::bf16);
   std::mt19937 rng(19);
   ThreadPool pool2(2);
   for (size_t rows = 1; rows <= 37; rows += 3) {
@@ -278,6 +279,7 @@ TEST_P(KernelMatmul, PackRoundTrip) {
 // bounded by 2^-8 * sum|w x| (+ the fp32 summation term). Checked on model
 // shapes so a systematic error (a dropped column block, a wrong pair) shows.
 TEST_P(KernelMatmul, Bf16ActivationErrorBound) {
+  PrecisionScope precision(GemmPrecision::bf16);
   if (!rounds_activations(isa(), 2)) GTEST_SKIP() << isa_name(isa()) << " keeps x in fp32";
   std::mt19937 rng(17);
   ThreadPool pool2(2);
