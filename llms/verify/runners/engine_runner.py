@@ -44,12 +44,17 @@ class EngineRunner:
 
     name = "edgellm"
 
-    def __init__(self, model_dir: str | Path, threads: int = 0, max_context: int = 4096) -> None:
+    def __init__(
+        self, model_dir: str | Path, threads: int = 0, max_context: int | None = None
+    ) -> None:
         self._py = import_binding()
         self.model_dir = Path(model_dir)
         self.session: Any = self._py.Session()
         self._call(
-            self.session.setup, str(self.model_dir), threads=threads, max_context=max_context
+            self.session.setup,
+            str(self.model_dir),
+            threads=threads,
+            max_context=self._py.DEFAULT_MAX_CONTEXT if max_context is None else max_context,
         )
         self.max_context = int(self.session.max_context)
         self.eos_token_ids = tuple(int(i) for i in self.session.eos_token_ids)
