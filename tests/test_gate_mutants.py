@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import SMOLLM2_DIR
-from verify.adapter_support import VerifyConfig, load_verify_config
+from conftest import REPO, SMOLLM2_DIR
+from verify.adapter_support import VerifyConfig, load_deployment, load_verify_config
 from verify.comparators import GATE_N_TOKENS, topk_token_ids
 from verify.gate import (
     Capture,
@@ -43,6 +43,7 @@ from verify.verify_runner import PROMPTS_DIR, load_prompts
 VERIFY = 2  # make verify's prompt count
 GEMMA_DIR = SMOLLM2_DIR.parent / "gemma3-270m"
 MODELS = {"smollm2": SMOLLM2_DIR, "gemma3": GEMMA_DIR}
+FOLDERS = {"smollm2": "smollm2_135m", "gemma3": "gemma3_270m"}  # deployment of each model
 WINDOW = 16  # Gemma's sliding window in the window mutant's checkpoint: the prompts cross it
 
 
@@ -86,10 +87,11 @@ def altered_checkpoint(
     return dst
 
 
-def _capture_subject(model_dir: Path, choice: str) -> Subject:
+def _capture_subject(model: str, model_dir: Path, choice: str) -> Subject:
     from verify.runners.hf_runner import HfRunner
 
-    config = load_verify_config("mutants", model_dir, choice)
+    deployment = load_deployment(REPO / "llms" / FOLDERS[model])
+    config = load_verify_config(deployment, model_dir, choice)
     prompts = load_prompts(PROMPTS_DIR / f"{config.variant}.txt")[:VERIFY]
     chat = config.prompt_format == "chat"
     hf = HfRunner(model_dir, config.max_context, threads=1)
@@ -117,7 +119,7 @@ def subjects(engine_binding: Any, tmp_path_factory: pytest.TempPathFactory) -> A
             if changes:
                 dst = tmp_path_factory.mktemp(model) / "ckpt"
                 src = altered_checkpoint(src, dst, None, changes)
-            cache[key] = _capture_subject(src, choice)
+            cache[key] = _capture_subject(model, src, choice)
         return cache[key]
 
     return get

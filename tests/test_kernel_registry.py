@@ -37,7 +37,8 @@ def test_generated_table_follows_the_engine() -> None:
 def test_used_by_names_real_deployments() -> None:
     deployments = {p.name for p in (REPO / "llms").iterdir() if (p / "Makefile").exists()}
     for k in edgellm_py.kernel_table():
-        used = {u.strip() for u in k["used_by"].split(",")}
+        # "deployment" or "deployment (qualifier)", e.g. "smollm2_135m (MODEL=gguf)"
+        used = {u.split("(")[0].strip() for u in k["used_by"].split(",")}
         assert used and used <= deployments, f"{k['name']}: unknown deployment in {used}"
         assert set(k["paths"]) <= set(TIERS) and "scalar" in k["paths"], k
 

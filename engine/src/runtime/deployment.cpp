@@ -139,6 +139,11 @@ std::filesystem::path Deployment::resolve_model(const std::string& choice) const
                   ") nor a checkpoint directory or .gguf file");
     }
   }
+  if (dir.extension() == ".gguf")
+    check(std::filesystem::is_regular_file(checkpoint_dir(dir) / "config.json"),
+          "--model " + choice +
+              ": no converted checkpoint beside it (config.json, tokenizer.json); "
+              "scripts/fetch_model.py writes one from the same GGUF");
   check(std::filesystem::is_regular_file(checkpoint_dir(dir) / "config.json"),
         "--model " + choice + ": " + checkpoint_dir(dir).string() +
             " is not a HF-format checkpoint (no config.json)");
