@@ -23,8 +23,9 @@ descriptor_get = $(shell python3 -c 'import json, sys; d = json.load(open(sys.ar
 ifeq ($(origin MODEL),undefined)
 MODEL := $(call descriptor_get,d["default_model"])
 endif
-# The store directory `make fetch` brings for MODEL (none for a path or an unfetchable choice).
-FETCH_DIR := $(call descriptor_get,d["models"].get(m) if d["models"].get(m) in d.get("fetch", d["models"].values()) else "")
+# The store directory `make fetch` brings for MODEL (none for a path or an unfetchable choice);
+# a "<dir>/model.gguf" entry brings <dir>, which holds the GGUF beside its converted checkpoint.
+FETCH_DIR := $(call descriptor_get,(lambda v: v if v in d.get("fetch", d["models"].values()) else "")(d["models"].get(m, "").split("/")[0]))
 FETCH_CMD ?= $(PY) $(REPO_ROOT)/scripts/fetch_model.py $(FETCH_DIR)
 N_TOKENS ?= 100
 THREADS ?= $(shell nproc)
