@@ -9,7 +9,7 @@
 int main(int argc, char** argv) try {
   if (argc < 2) return std::fprintf(stderr, "usage: %s <checkpoint dir> [prompt]\n", argv[0]), 2;
   edgellm::Model model;
-  model.setup(argv[1]);  // once: map, validate, pack the weights, start the threads
+  model.setup(argv[1]);             // once: map, validate, pack the weights, start the threads
   edgellm::Context context(model);  // one sequence: its KV cache
   const edgellm::ChatMessage user{"user", argc > 2 ? argv[2] : "What is the capital of France?"};
   const auto prompt = model.tokenizer().encode(model.chat_template().render({&user, 1}, true));

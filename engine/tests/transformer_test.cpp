@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <thread>
 #include <cstring>
+#include <thread>
 
 #include "edgellm/config.h"
 #include "edgellm/error.h"
