@@ -11,9 +11,14 @@
 // reproduces it bit for bit. A u4 block of 32 is 16 bytes, byte j holding
 // element j (low nibble) and element j + 16 (high nibble), as in Q4_0.
 //
-// The matmul quantizes the activations per block of 32 to int8 (scale =
-// max|x| / 127) and takes integer dot products per block, as llama.cpp does:
-// the weights are exact, the activations carry ~0.4% relative rounding.
+// The matmul has two activation precisions (EDGELLM_QUANT_PRECISION):
+//   fp32 (default): x stays fp32; the integers q are converted to fp32 in
+//     registers and each block contributes scale * sum_j (q_j - zero) x_j
+//     + min * sum_j x_j: the dequantized weights times x, up to fp32 rounding.
+//   int8: x is quantized per block of 32 to int8 (scale = max|x| / 127) and
+//     blocks take integer dot products (AVX-VNNI), as llama.cpp does: ~0.4%
+//     relative rounding on x, which the gate measured at 20-40x HF bf16's
+//     own noise floor on SmolLM2 (LESSONS.md), so it is opt-in.
 #pragma once
 
 #include <cstddef>
@@ -77,7 +82,14 @@ void append_segment(QuantMatrix& m, QuantSegment s);
 // Row r as fp32, bit-identical to the GGUF's dequantization (embedding lookup).
 void dequant_row(const QuantMatrix& m, size_t r, float* out);
 
-// y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n, int8 activations.
+// Activation precision of quant_matmul; set once from
+// EDGELLM_QUANT_PRECISION=fp32 (default)|int8.
+enum class QuantPrecision { fp32, int8 };
+std::string_view quant_precision_name(QuantPrecision p);
+QuantPrecision quant_precision();
+void set_quant_precision(QuantPrecision p);  // tests, benchmarks
+
+// y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n, at quant_precision().
 void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
                   ThreadPool& pool);
 
@@ -96,16 +108,39 @@ void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& out);
 using QuantRowsFn = void (*)(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy,
                              size_t r0, size_t r1);
 
+// fp32 activations: x [n][cols] and its per-block sums [n][cols / 32] (for
+// zero points and mins, taken once per row instead of per element).
+struct Fp32Acts {
+  const float* x = nullptr;
+  const float* block_sum = nullptr;
+  size_t n = 0, cols = 0;
+};
+void block_sums(const float* x, size_t n, size_t cols, float* out);
+
+using QuantRowsFp32Fn = void (*)(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy,
+                                 size_t r0, size_t r1);
+
 namespace ref {
+// Scalar fp32 reference: per block scale * sum (q - zero) x (+ min * sum x).
+void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r0,
+                     size_t r1);
 // Scalar integer reference (the same integer sums as the SIMD paths).
 void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
                 size_t r1);
 }  // namespace ref
 
 namespace avx2 {
+void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r0,
+                     size_t r1);
 void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
                 size_t r1);
 }  // namespace avx2
+
+// 16 lanes; where the active ISA is avx512 or amx.
+namespace avx512 {
+void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r0,
+                     size_t r1);
+}  // namespace avx512
 
 // The AVX2 kernels with AVX-VNNI dot products; only where has_avxvnni().
 namespace avxvnni {

@@ -1,13 +1,21 @@
-// Quantized matmul: activation quantization, the scalar integer reference and
-// the dispatch to the ISA's row kernel (kernels/quant.h).
+// Quantized matmul: the activation precision switch, the scalar references of
+// both precisions, activation quantization and the dispatch to the ISA's row
+// kernel (kernels/quant.h).
 //
-// Per output y[t][r] and block b of 32 columns, with integer dot products
+// fp32 activations, per output y[t][r] and block b of 32 columns:
+//   scale_b * sum_j (q_j - zero) x_j + min_b * sum(x_b)  (per 16-group for Q6_K)
+//
+// int8 activations, per output y[t][r] and block b, with integer dot products
 //   i8:  scale_g * sx_b * sum(q * xq)                  (per 16-group for Q6_K)
 //   u4:  scale_b * sx_b * (sum(q * xq) - zero * sum(xq)) + min_b * sum(x_b)
 // The SIMD paths compute the same integer sums; only the fp32 accumulation
 // order differs.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -15,6 +23,23 @@
 namespace edgellm::kernels {
 
 namespace {
+
+QuantPrecision initial_quant_precision() {
+  const char* env = std::getenv("EDGELLM_QUANT_PRECISION");
+  // fp32 by default: the dequantized weights times x to fp32 rounding, what HF
+  // computes on the converted checkpoint; int8 is the faster, rounder opt-in.
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "fp32") == 0) return QuantPrecision::fp32;
+  if (std::strcmp(env, "int8") == 0) return QuantPrecision::int8;
+  std::fprintf(stderr,
+               "edgellm: ignoring unknown EDGELLM_QUANT_PRECISION=%s (expected fp32 or int8)\n",
+               env);
+  return QuantPrecision::fp32;
+}
+
+std::atomic<QuantPrecision>& quant_precision_slot() {
+  static std::atomic<QuantPrecision> slot{initial_quant_precision()};
+  return slot;
+}
 
 void resize_acts(size_t n, size_t cols, QuantizedActs& a) {
   const size_t nb = cols / 32;
@@ -53,12 +78,67 @@ void quantize_blocks(const float* x, QuantizedActs& a, size_t i0, size_t i1) {
 
 }  // namespace
 
+std::string_view quant_precision_name(QuantPrecision p) {
+  return p == QuantPrecision::int8 ? "int8" : "fp32";
+}
+QuantPrecision quant_precision() {
+  return quant_precision_slot().load(std::memory_order_relaxed);
+}
+void set_quant_precision(QuantPrecision p) {
+  quant_precision_slot().store(p, std::memory_order_relaxed);
+}
+
+void block_sums(const float* x, size_t n, size_t cols, float* out) {
+  for (size_t i = 0; i < n * (cols / 32); ++i) {
+    float sum = 0.0f;
+    for (int j = 0; j < 32; ++j) sum += x[i * 32 + j];
+    out[i] = sum;
+  }
+}
+
 void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& a) {
   resize_acts(n, cols, a);
   quantize_blocks(x, a, 0, n * (cols / 32));
 }
 
 namespace ref {
+
+void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r0,
+                     size_t r1) {
+  const size_t nb = s.cols / 32;
+  for (size_t r = r0; r < r1; ++r) {
+    const uint8_t* wq = s.qs.data() + r * s.row_bytes();
+    const size_t g0 = r * (s.cols / s.group);  // first scale of the row (u4: group 32)
+    for (size_t t = 0; t < a.n; ++t) {
+      const float* x = a.x + t * s.cols;
+      float acc = 0.0f;
+      for (size_t b = 0; b < nb; ++b) {
+        const float* xb = x + b * 32;
+        if (s.layout == QuantLayout::i8) {
+          float lo = 0.0f, hi = 0.0f;  // the two halves: Q6_K scales per 16
+          for (int j = 0; j < 16; ++j) {
+            lo += static_cast<float>(static_cast<int8_t>(wq[b * 32 + j])) * xb[j];
+            hi += static_cast<float>(static_cast<int8_t>(wq[b * 32 + 16 + j])) * xb[16 + j];
+          }
+          if (s.group == 16)
+            acc += s.scale(g0 + 2 * b) * lo + s.scale(g0 + 2 * b + 1) * hi;
+          else
+            acc += s.scale(g0 + b) * (lo + hi);
+        } else {
+          float dot = 0.0f;
+          for (int j = 0; j < 16; ++j) {
+            const uint8_t byte = wq[b * 16 + j];
+            dot += static_cast<float>((byte & 0xf) - s.zero) * xb[j] +
+                   static_cast<float>((byte >> 4) - s.zero) * xb[16 + j];
+          }
+          acc += s.scale(g0 + b) * dot;
+          if (s.has_min) acc += s.min(g0 + b) * a.block_sum[t * nb + b];
+        }
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
 
 void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
                 size_t r1) {
@@ -114,9 +194,33 @@ bool has_avxvnni() {
 #endif
 }
 
-void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
-                  ThreadPool& pool) {
-  if (n == 0 || w.rows == 0) return;
+namespace {
+
+// Runs rows_fn over every segment, the output rows split across the pool.
+template <class Acts, class Fn>
+void run_segments(const QuantMatrix& w, const Acts& acts, float* y, Fn rows_fn, ThreadPool& pool) {
+  pool.parallel_chunks(w.rows, [&](size_t r0, size_t r1) {
+    size_t base = 0;  // first row of the segment
+    for (const QuantSegment& s : w.segments) {
+      const size_t lo = std::max(r0, base), hi = std::min(r1, base + s.rows);
+      if (lo < hi) rows_fn(s, acts, y + base, w.rows, lo - base, hi - base);
+      base += s.rows;
+    }
+  });
+}
+
+void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  thread_local std::vector<float> sums;
+  sums.resize(n * (w.cols / 32));
+  block_sums(x, n, w.cols, sums.data());
+  const Fp32Acts acts{.x = x, .block_sum = sums.data(), .n = n, .cols = w.cols};
+  const QuantRowsFp32Fn rows_fn = active_isa() >= Isa::avx512 ? avx512::quant_rows_fp32
+                                  : active_isa() >= Isa::avx2 ? avx2::quant_rows_fp32
+                                                              : ref::quant_rows_fp32;
+  run_segments(w, acts, y, rows_fn, pool);
+}
+
+void quant_matmul_int8(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
   thread_local QuantizedActs scratch;
   QuantizedActs& acts = scratch;  // the workers must use the caller's, not their own
   resize_acts(n, w.cols, acts);
@@ -128,14 +232,18 @@ void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, cons
   const QuantRowsFn rows_fn = active_isa() < Isa::avx2 ? ref::quant_rows
                               : has_avxvnni()          ? avxvnni::quant_rows
                                                        : avx2::quant_rows;
-  pool.parallel_chunks(w.rows, [&](size_t r0, size_t r1) {
-    size_t base = 0;  // first row of the segment
-    for (const QuantSegment& s : w.segments) {
-      const size_t lo = std::max(r0, base), hi = std::min(r1, base + s.rows);
-      if (lo < hi) rows_fn(s, acts, y + base, w.rows, lo - base, hi - base);
-      base += s.rows;
-    }
-  });
+  run_segments(w, acts, y, rows_fn, pool);
+}
+
+}  // namespace
+
+void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
+                  ThreadPool& pool) {
+  if (n == 0 || w.rows == 0) return;
+  if (quant_precision() == QuantPrecision::int8)
+    quant_matmul_int8(w, x, n, y, pool);
+  else
+    quant_matmul_fp32(w, x, n, y, pool);
   if (bias)
     for (size_t t = 0; t < n; ++t)
       for (size_t r = 0; r < w.rows; ++r) y[t * w.rows + r] += bias[r];

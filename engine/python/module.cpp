@@ -19,6 +19,7 @@
 #include "edgellm/tokenizer.h"
 #include "io/gguf.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 #include "models/gguf_weights.h"
 
 namespace nb = nanobind;
@@ -134,10 +135,12 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       [] {
         namespace k = edgellm::kernels;
         std::string path(k::isa_name(k::active_isa()));
+        const std::string quant = ", quantized matmul activations " +
+                                  std::string(k::quant_precision_name(k::quant_precision())) + ")";
         if (k::active_isa() >= k::Isa::avx512)
           return path + " (prefill GEMM activations " +
-                 std::string(k::gemm_precision_name(k::gemm_precision())) + ", decode fp32)";
-        return path + " (activations fp32)";
+                 std::string(k::gemm_precision_name(k::gemm_precision())) + ", decode fp32" + quant;
+        return path + " (activations fp32" + quant;
       },
       "the active tier and the activation precision of its matmuls, for reports");
 
@@ -147,9 +150,13 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
         namespace k = edgellm::kernels;
         const bool bf16 =
             k::active_isa() >= k::Isa::avx512 && k::gemm_precision() == k::GemmPrecision::bf16;
-        return std::string(bf16 ? "bf16" : "f32");
+        // EDGELLM_QUANT_PRECISION=int8 rounds the quantized matmuls' x to int8;
+        // said for any model (this call cannot see which weights a session
+        // has), so the opt-in can only make the gate less sharp, never stricter.
+        const bool int8 = k::quant_precision() == k::QuantPrecision::int8;
+        return std::string(bf16 ? "bf16" : int8 ? "int8" : "f32");
       },
-      "what the prefill matmuls round activations to on the active tier (the calibrated lens' "
+      "what the matmuls round activations to on the active tier (the calibrated lens' "
       "precision tier)");
 
   m.def("detected_isa",

@@ -1,10 +1,13 @@
-// Quantized kernels: every ISA path against the scalar integer reference, and
-// the integer path against fp32 math on the exactly dequantized weights, over
-// every block format and odd shapes (rows not a multiple of the 4-row tile,
-// token counts not a multiple of the 4-token tile).
+// Quantized kernels, both activation precisions: every ISA path against the
+// scalar reference of its precision; the fp32 reference against a double dot
+// product on the exactly dequantized weights; the integer path within
+// activation rounding of it. Every block format, odd shapes (rows not a
+// multiple of the 4- or 2-row tile, token counts not a multiple of the 4-token
+// tile).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "edgellm/bf16.h"
@@ -81,9 +84,138 @@ struct IsaScope {
   Isa saved;
 };
 
+struct PrecisionScope {
+  explicit PrecisionScope(QuantPrecision p) : saved(quant_precision()) { set_quant_precision(p); }
+  ~PrecisionScope() { set_quant_precision(saved); }
+  QuantPrecision saved;
+};
+
+// Every tier the CPU has, for the fp32 path (dispatch: avx512 > avx2 > scalar).
+std::vector<Isa> fp32_isas() {
+  std::vector<Isa> isas{Isa::scalar};
+  if (detect_isa() >= Isa::avx2) isas.push_back(Isa::avx2);
+  if (detect_isa() >= Isa::avx512) isas.push_back(Isa::avx512);
+  return isas;
+}
+
+// sum_c |w[r][c] * x[t][c]| per output: the scale of fp32 rounding error.
+std::vector<double> abs_products(const QuantMatrix& w, const std::vector<float>& x, size_t n) {
+  std::vector<double> mag(n * w.rows, 0.0);
+  std::vector<float> row(w.cols);
+  for (size_t r = 0; r < w.rows; ++r) {
+    dequant_row(w, r, row.data());
+    for (size_t t = 0; t < n; ++t)
+      for (size_t c = 0; c < w.cols; ++c)
+        mag[t * w.rows + r] += std::fabs(double(row[c]) * x[t * w.cols + c]);
+  }
+  return mag;
+}
+
+// The fp32 tolerance: a different summation order over `cols` terms.
+double fp32_tol(double mag, size_t cols) {
+  return 2.0 * double(cols) * 6e-8 * mag + 1e-30;
+}
+
+TEST(QuantTest, Fp32EveryTierMatchesTheReference) {
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  PrecisionScope precision(QuantPrecision::fp32);
+  for (BlockFormat f : kFormats) {
+    const size_t unit = block_elems(f);
+    for (size_t rows : {1, 3, 5, 17}) {
+      for (size_t cols : {unit, 3 * unit, 9 * unit}) {
+        const QuantMatrix w = random_matrix(f, rows, cols, rng);
+        for (size_t n : {1, 2, 5, 9}) {
+          SCOPED_TRACE(std::string(block_format_name(f)) + " rows " + std::to_string(rows) +
+                       " cols " + std::to_string(cols) + " n " + std::to_string(n));
+          const auto x = random_x(n * cols, rng);
+          std::vector<float> sums(n * cols / 32);
+          block_sums(x.data(), n, cols, sums.data());
+          const Fp32Acts acts{.x = x.data(), .block_sum = sums.data(), .n = n, .cols = cols};
+          std::vector<float> want(n * rows, NAN);
+          ref::quant_rows_fp32(w.segments[0], acts, want.data(), rows, 0, rows);
+          const auto mag = abs_products(w, x, n);
+          // Each SIMD kernel directly, on a row range that starts inside the matrix.
+          std::vector<std::pair<const char*, QuantRowsFp32Fn>> kernels;
+          if (detect_isa() >= Isa::avx2) kernels.push_back({"avx2", avx2::quant_rows_fp32});
+          if (detect_isa() >= Isa::avx512) kernels.push_back({"avx512", avx512::quant_rows_fp32});
+          for (const auto& [name, fn] : kernels) {
+            std::vector<float> got(n * rows, NAN);
+            const size_t r0 = rows > 1 ? 1 : 0;
+            if (r0) ref::quant_rows_fp32(w.segments[0], acts, got.data(), rows, 0, r0);
+            fn(w.segments[0], acts, got.data(), rows, r0, rows);
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_NEAR(got[i], want[i], fp32_tol(mag[i], cols)) << name << " at " << i;
+          }
+          for (Isa isa : fp32_isas()) {
+            IsaScope scope(isa);
+            std::vector<float> got(n * rows, NAN);
+            quant_matmul(w, x.data(), n, got.data(), nullptr, pool);
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_NEAR(got[i], want[i], fp32_tol(mag[i], cols)) << isa_name(isa) << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The fp32 reference is the dequantized weights times x: against a double dot
+// product on dequant_row (bit-identical to gguf-py), only fp32 rounding differs.
+TEST(QuantTest, Fp32ReferenceIsTheDequantizedProduct) {
+  std::mt19937 rng(12);
+  for (BlockFormat f : kFormats) {
+    const size_t rows = 6, cols = 3 * block_elems(f), n = 3;
+    const QuantMatrix w = random_matrix(f, rows, cols, rng);
+    const auto x = random_x(n * cols, rng);
+    std::vector<float> sums(n * cols / 32), y(n * rows), row(cols);
+    block_sums(x.data(), n, cols, sums.data());
+    const Fp32Acts acts{.x = x.data(), .block_sum = sums.data(), .n = n, .cols = cols};
+    ref::quant_rows_fp32(w.segments[0], acts, y.data(), rows, 0, rows);
+    const auto mag = abs_products(w, x, n);
+    for (size_t r = 0; r < rows; ++r) {
+      dequant_row(w, r, row.data());
+      for (size_t t = 0; t < n; ++t) {
+        double exact = 0.0;
+        for (size_t c = 0; c < cols; ++c) exact += double(row[c]) * x[t * cols + c];
+        EXPECT_NEAR(y[t * rows + r], exact, fp32_tol(mag[t * rows + r], cols))
+            << block_format_name(f) << " row " << r << " token " << t;
+      }
+    }
+  }
+}
+
+// fp32 is the default; int8 is a different computation the switch really selects.
+TEST(QuantTest, PrecisionSwitchSelectsThePath) {
+  EXPECT_EQ(quant_precision_name(QuantPrecision::fp32), "fp32");
+  EXPECT_EQ(quant_precision_name(QuantPrecision::int8), "int8");
+  if (std::getenv("EDGELLM_QUANT_PRECISION") == nullptr) {
+    EXPECT_EQ(quant_precision(), QuantPrecision::fp32);
+  }
+  std::mt19937 rng(13);
+  ThreadPool pool(1);
+  const QuantMatrix w = random_matrix(BlockFormat::q4_1, 5, 64, rng);
+  const auto x = random_x(64, rng);
+  std::vector<float> y32(5), y8(5), want(5);
+  {
+    PrecisionScope p(QuantPrecision::fp32);
+    quant_matmul(w, x.data(), 1, y32.data(), nullptr, pool);
+  }
+  {
+    PrecisionScope p(QuantPrecision::int8);
+    quant_matmul(w, x.data(), 1, y8.data(), nullptr, pool);
+  }
+  QuantizedActs acts;
+  quantize_acts(x.data(), 1, 64, acts);
+  ref::quant_rows(w.segments[0], acts, want.data(), 5, 0, 5);
+  EXPECT_NE(y32, y8);
+  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(y8[i], want[i], 1e-4f * (1.0f + std::fabs(want[i])));
+}
+
 TEST(QuantTest, EveryIsaMatchesTheIntegerReference) {
   std::mt19937 rng(1);
   ThreadPool pool(2);
+  PrecisionScope precision(QuantPrecision::int8);
   for (BlockFormat f : kFormats) {
     const size_t unit = block_elems(f);
     for (size_t rows : {1, 3, 5, 17}) {
@@ -132,6 +264,7 @@ TEST(QuantTest, EveryIsaMatchesTheIntegerReference) {
 TEST(QuantTest, IntegerPathIsWithinActivationRoundingOfFp32) {
   std::mt19937 rng(2);
   ThreadPool pool(1);
+  PrecisionScope precision(QuantPrecision::int8);
   for (BlockFormat f : kFormats) {
     const size_t rows = 7, cols = 2 * block_elems(f), n = 3;
     const QuantMatrix w = random_matrix(f, rows, cols, rng);

@@ -1,0 +1,60 @@
+// Quantized matmul rows with fp32 activations, AVX2 + FMA + F16C (8 lanes):
+// see quant_fp32_simd.h.
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace edgellm::kernels::avx2 {
+namespace {
+
+struct V {
+  using F = __m256;
+  static constexpr int kLanes = 8;
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static float hsum(F v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static __m256i widen_u8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  // 16 bytes: low nibbles are elements 0..15, high nibbles 16..31.
+  static void unpack_u4(const uint8_t* p, F* w) {
+    const __m256i a = widen_u8(p), b = widen_u8(p + 8), m = _mm256_set1_epi32(0x0f);
+    w[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, m));
+    w[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, m));
+    w[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+    w[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+  }
+  static void unpack_i8(const uint8_t* p, F* w) {
+    for (int v = 0; v < 4; ++v)
+      w[v] = _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * v))));
+  }
+  // sum_i w[i] * b[i] over n values; w is fp32 or IEEE half.
+  static float dot(const float* w, const uint16_t* w16, const float* b, size_t n) {
+    F acc = zero();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const F wv = w16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w16 + i)))
+                       : _mm256_loadu_ps(w + i);
+      acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(b + i), acc);
+    }
+    float sum = hsum(acc);
+    for (; i < n; ++i) sum += (w16 ? _cvtsh_ss(w16[i]) : w[i]) * b[i];
+    return sum;
+  }
+};
+
+}  // namespace
+}  // namespace edgellm::kernels::avx2
+
+#define QUANT_NS avx2
+#include "kernels/quant_fp32_simd.h"

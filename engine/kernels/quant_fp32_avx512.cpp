@@ -1,0 +1,51 @@
+// Quantized matmul rows with fp32 activations, AVX-512 (16 lanes): see
+// quant_fp32_simd.h.
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace edgellm::kernels::avx512 {
+namespace {
+
+struct V {
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  // 16 bytes: low nibbles are elements 0..15, high nibbles 16..31.
+  static void unpack_u4(const uint8_t* p, F* w) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    w[0] = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x0f)));
+    w[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+  }
+  static void unpack_i8(const uint8_t* p, F* w) {
+    for (int v = 0; v < 2; ++v)
+      w[v] = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * v))));
+  }
+  // sum_i w[i] * b[i] over n values; w is fp32 or IEEE half.
+  static float dot(const float* w, const uint16_t* w16, const float* b, size_t n) {
+    F acc = zero();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const F wv =
+          w16 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w16 + i)))
+              : _mm512_loadu_ps(w + i);
+      acc = _mm512_fmadd_ps(wv, _mm512_loadu_ps(b + i), acc);
+    }
+    float sum = hsum(acc);
+    for (; i < n; ++i) sum += (w16 ? _cvtsh_ss(w16[i]) : w[i]) * b[i];
+    return sum;
+  }
+};
+
+}  // namespace
+}  // namespace edgellm::kernels::avx512
+
+#define QUANT_NS avx512
+#include "kernels/quant_fp32_simd.h"
