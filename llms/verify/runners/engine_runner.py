@@ -10,6 +10,7 @@ Every engine deployment shares this class; its adapter only says which checkpoin
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,7 +26,7 @@ BINDING = "edgellm_py"
 # one this list does not know yet, is judged as a reduced-precision path unless the binding
 # says otherwise: a wrong guess then costs sharpness, never a false fail.
 FP32_ISAS = ("scalar", "avx2")
-FULL_PRECISION_WEIGHTS = ("checkpoint", "bf16", "f16", "f32")
+FULL_PRECISION_WEIGHTS = ("checkpoint", "bf16", "f16", "f32", "gguf-exact")
 
 
 def import_binding() -> ModuleType:
@@ -115,6 +116,15 @@ def _declared(obj: Any, name: str) -> str | None:
     return str(value).lower() if value is not None else None
 
 
+def _exact_reference(checkpoint: Path) -> bool:
+    """Whether the checkpoint beside a .gguf holds its dequantized values in fp32 (gguf/)."""
+    try:
+        cfg = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and cfg.get("torch_dtype") == "float32"
+
+
 def precision_of(py: ModuleType, session: Any, isa: str, model: Path) -> tuple[str, str]:
     """(what the report shows, the calibrated lens' tier) for the path this session runs.
 
@@ -130,6 +140,10 @@ def precision_of(py: ModuleType, session: Any, isa: str, model: Path) -> tuple[s
     weights = _declared(session, "weight_format")
     if weights is None:
         weights = "gguf" if model.suffix.lower() == ".gguf" else "checkpoint"
+    if weights == "gguf" and _exact_reference(model.parent):
+        # HF loads the GGUF's dequantized values exactly (fp32 beside the file): the
+        # engine's fp32-activation path multiplies the same weights as the truth.
+        weights = "gguf-exact"
     path = f"isa {isa}, activations {activations}, weights {weights}"
     exact = activations in ("f32", "fp32", "float32") and weights in FULL_PRECISION_WEIGHTS
     return path, "fp32" if exact else "reduced"
