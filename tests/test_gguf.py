@@ -4,6 +4,8 @@
   dequantization (gguf.quants.dequantize) on real tensors of both models (every format they
   hold: Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) and on a file written by gguf-py's GGUFWriter (Q4_0,
   Q4_1, Q5_0, Q8_0 quantized by gguf-py).
+* The GGUF deployment's checkpoint (<checkpoint>/gguf/, the gate's HF reference) holds those
+  values exactly, in fp32.
 * `--model <checkpoint>/model.gguf` runs; damaged GGUF files give one error line.
 """
 
@@ -88,6 +90,37 @@ def test_map_rows_equal_the_converted_checkpoint(model: str, engine_binding: Any
                 rows = rows[np.asarray(entry["row_order"])]
             got = torch.from_numpy(np.ascontiguousarray(rows)).to(torch.bfloat16)
             assert torch.equal(got, fh.get_tensor(hf)), hf
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_exact_checkpoint_holds_the_kernels_values(model: str, engine_binding: Any) -> None:
+    """The GGUF deployment (<ckpt>/gguf/) is the gate's truth: HF loads there, in fp32, the very
+    values our kernels multiply (bit for bit, rows in HF order), not a bf16 rounding of them."""
+    import json
+
+    from safetensors import safe_open
+
+    path = gguf_path(model).parent / "gguf" / "model.gguf"
+    if not path.is_file():
+        pytest.skip(f"no {path}: run `make fetch`")
+    assert json.loads((path.parent / "config.json").read_text())["torch_dtype"] == "float32"
+    tensors = json.loads((path.parent / "gguf_map.json").read_text())["tensors"]
+    with safe_open(str(path.parent / "model.safetensors"), "np") as fh:
+        for hf in (
+            "model.embed_tokens.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.weight",
+            "model.layers.0.self_attn.v_proj.weight",
+            "model.layers.0.mlp.down_proj.weight",
+        ):
+            entry = tensors[hf]
+            limit = MAX_ROWS if "embed" in hf else 0  # Gemma's table: its first rows
+            rows = engine_binding.gguf_dequantize(str(path), entry["gguf"], max_rows=limit)
+            if "row_order" in entry:
+                rows = rows[np.asarray(entry["row_order"])]
+            want = fh.get_slice(hf)[:limit] if limit else fh.get_tensor(hf)
+            assert want.dtype == np.float32, hf
+            assert np.array_equal(rows.view(np.uint32), want.view(np.uint32)), hf
 
 
 def test_gguf_writer_formats_dequantize_bit_identically(
