@@ -144,12 +144,18 @@ def time_llamacpp(gguf: Path, model_dir: Path, reps: int) -> dict:
     return out
 
 
+def gguf_deployment(model_dir: Path) -> Path:
+    """The GGUF deployment (MODEL=gguf): <dir>/gguf/model.gguf, else an older <dir>/model.gguf."""
+    exact = model_dir / "gguf" / "model.gguf"
+    return exact if exact.is_file() else model_dir / "model.gguf"
+
+
 def worker(args: argparse.Namespace) -> int:
     model_dir = Path(args.model)
     if args.worker == "ours":
         res = time_ours(model_dir, args.reps)
     elif args.worker == "ours-gguf":
-        res = time_ours(model_dir, args.reps, model_dir / "model.gguf")
+        res = time_ours(model_dir, args.reps, gguf_deployment(model_dir))
     elif args.worker.startswith("hf-"):
         res = time_hf(model_dir, args.reps, args.worker.removeprefix("hf-"))
     else:
@@ -219,7 +225,7 @@ def main() -> int:
         for name in peers:
             if (res := run_worker(name, m, args)) is not None:
                 rows[name] = res
-        if (Path(m) / "model.gguf").exists():  # the GGUF deployment (quantized blocks)
+        if gguf_deployment(Path(m)).exists():  # the GGUF deployment (quantized blocks)
             if (res := run_worker("ours-gguf", m, args)) is not None:
                 rows["ours gguf"] = res
         for spec in args.gguf:

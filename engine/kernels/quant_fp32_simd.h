@@ -9,12 +9,15 @@
 // Zero points and mins are taken once per row and token, not per element:
 //   y = acc - zero * sum_b scale_b * sum(x_b) + sum_b min_b * sum(x_b).
 // Tiles: decode runs 4 rows x 1 token (four independent FMA chains, x loaded
-// once for four rows), prefill 2 rows x 4 tokens (a block unpacked once for
-// four tokens).
+// once for four rows), prefill 2 rows x 4 tokens (a block unpacked and scaled
+// once for four tokens, then one FMA per vector and token).
 //
 // V provides: F (the vector), kLanes, zero(), set1(), load(), mul(), fmadd(),
 // hsum(), unpack_u4(block16, F[32 / kLanes]), unpack_i8(block32, F[...]),
 // and dot(w, w16, b, n) (sum w[i] * b[i], w fp32 or IEEE half).
+#include <algorithm>
+#include <cstring>
+
 #include "kernels/quant.h"
 
 namespace edgellm::kernels::QUANT_NS {
@@ -22,10 +25,6 @@ namespace edgellm::kernels::QUANT_NS {
 namespace {
 
 constexpr int kVecs = 32 / V::kLanes;  // vectors per block of 32
-
-inline float scale_at(const QuantSegment& s, size_t i) {
-  return s.half_scales ? _cvtsh_ss(s.scales16[i]) : s.scales[i];
-}
 
 // Block b of x (token t) times the unpacked weights: one sum per scale group.
 template <bool kG16>
@@ -43,32 +42,64 @@ inline void block_dot(const typename V::F* w, const float* xb, typename V::F* d)
   }
 }
 
+// Scales of groups [g0, g0 + n) as fp32, so the block loop broadcasts them
+// straight from memory instead of converting a half per block.
+inline void load_scales(const QuantSegment& s, size_t g0, size_t n, float* out) {
+  if (!s.half_scales) {
+    std::memcpy(out, s.scales.data() + g0, n * sizeof(float));
+    return;
+  }
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                  reinterpret_cast<const __m128i*>(s.scales16.data() + g0 + i))));
+  for (; i < n; ++i) out[i] = _cvtsh_ss(s.scales16[g0 + i]);
+}
+
+constexpr size_t kChunk = 64;  // blocks whose scales are staged at a time
+
 template <bool kU4, bool kG16, int R, int T>
 void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r, size_t t0) {
   const size_t nb = s.cols / 32, ng = s.cols / s.group;
+  constexpr size_t kPer = kG16 ? 2 : 1;  // scales per block
   typename V::F acc[R][T];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < T; ++j) acc[i][j] = V::zero();
-  for (size_t b = 0; b < nb; ++b) {
+  alignas(64) float sc[R][kChunk * kPer];
+  for (size_t b0 = 0; b0 < nb; b0 += kChunk) {
+    const size_t b1 = std::min(nb, b0 + kChunk);
+    for (int i = 0; i < R; ++i) load_scales(s, (r + i) * ng + b0 * kPer, (b1 - b0) * kPer, sc[i]);
+    for (size_t b = b0; b < b1; ++b) {
 #pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) {
-      const size_t row = r + i;
-      typename V::F w[kVecs];
-      if constexpr (kU4)
-        V::unpack_u4(s.qs.data() + row * s.row_bytes() + b * 16, w);
-      else
-        V::unpack_i8(s.qs.data() + row * s.cols + b * 32, w);
-      const size_t g = row * ng + (kG16 ? 2 * b : b);
-      const typename V::F s0 = V::set1(scale_at(s, g));
-      const typename V::F s1 = kG16 ? V::set1(scale_at(s, g + 1)) : s0;
+      for (int i = 0; i < R; ++i) {
+        const size_t row = r + i;
+        typename V::F w[kVecs];
+        if constexpr (kU4)
+          V::unpack_u4(s.qs.data() + row * s.row_bytes() + b * 16, w);
+        else
+          V::unpack_i8(s.qs.data() + row * s.cols + b * 32, w);
+        const float* bs = sc[i] + (b - b0) * kPer;
+        if constexpr (T > 1) {
+          // Prefill: scale the block once, then one FMA per vector and token.
 #pragma GCC unroll 4
-      for (int j = 0; j < T; ++j) {
-        typename V::F d[2];
-        block_dot<kG16>(w, a.x + (t0 + j) * a.cols + b * 32, d);
-        acc[i][j] = V::fmadd(d[0], s0, acc[i][j]);
-        if constexpr (kG16) acc[i][j] = V::fmadd(d[1], s1, acc[i][j]);
+          for (int v = 0; v < kVecs; ++v)
+            w[v] = V::mul(w[v], V::set1(bs[kG16 && v >= kVecs / 2 ? 1 : 0]));
+#pragma GCC unroll 4
+          for (int j = 0; j < T; ++j) {
+            const float* xb = a.x + (t0 + j) * a.cols + b * 32;
+#pragma GCC unroll 4
+            for (int v = 0; v < kVecs; ++v)
+              acc[i][j] = V::fmadd(w[v], V::load(xb + v * V::kLanes), acc[i][j]);
+          }
+        } else {
+          // Decode: the scale once per block (per 16 for Q6_K), after the dot.
+          typename V::F d[2];
+          block_dot<kG16>(w, a.x + t0 * a.cols + b * 32, d);
+          acc[i][0] = V::fmadd(d[0], V::set1(bs[0]), acc[i][0]);
+          if constexpr (kG16) acc[i][0] = V::fmadd(d[1], V::set1(bs[1]), acc[i][0]);
+        }
       }
     }
   }
