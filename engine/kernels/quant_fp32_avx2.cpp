@@ -10,6 +10,7 @@ namespace {
 
 struct V {
   using F = __m256;
+  static constexpr int kPrefillRows = 1, kPrefillTokens = 8;  // fits the register file
   static constexpr int kLanes = 8;
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float v) { return _mm256_set1_ps(v); }

@@ -10,6 +10,7 @@ namespace {
 
 struct V {
   using F = __m512;
+  static constexpr int kPrefillRows = 2, kPrefillTokens = 8;  // fits the register file
   static constexpr int kLanes = 16;
   static F zero() { return _mm512_setzero_ps(); }
   static F set1(float v) { return _mm512_set1_ps(v); }

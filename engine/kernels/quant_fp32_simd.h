@@ -9,12 +9,13 @@
 // Zero points and mins are taken once per row and token, not per element:
 //   y = acc - zero * sum_b scale_b * sum(x_b) + sum_b min_b * sum(x_b).
 // Tiles: decode runs 4 rows x 1 token (four independent FMA chains, x loaded
-// once for four rows), prefill 2 rows x 4 tokens (a block unpacked and scaled
-// once for four tokens, then one FMA per vector and token).
+// once for four rows); prefill V::kPrefillRows x V::kPrefillTokens (a block
+// unpacked and scaled once for all those tokens, then one FMA per vector and
+// token: AVX-512 2 x 8 in 16 accumulators, AVX2 1 x 8).
 //
-// V provides: F (the vector), kLanes, zero(), set1(), load(), mul(), fmadd(),
-// hsum(), unpack_u4(block16, F[32 / kLanes]), unpack_i8(block32, F[...]),
-// and dot(w, w16, b, n) (sum w[i] * b[i], w fp32 or IEEE half).
+// V provides: F (the vector), kLanes, kPrefillRows, kPrefillTokens, zero(), set1(), load(), mul(),
+// fmadd(), hsum(), unpack_u4(block16, F[32 / kLanes]), unpack_i8(block32, F[...]), and dot(w, w16,
+// b, n) (sum w[i] * b[i], w fp32 or IEEE half).
 #include <algorithm>
 #include <cstring>
 
@@ -37,7 +38,7 @@ inline void block_dot(const typename V::F* w, const float* xb, typename V::F* d)
     for (int v = h + 1; v < kVecs; ++v) d[1] = V::fmadd(w[v], V::load(xb + v * V::kLanes), d[1]);
   } else {
     d[0] = V::mul(w[0], V::load(xb));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 1; v < kVecs; ++v) d[0] = V::fmadd(w[v], V::load(xb + v * V::kLanes), d[0]);
   }
 }
@@ -63,16 +64,16 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
   const size_t nb = s.cols / 32, ng = s.cols / s.group;
   constexpr size_t kPer = kG16 ? 2 : 1;  // scales per block
   typename V::F acc[R][T];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < T; ++j) acc[i][j] = V::zero();
   alignas(64) float sc[R][kChunk * kPer];
   for (size_t b0 = 0; b0 < nb; b0 += kChunk) {
     const size_t b1 = std::min(nb, b0 + kChunk);
     for (int i = 0; i < R; ++i) load_scales(s, (r + i) * ng + b0 * kPer, (b1 - b0) * kPer, sc[i]);
     for (size_t b = b0; b < b1; ++b) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
         const size_t row = r + i;
         typename V::F w[kVecs];
@@ -83,13 +84,13 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
         const float* bs = sc[i] + (b - b0) * kPer;
         if constexpr (T > 1) {
           // Prefill: scale the block once, then one FMA per vector and token.
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int v = 0; v < kVecs; ++v)
             w[v] = V::mul(w[v], V::set1(bs[kG16 && v >= kVecs / 2 ? 1 : 0]));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int j = 0; j < T; ++j) {
             const float* xb = a.x + (t0 + j) * a.cols + b * 32;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int v = 0; v < kVecs; ++v)
               acc[i][j] = V::fmadd(w[v], V::load(xb + v * V::kLanes), acc[i][j]);
           }
@@ -103,9 +104,9 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
       }
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < T; ++j) {
       const size_t row = r + i, t = t0 + j, g0 = row * nb;
       const float* xs = a.block_sum + t * nb;
@@ -129,15 +130,16 @@ void rows(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
     for (; r < r1; ++r) tile<kU4, kG16, 1, 1>(s, a, y, ldy, r, 0);
     return;
   }
+  constexpr int R = V::kPrefillRows, T = V::kPrefillTokens;
   size_t r = r0;
-  for (; r + 2 <= r1; r += 2) {
+  for (; r + R <= r1; r += R) {
     size_t t = 0;
-    for (; t + 4 <= a.n; t += 4) tile<kU4, kG16, 2, 4>(s, a, y, ldy, r, t);
-    for (; t < a.n; ++t) tile<kU4, kG16, 2, 1>(s, a, y, ldy, r, t);
+    for (; t + T <= a.n; t += T) tile<kU4, kG16, R, T>(s, a, y, ldy, r, t);
+    for (; t < a.n; ++t) tile<kU4, kG16, R, 1>(s, a, y, ldy, r, t);
   }
   for (; r < r1; ++r) {
     size_t t = 0;
-    for (; t + 4 <= a.n; t += 4) tile<kU4, kG16, 1, 4>(s, a, y, ldy, r, t);
+    for (; t + T <= a.n; t += T) tile<kU4, kG16, 1, T>(s, a, y, ldy, r, t);
     for (; t < a.n; ++t) tile<kU4, kG16, 1, 1>(s, a, y, ldy, r, t);
   }
 }

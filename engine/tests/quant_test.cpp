@@ -3,7 +3,7 @@
 // product on the exactly dequantized weights; the integer path within
 // activation rounding of it. Every block format, odd shapes (rows not a
 // multiple of the 4- or 2-row tile, token counts not a multiple of the 4-token
-// tile).
+// tile, 8 for the fp32 prefill tile).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -125,7 +125,7 @@ TEST(QuantTest, Fp32EveryTierMatchesTheReference) {
     for (size_t rows : {1, 3, 5, 17}) {
       for (size_t cols : {unit, 3 * unit, 9 * unit}) {
         const QuantMatrix w = random_matrix(f, rows, cols, rng);
-        for (size_t n : {1, 2, 5, 9}) {
+        for (size_t n : {1, 2, 5, 9, 19}) {
           SCOPED_TRACE(std::string(block_format_name(f)) + " rows " + std::to_string(rows) +
                        " cols " + std::to_string(cols) + " n " + std::to_string(n));
           const auto x = random_x(n * cols, rng);
