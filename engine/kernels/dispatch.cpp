@@ -153,12 +153,14 @@ const std::vector<KernelInfo>& registered_kernels() {
        {S, A2},
        "W as matmul_i8, x quantized to int8 per 32 (EDGELLM_QUANT_PRECISION=int8)",
        "rows any, cols % 32 == 0; AVX-VNNI used where present (avx512 machines included)",
-       "smollm2_135m, gemma3_270m (MODEL=gguf, opt-in)"},
+       "smollm2_135m (MODEL=gguf with EDGELLM_QUANT_PRECISION=int8), gemma3_270m (MODEL=gguf with "
+       "EDGELLM_QUANT_PRECISION=int8)"},
       {"matmul_u4_int8x",
        {S, A2},
        "W as matmul_u4, x quantized to int8 per 32 (EDGELLM_QUANT_PRECISION=int8)",
        "rows any, cols % 32 == 0; AVX-VNNI used where present (avx512 machines included)",
-       "smollm2_135m, gemma3_270m (MODEL=gguf, opt-in)"},
+       "smollm2_135m (MODEL=gguf with EDGELLM_QUANT_PRECISION=int8), gemma3_270m (MODEL=gguf with "
+       "EDGELLM_QUANT_PRECISION=int8)"},
       {"attention",
        {S, A2, A5},
        "q, K/V cache, out fp32",
