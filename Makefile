@@ -53,6 +53,18 @@ run:
 serve:
 	@$(MAKE) --no-print-directory -C $(DEFAULT_DEPLOYMENT) serve
 
+# The OpenAI API on Ray Serve (llms/serve_ray): REPLICAS model replicas of THREADS engine threads
+# each (default: cores / REPLICAS); MIN_REPLICAS + MAX_REPLICAS turn autoscaling on.
+REPLICAS ?= 1
+HOST ?= 127.0.0.1
+PORT ?= 8080
+SERVE_MODEL ?= smollm2-135m-instruct
+serve-ray: build fetch
+	@cd llms && env $(RAY_ENV) ../$(PY) -m serve_ray --model '$(SERVE_MODEL)' --replicas $(REPLICAS) \
+	  --host $(HOST) --port $(PORT) $(if $(THREADS),--threads $(THREADS)) \
+	  $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS)) \
+	  $(if $(MAX_REPLICAS),--min-replicas $(or $(MIN_REPLICAS),1) --max-replicas $(MAX_REPLICAS)) $(ARGS)
+
 # A sweep of verify jobs (DEPLOYMENT:MODEL:PROMPT_SET) as Ray tasks: llms/verify/sweep.py.
 verify-sweep: build fetch
 	@$(LOCKED) env $(RAY_ENV) $(PY) llms/verify/verify_runner.py --ray $(RAY_ADDRESS) \
