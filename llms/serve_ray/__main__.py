@@ -129,8 +129,11 @@ def build_app(args: argparse.Namespace, path: Path, threads: int) -> Any:
     replica = serve.deployment(EdgeLLMReplica).options(
         name="EdgeLLMReplica",
         ray_actor_options={"num_cpus": threads},
-        # Every request the C++ scheduler can admit or queue reaches it; it answers 429 beyond.
-        max_ongoing_requests=args.parallel + args.queue,
+        # A replica gets what its C++ scheduler batches at once; the rest wait in Ray's router,
+        # which gives each to the first replica with a free slot (a burst handed to one replica
+        # would queue there while another idles). Beyond --queue waiting: 429, as the C++ server.
+        max_ongoing_requests=args.parallel,
+        max_queued_requests=args.queue,
         health_check_period_s=2,
         health_check_timeout_s=10,
         **scaling,

@@ -25,6 +25,7 @@ from common.server.openai_schema import (
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
 
 app = FastAPI(title="edgellm on Ray Serve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -48,6 +49,8 @@ def as_api_error(e: BaseException) -> ApiError:
     cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else e
     if isinstance(cause, ApiError):
         return cause
+    if isinstance(e, BackPressureError):
+        return ApiError(429, "the request queue is full; retry later", None, "queue_full")
     if isinstance(e, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError):
         return ApiError(503, "the replica serving this request died; retry", None, "replica_died")
     first = str(cause).strip().splitlines()
