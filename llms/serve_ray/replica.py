@@ -92,8 +92,7 @@ class EdgeLLMReplica:
             )
         return asked or room
 
-    async def generate(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Events: {"prompt_tokens"} once admitted, {"text"} pieces, then {"finish_reason"}."""
+    def submit(self, job: dict[str, Any]) -> Any:
         prompt = self.prompt_tokens(job)
         stream = self.scheduler.submit(
             prompt,
@@ -109,7 +108,35 @@ class EdgeLLMReplica:
             if self.scheduler.stopping:
                 raise ApiError(503, "the server is shutting down")
             raise ApiError(429, "the request queue is full; retry later", None, "queue_full")
-        yield {"prompt_tokens": len(prompt)}
+        return stream
+
+    @staticmethod
+    def outcome(stream: Any) -> dict[str, Any]:
+        return {
+            "finish_reason": "length" if stream.finish_reason == "length" else "stop",
+            "error": stream.error,
+            "prompt_tokens": stream.prompt_tokens,
+            "completion_tokens": stream.completion_tokens,
+        }
+
+    async def complete(self, job: dict[str, Any]) -> dict[str, Any]:
+        """A whole completion in one call: {"text"} and the outcome (one Ray round trip)."""
+        stream = self.submit(job)
+        loop = asyncio.get_running_loop()
+        data, done = b"", False
+        try:
+            while not done:
+                piece, done = await loop.run_in_executor(self.waiters, stream.wait, 1000)
+                data += piece
+        except BaseException:  # cancelled (the client went away): free the slot
+            stream.cancel()
+            raise
+        return {"text": data.decode("utf-8", "replace"), **self.outcome(stream)}
+
+    async def generate(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Events: {"prompt_tokens"} once admitted, {"text"} pieces, then the outcome."""
+        stream = self.submit(job)
+        yield {"prompt_tokens": stream.prompt_tokens}
         loop = asyncio.get_running_loop()
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         try:
@@ -122,12 +149,7 @@ class EdgeLLMReplica:
         except BaseException:  # the client went away (Ray cancels this generator): free the slot
             stream.cancel()
             raise
-        yield {
-            "finish_reason": "length" if stream.finish_reason == "length" else "stop",
-            "error": stream.error,
-            "prompt_tokens": stream.prompt_tokens,
-            "completion_tokens": stream.completion_tokens,
-        }
+        yield self.outcome(stream)
 
     def __del__(self) -> None:
         scheduler = getattr(self, "scheduler", None)
