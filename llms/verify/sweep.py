@@ -121,6 +121,7 @@ def start_ray(address: str | None, cpus: int | None) -> None:
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     else:
+        os.environ.setdefault("RAY_worker_niceness", "0")  # as the serial run (Ray's default: 15)
         ray.init(
             num_cpus=cpus or os.cpu_count(),
             include_dashboard=False,
