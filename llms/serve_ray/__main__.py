@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address=args.address, runtime_env=runtime_env, log_to_driver=False)
     else:
         # Ray runs its workers at nice 15 by default: the engine would lose the cores to any
-        # other load on the machine (1-token latency x1.9 measured on the shared dev box).
+        # other load on the machine (an engine step 1.7-1.9x slower measured on the shared dev box).
         os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(
             num_cpus=cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False
