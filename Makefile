@@ -58,7 +58,8 @@ serve:
 REPLICAS ?= 1
 HOST ?= 127.0.0.1
 PORT ?= 8080
-SERVE_MODEL ?= smollm2-135m-instruct
+# MODEL as `make serve` reads it: a choice of the default deployment's descriptor, or a path.
+SERVE_MODEL = $(shell python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); m = sys.argv[2] or d["default_model"]; print(d["models"].get(m, m))' $(DEFAULT_DEPLOYMENT)/deployment.json '$(MODEL)')
 serve-ray: build fetch
 	@cd llms && env $(RAY_ENV) ../$(PY) -m serve_ray --model '$(SERVE_MODEL)' --replicas $(REPLICAS) \
 	  --host $(HOST) --port $(PORT) $(if $(THREADS),--threads $(THREADS)) \
