@@ -85,9 +85,7 @@ def test_killed_replica_under_load(smollm2_checkpoint: Path) -> None:
         assert 200 in codes, f"the other replica's requests failed too: {codes}"
         for code, reply, headers in results:
             if code == 503:
-                assert reply["error"]["type"] == "service_unavailable" and {
-                    k.lower() for k in headers
-                } >= {"retry-after"}
+                assert reply["error"]["type"] == "service_unavailable" and headers["Retry-After"]
             else:
                 assert reply["usage"]["completion_tokens"] == 96
         assert s.get("/v1/models")[0] == 200  # the ingress stayed up

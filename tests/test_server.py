@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -82,17 +83,17 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
             return r.status, r.read().decode()
 
-    def post(self, path: str, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def post(self, path: str, body: bytes) -> tuple[int, dict[str, Any], Message]:
         req = urllib.request.Request(self.url + path, data=body, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 reply = json.loads(r.read())
                 REPLY_SCHEMA.get(path, schema.ErrorReply).model_validate(reply)  # shared schema
-                return r.status, reply, dict(r.headers)
+                return r.status, reply, r.headers  # case-insensitive names
         except urllib.error.HTTPError as e:
             reply = json.loads(e.read())
             schema.ErrorReply.model_validate(reply)
-            return e.code, reply, dict(e.headers)
+            return e.code, reply, e.headers
 
     def metric(self, name: str) -> float:
         text = self.get("/metrics")[1]
@@ -309,9 +310,10 @@ def test_openai_client_sees_the_error_classes(server: Server) -> None:
         chat(server, "x", max_tokens=10_000)
 
 
-def test_load_disconnect_and_sigterm(smollm2_checkpoint: Path) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_disconnect_and_sigterm(smollm2_checkpoint: Path, kind: str) -> None:
     """A burst gets 200 or a clean 429; no leak; a disconnect frees; SIGTERM exits 0."""
-    s = Server(smollm2_checkpoint, "--parallel", "2", "--queue", "2")
+    s = Server(smollm2_checkpoint, "--parallel", "2", "--queue", "2", kind=kind)
     try:
         body = json.dumps({"model": NAME, "prompt": "One two three", "max_tokens": 6}).encode()
         with ThreadPoolExecutor(12) as pool:

@@ -77,6 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parallel", type=_at_least(1), default=8, help="sequences per replica batch")
     p.add_argument("--queue", type=_at_least(0), default=64, help="waiting requests per replica")
     p.add_argument("--prefill-chunk", type=_at_least(1), default=256)
+    p.add_argument(
+        "--drain", type=float, default=10.0, help="seconds running requests get on SIGTERM"
+    )
     args = p.parse_args(argv)
     if (args.min_replicas is None) != (args.max_replicas is None):
         p.error("--min-replicas and --max-replicas go together (autoscaling bounds)")
@@ -188,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         while not stop.wait(0.5):
             pass
-        print("edgellm on Ray Serve: stopping", file=sys.stderr, flush=True)
+        print("edgellm on Ray Serve: draining", file=sys.stderr, flush=True)
+        ingress = serve.get_deployment_handle("OpenAIIngress", app_name="edgellm")
+        left = ingress.drain.remote(args.drain).result(timeout_s=args.drain + 30)
+        if left:
+            print(f"edgellm on Ray Serve: {left} requests cut at the drain limit", file=sys.stderr)
         serve.shutdown()
     finally:
         ray.shutdown()

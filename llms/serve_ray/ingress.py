@@ -7,6 +7,7 @@ event once a stream has started); the ingress itself keeps serving, and Serve ro
 requests to the live replicas while it restarts the dead one.
 """
 
+import asyncio
 import json
 import random
 import time
@@ -81,7 +82,7 @@ def usage(last: dict[str, Any]) -> dict[str, int]:
 
 
 async def sse(
-    events: Any, head: dict[str, Any], chat: bool, include_usage: bool
+    events: Any, head: dict[str, Any], chat: bool, include_usage: bool, ended: Any
 ) -> AsyncIterator[str]:
     """server.cpp's event stream: a role chunk (chat), text chunks, a last chunk with the
     finish_reason and usage, the usage chunk if asked, then [DONE]."""
@@ -120,6 +121,7 @@ async def sse(
         yield "data: [DONE]\n\n"
     finally:
         events.cancel()  # a client gone mid-stream frees its sequence in the replica
+        ended()
 
 
 # After the helpers: Ray pickles this (decorated, so dynamic) class with the globals it sees.
@@ -131,6 +133,17 @@ class OpenAIIngress:
         self.name = model_name
         self.next_id = 1
         self.max_context: int | None = None
+        self.inflight = 0  # generation requests not yet answered in full (streams included)
+        self.draining = False
+
+    async def drain(self, seconds: float) -> int:
+        """Shutdown, as edgellm_server's SIGTERM: new requests get 503, running ones get up to
+        `seconds` to finish; returns how many were still running."""
+        self.draining = True
+        deadline = time.monotonic() + seconds
+        while self.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.inflight
 
     @app.get("/v1/models")
     async def models(self) -> Response:
@@ -150,6 +163,8 @@ class OpenAIIngress:
 
     @app.get("/health")
     async def health(self) -> Response:
+        if self.draining:
+            return error_response(ApiError(503, "the server is shutting down"))
         try:
             active, waiting = await self.replica.load.remote()
         except Exception as e:  # noqa: BLE001
@@ -174,6 +189,22 @@ class OpenAIIngress:
         return await self.generate(request, chat=False)
 
     async def generate(self, request: Request, chat: bool) -> Response:
+        if self.draining:
+            return error_response(ApiError(503, "the server is shutting down"))
+        self.inflight += 1
+        streaming = False
+        try:
+            response = await self.answer(request, chat)
+            streaming = isinstance(response, StreamingResponse)
+            return response
+        finally:
+            if not streaming:  # a stream counts itself out when it ends (sse's finally)
+                self.inflight -= 1
+
+    def stream_ended(self) -> None:
+        self.inflight -= 1
+
+    async def answer(self, request: Request, chat: bool) -> Response:
         try:
             r = parse_request(await request.body(), chat, self.name)
         except ApiError as e:
@@ -194,7 +225,7 @@ class OpenAIIngress:
             head["object"] = "chat.completion.chunk" if chat else "text_completion"
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(
-                sse(events, head, chat, include_usage),
+                sse(events, head, chat, include_usage, self.stream_ended),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
