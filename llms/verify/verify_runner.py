@@ -17,6 +17,10 @@ reference's tokens, ``capture`` our engine (teacher-forced likewise), ``compare`
 captures and writes the report. ``auto`` (default) runs each model phase in a process of its
 own, so no two models sit in memory together, then compares; ``both`` does everything in
 this process. See llms/verify/README.md.
+
+``--ray [ADDRESS]`` (with ``--job DEPLOYMENT[:MODEL[:PROMPT_SET]]`` repeated, or this one
+``--runner``) runs the model phases of every job as Ray tasks and prints one table: see
+verify/sweep.py and docs/scale_out.md.
 """
 
 from __future__ import annotations
