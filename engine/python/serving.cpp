@@ -58,14 +58,12 @@ void bind_serving(nb::module_& m) {
           "Waits up to timeout_ms for news: (new text as UTF-8 bytes, finished). Bytes, because "
           "a piece may end inside a character.")
       .def("cancel", &RequestStream::cancel, "Stops the request before its next token.")
-      .def_prop_ro("finish_reason",
-                   [](const RequestStream& s) {
-                     return std::string(edgellm::finish_reason_name(s.finish));
-                   })
+      .def_prop_ro(
+          "finish_reason",
+          [](const RequestStream& s) { return std::string(edgellm::finish_reason_name(s.finish)); })
       .def_prop_ro("error", [](const RequestStream& s) { return s.error; })
       .def_prop_ro("prompt_tokens", [](const RequestStream& s) { return s.prompt_tokens; })
-      .def_prop_ro("completion_tokens",
-                   [](const RequestStream& s) { return s.completion_tokens; });
+      .def_prop_ro("completion_tokens", [](const RequestStream& s) { return s.completion_tokens; });
 
   nb::class_<BatchScheduler>(m, "Scheduler",
                              "edgellm_server's continuous batching over one Model: requests join "
