@@ -21,6 +21,7 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "models/gguf_weights.h"
+#include "serving.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -445,4 +446,6 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "Streams the text generated after `prompt` (token ids) in `context`: prefill, then one "
       "decode step per iteration, until EOS / a stop token or string / max_tokens / the end of "
       "the context. The iterator's finish_reason, tokens and text tell the outcome.");
+
+  bind_serving(m);  // the server's continuous-batching Scheduler
 }
