@@ -183,6 +183,16 @@ def test_cli_runs_the_gguf() -> None:
     assert "Paris" in proc.stdout, proc.stdout
 
 
+@needs_cli
+def test_cli_runs_the_gguf_deployment_key() -> None:
+    """`--model gguf` is <dir>/gguf/model.gguf, beside its exact fp32 checkpoint."""
+    if not (gguf_path("smollm2-135m-instruct").parent / "gguf" / "model.gguf").is_file():
+        pytest.skip("no gguf/ deployment: run `make fetch`")
+    proc = run_cli(Path("gguf"))
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout, proc.stdout
+
+
 @pytest.fixture
 def gguf_copy(tmp_path: Path) -> Path:
     """The smollm2 checkpoint with a private copy of model.gguf that tests may damage."""
