@@ -804,7 +804,7 @@ def write_exact_checkpoint(gguf_path: Path, final: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        log(f"writing {final.name}/{GGUF_DEPLOYMENT}: the GGUF's dequantized values in fp32")
+        log(f"writing {GGUF_DEPLOYMENT}/: the GGUF's dequantized values in fp32")
         save_file(
             convert_weights(g, cfg, "float32"),
             str(tmp / "model.safetensors"),
