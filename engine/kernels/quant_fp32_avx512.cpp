@@ -18,11 +18,14 @@ struct V {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static float hsum(F v) { return _mm512_reduce_add_ps(v); }
-  // 16 bytes: low nibbles are elements 0..15, high nibbles 16..31.
+  // 16 bytes: low nibbles are elements 0..15, high nibbles 16..31. vpermps
+  // reads only an index's low 4 bits, so a 16-entry table 0.0f .. 15.0f turns
+  // each nibble into its float in one shuffle (no mask, no convert).
   static void unpack_u4(const uint8_t* p, F* w) {
+    const __m512 table = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    w[0] = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x0f)));
-    w[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+    w[0] = _mm512_permutexvar_ps(v, table);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   }
   static void unpack_i8(const uint8_t* p, F* w) {
     for (int v = 0; v < 2; ++v)
