@@ -18,6 +18,7 @@
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
 #include "io/gguf.h"
+#include "kernels/avx512.h"
 #include "kernels/kernels.h"
 #include "models/gguf_weights.h"
 
@@ -134,21 +135,19 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       [] {
         namespace k = edgellm::kernels;
         std::string path(k::isa_name(k::active_isa()));
-        if (k::active_isa() >= k::Isa::avx512)
-          return path + " (prefill GEMM activations " +
-                 std::string(k::gemm_precision_name(k::gemm_precision())) + ", decode fp32)";
+        if (k::active_isa() >= k::Isa::avx512) {
+          path += " (prefill GEMM activations " + std::string(k::gemm_activation_dtype());
+          if (k::active_isa() == k::Isa::amx)
+            path +=
+                " as " + std::to_string(k::amx::amx_parts(k::gemm_precision())) + " bf16 part(s)";
+          return path + ", decode fp32)";
+        }
         return path + " (activations fp32)";
       },
       "the active tier and the activation precision of its matmuls, for reports");
 
   m.def(
-      "activation_dtype",
-      [] {
-        namespace k = edgellm::kernels;
-        const bool bf16 =
-            k::active_isa() >= k::Isa::avx512 && k::gemm_precision() == k::GemmPrecision::bf16;
-        return std::string(bf16 ? "bf16" : "f32");
-      },
+      "activation_dtype", [] { return std::string(edgellm::kernels::gemm_activation_dtype()); },
       "what the prefill matmuls round activations to on the active tier (the calibrated lens' "
       "precision tier)");
 
