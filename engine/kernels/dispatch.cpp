@@ -152,8 +152,10 @@ const std::vector<KernelInfo>& registered_kernels() {
   static const std::vector<KernelInfo> kernels = {
       {"matmul",
        {S, A2, A5, AMX},
-       "W bf16 (pre-packed), x/y fp32, optional fp32 bias; EDGELLM_GEMM_PRECISION=bf16 rounds x to "
-       "bf16 for n > 1 on avx512/amx",
+       "W bf16 (pre-packed), x/y fp32, optional fp32 bias; amx (n >= 16) splits x into 3 bf16 "
+       "parts "
+       "(exact, 3 TDPBF16PS passes); EDGELLM_GEMM_PRECISION=bf16 rounds x to bf16 for n > 1 on "
+       "avx512/amx (bf16x2: 2 parts on amx)",
        "any rows x cols x n (0 included)",
        all},
       {"matmul_i8",
