@@ -9,9 +9,10 @@
 // major, padded), and a 12-token x 32-row register tile runs vdpbf16ps (two
 // products per lane, fp32 accumulation) over the whole K: per column pair
 // 2 weight loads and 12 broadcasts of an x pair feed 24 vdpbf16ps into 24
-// accumulators. With GemmPrecision::fp32 the same tile keeps x in fp32 and
-// runs two FMAs per pair instead (half the flop rate). The two panels (32 x K bf16) are reused by
-// every tile of a token block from L1/L2; the block's x (<= 256 KiB) stays in L2.
+// accumulators. With GemmPrecision::fp32 (and bf16x2, which only amx splits)
+// the same tile keeps x in fp32 and runs two FMAs per pair instead (half the
+// flop rate). The two panels (32 x K bf16) are reused by every tile of a token
+// block from L1/L2; the block's x (<= 256 KiB) stays in L2.
 #include <immintrin.h>
 
 #include <algorithm>
