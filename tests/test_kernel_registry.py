@@ -73,9 +73,42 @@ def test_edgellm_isa_selects_each_supported_tier() -> None:
 
 def test_edgellm_isa_unknown_value_is_one_line_and_the_default() -> None:
     default, _ = active_isa_with("")
-    assert default in TIERS and default != "amx"  # AMX is opt-in
+    assert default == edgellm_py.detected_isa()  # the best tier, AMX included
     for bad in ["avx", "AVX2", "native"]:
         active, err = active_isa_with(bad)
         assert active == default, (bad, active)
         lines = [ln for ln in err.splitlines() if "EDGELLM_ISA" in ln]
         assert len(lines) == 1 and f"unknown EDGELLM_ISA={bad}" in lines[0], err
+
+
+def activation_dtype_with(isa: str, precision: str) -> tuple[str, str]:
+    """(activation_dtype(), stderr) of a fresh process with EDGELLM_ISA / _GEMM_PRECISION."""
+    env = {**os.environ, "EDGELLM_ISA": isa, "EDGELLM_GEMM_PRECISION": precision}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "build" / "python"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", "import edgellm_py; print(edgellm_py.activation_dtype())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout.strip(), proc.stderr
+
+
+def test_activation_dtype_names_what_the_prefill_gemm_computes() -> None:
+    # The gate's precision tier reads this: f32 only where x reaches the products exactly
+    # (amx at fp32 splits x into three bf16 parts, which hold it exactly).
+    detected = TIERS.index(edgellm_py.detected_isa())
+    for isa in TIERS[: detected + 1]:
+        simd = TIERS.index(isa) >= TIERS.index("avx512")
+        want = {
+            "": "f32",
+            "fp32": "f32",
+            "bf16x2": "bf16x2" if isa == "amx" else "f32",
+            "bf16": "bf16" if simd else "f32",
+        }
+        for precision, dtype in want.items():
+            assert activation_dtype_with(isa, precision)[0] == dtype, (isa, precision)
+    dtype, err = activation_dtype_with("", "fp16")
+    assert dtype == "f32" and "unknown EDGELLM_GEMM_PRECISION=fp16" in err, err

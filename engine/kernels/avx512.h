@@ -37,13 +37,17 @@ namespace avx512 {
 // n == 1: fp32 GEMV; n > 1: vdpbf16ps GEMM on x rounded to bf16, or an fp32
 // FMA GEMM when gemm_precision() is fp32.
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
-// out[t][0 .. cols_pad) = bf16(x[t][0 .. cols)) then zeros, for t < n; rows
-// [n, n_pad) all zeros. Rows are cols_pad apart. Split over the pool.
 // This thread's buffer for bf16 rows: grows to the largest request, 64-byte
 // aligned, valid until the thread's next call.
 uint16_t* bf16_scratch(size_t count);
-void to_bf16_rows(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
-                  uint16_t* out, ThreadPool& pool);
+// Splits x into `parts` (1..3) bf16 planes, n_pad x cols_pad each, planes
+// n_pad * cols_pad apart, rows cols_pad apart: plane 0 = bf16(x), plane p =
+// bf16(x - planes 0..p-1), each rounded to nearest even. Three planes hold
+// every fp32 x exactly (3 x 8 significant bits; parts below bf16's normal
+// range, |x| < ~2^-110, read as zero on AMX), two keep ~16 bits. Columns
+// [cols, cols_pad) and rows [n, n_pad) are zeros. Split over the pool.
+void to_bf16_parts(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
+                   size_t parts, uint16_t* out, ThreadPool& pool);
 // Prefill attention (flash style, keys in lanes via a transposed K block);
 // needs head_dim % 16 == 0 and at most kMaxGroup query heads per kv head.
 inline constexpr size_t kMinPrefillTokens = 16;
@@ -54,8 +58,12 @@ void attention_prefill(const AttentionArgs& args, ThreadPool& pool);
 namespace amx {
 // Below this many tokens the 16-row A tiles are mostly padding: use avx512.
 inline constexpr size_t kMinTokens = 16;
-// n >= kMinTokens and bf16 precision: x rounded to bf16, TDPBF16PS GEMM over
-// the VNNI layout; otherwise avx512::matmul.
+// n >= kMinTokens: TDPBF16PS GEMM over the VNNI layout on x split into
+// amx_parts(gemm_precision()) bf16 parts (fp32: 3, exact; bf16x2: 2; bf16: 1),
+// fp32 accumulation; fewer tokens run avx512::matmul.
+inline size_t amx_parts(GemmPrecision p) {
+  return p == GemmPrecision::fp32 ? 3 : p == GemmPrecision::bf16x2 ? 2 : 1;
+}
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 }  // namespace amx
 

@@ -37,8 +37,7 @@ struct KernelInfo {
 };
 const std::vector<KernelInfo>& registered_kernels();
 Isa detect_isa();  // best tier this CPU and OS support (cpuid, XCR0, AMX permission)
-// The tier used when EDGELLM_ISA is unset: detect_isa(), except that AMX is
-// opt-in (EDGELLM_ISA=amx) until its kernels are validated on AMX hardware.
+// The tier used when EDGELLM_ISA is unset: detect_isa().
 Isa default_isa();
 Isa active_isa();       // default_isa() unless overridden
 void set_isa(Isa isa);  // tests and EDGELLM_ISA; clamped to detect_isa()
@@ -70,14 +69,21 @@ PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t col
 // Row r of W as fp32, whatever the layout (tied embeddings, tests).
 void unpack_row(const PackedMatrix& w, size_t r, float* out);
 
-// Activation precision of the prefill GEMM (n > 1) on the avx512/amx tiers:
-// bf16 rounds x to bf16 (vdpbf16ps / TDPBF16PS, 2x / ~16x the fp32 FMA rate),
-// fp32 keeps x exact. Products and sums are fp32 either way; decode (n == 1)
-// always keeps x in fp32. Set once from EDGELLM_GEMM_PRECISION=fp32 (default)|bf16.
-enum class GemmPrecision { bf16, fp32 };
+// Activation precision of the prefill GEMM (n > 1) on the avx512/amx tiers.
+// Products and sums are fp32 in every case; decode (n == 1) always keeps x fp32.
+//  - fp32 (default): x exact. avx512 runs fp32 FMAs; amx splits x into three
+//    bf16 parts (x = hi + mid + lo exactly) and runs three TDPBF16PS passes.
+//  - bf16x2: amx runs two parts (hi + mid, ~16 significant bits of x); other
+//    tiers treat it as fp32. For measuring the split, not a default.
+//  - bf16: x rounded to bf16 once (vdpbf16ps / one TDPBF16PS pass).
+// Set once from EDGELLM_GEMM_PRECISION=fp32|bf16x2|bf16.
+enum class GemmPrecision { bf16, bf16x2, fp32 };
 std::string_view gemm_precision_name(GemmPrecision p);
 GemmPrecision gemm_precision();
 void set_gemm_precision(GemmPrecision p);  // tests
+// What the active tier's prefill GEMM really computes x with, given the
+// precision: "f32", "bf16x2" or "bf16" (the gate's precision tier reads it).
+std::string_view gemm_activation_dtype();
 
 // y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n. n == 1 is decode's GEMV.
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);

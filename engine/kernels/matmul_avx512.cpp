@@ -9,9 +9,10 @@
 // major, padded), and a 12-token x 32-row register tile runs vdpbf16ps (two
 // products per lane, fp32 accumulation) over the whole K: per column pair
 // 2 weight loads and 12 broadcasts of an x pair feed 24 vdpbf16ps into 24
-// accumulators. With GemmPrecision::fp32 the same tile keeps x in fp32 and
-// runs two FMAs per pair instead (half the flop rate). The two panels (32 x K bf16) are reused by
-// every tile of a token block from L1/L2; the block's x (<= 256 KiB) stays in L2.
+// accumulators. With GemmPrecision::fp32 (and bf16x2, which only amx splits)
+// the same tile keeps x in fp32 and runs two FMAs per pair instead (half the
+// flop rate). The two panels (32 x K bf16) are reused by every tile of a token
+// block from L1/L2; the block's x (<= 256 KiB) stays in L2.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -241,22 +242,27 @@ uint16_t* bf16_scratch(size_t count) {
   return buf.data() + ((64 - addr % 64) % 64) / sizeof(uint16_t);
 }
 
-void to_bf16_rows(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
-                  uint16_t* out, ThreadPool& pool) {
+void to_bf16_parts(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
+                   size_t parts, uint16_t* out, ThreadPool& pool) {
+  const size_t plane = n_pad * cols_pad;
   pool.parallel_chunks(n_pad, [&](size_t t0, size_t t1) {
     for (size_t t = t0; t < t1; ++t) {
-      uint16_t* o = out + t * cols_pad;
       const float* xr = x + t * cols;
       const size_t have = t < n ? cols : 0;
       for (size_t c = 0; c < cols_pad; c += 32) {
         const size_t left = c < have ? have - c : 0;
         const __mmask16 m0 = row_mask(std::min<size_t>(left, 16));
         const __mmask16 m1 = row_mask(left > 16 ? left - 16 : 0);
-        const __m512 lo = _mm512_maskz_loadu_ps(m0, xr + c);
-        const __m512 hi = _mm512_maskz_loadu_ps(m1, xr + c + 16);
-        // Round to nearest even, as torch's .to(bfloat16); result order (lo, hi).
-        const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
-        _mm512_storeu_si512(o + c, (__m512i)v);
+        __m512 lo = _mm512_maskz_loadu_ps(m0, xr + c);
+        __m512 hi = _mm512_maskz_loadu_ps(m1, xr + c + 16);
+        for (size_t p = 0; p < parts; ++p) {
+          // Round to nearest even, as torch's .to(bfloat16); result order (lo, hi).
+          const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+          _mm512_storeu_si512(out + p * plane + t * cols_pad + c, v);
+          // x - part is exact in fp32 (x's low-order bits): the next part rounds it.
+          lo = _mm512_sub_ps(lo, bf16_even(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v))));
+          hi = _mm512_sub_ps(hi, bf16_even(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1))));
+        }
       }
     }
   });
@@ -277,14 +283,14 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
   }
   // Threads split over pairs of panels (the tile's 32 rows).
   const size_t pairs = (panels + 1) / 2;
-  if (gemm_precision() == GemmPrecision::fp32) {
+  if (gemm_precision() != GemmPrecision::bf16) {  // fp32 and bf16x2: FMAs on exact x
     pool.parallel_chunks(pairs, [&](size_t q0, size_t q1) {
       gemm_panels(w, x, w.cols, n, y, 2 * q0, std::min(panels, 2 * q1));
     });
     return;
   }
   uint16_t* xb = bf16_scratch(n * kpad);
-  to_bf16_rows(x, n, w.cols, n, kpad, xb, pool);
+  to_bf16_parts(x, n, w.cols, n, kpad, 1, xb, pool);
   pool.parallel_chunks(pairs, [&](size_t q0, size_t q1) {
     gemm_panels(w, static_cast<const uint16_t*>(xb), kpad, n, y, 2 * q0, std::min(panels, 2 * q1));
   });

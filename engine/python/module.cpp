@@ -18,6 +18,7 @@
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
 #include "io/gguf.h"
+#include "kernels/avx512.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "models/gguf_weights.h"
@@ -138,9 +139,13 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
         std::string path(k::isa_name(k::active_isa()));
         const std::string quant = ", quantized matmul activations " +
                                   std::string(k::quant_precision_name(k::quant_precision())) + ")";
-        if (k::active_isa() >= k::Isa::avx512)
-          return path + " (prefill GEMM activations " +
-                 std::string(k::gemm_precision_name(k::gemm_precision())) + ", decode fp32" + quant;
+        if (k::active_isa() >= k::Isa::avx512) {
+          path += " (prefill GEMM activations " + std::string(k::gemm_activation_dtype());
+          if (k::active_isa() == k::Isa::amx)
+            path +=
+                " as " + std::to_string(k::amx::amx_parts(k::gemm_precision())) + " bf16 part(s)";
+          return path + ", decode fp32" + quant;
+        }
         return path + " (activations fp32" + quant;
       },
       "the active tier and the activation precision of its matmuls, for reports");
@@ -149,13 +154,13 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "activation_dtype",
       [] {
         namespace k = edgellm::kernels;
-        const bool bf16 =
-            k::active_isa() >= k::Isa::avx512 && k::gemm_precision() == k::GemmPrecision::bf16;
+        const std::string gemm(k::gemm_activation_dtype());
         // EDGELLM_QUANT_PRECISION=int8 rounds the quantized matmuls' x to int8;
         // said for any model (this call cannot see which weights a session
         // has), so the opt-in can only make the gate less sharp, never stricter.
-        const bool int8 = k::quant_precision() == k::QuantPrecision::int8;
-        return std::string(bf16 ? "bf16" : int8 ? "int8" : "f32");
+        if (gemm == "f32" && k::quant_precision() == k::QuantPrecision::int8)
+          return std::string("int8");
+        return gemm;
       },
       "what the matmuls round activations to on the active tier (the calibrated lens' "
       "precision tier)");

@@ -33,6 +33,7 @@
 #include "edgellm/bf16.h"
 #include "edgellm/thread_pool.h"
 #include "kernels/avx2.h"
+#include "kernels/avx512.h"
 #include "kernels/kernels.h"
 
 namespace edgellm::kernels {
@@ -124,9 +125,30 @@ ThreadPool& test_pool() {
 
 // --- matmul -------------------------------------------------------------------
 
-// Whether `isa`'s matmul rounds x to bf16 for n tokens (see kernels.h).
+// x split into `parts` bf16 parts and summed back (0 parts: x itself), in
+// scalar code: what avx512::to_bf16_parts hands the AMX tiles. The sum is
+// exact in fp32 (at most 3 x 8 significant bits within 24).
+float split_sum(float x, size_t parts) {
+  if (parts == 0) return x;
+  float sum = 0.0f, rest = x;
+  for (size_t p = 0; p < parts; ++p) {
+    const float part = round_to_bf16(rest);
+    sum += part;
+    rest -= part;
+  }
+  return sum;
+}
+
+// How many bf16 parts `isa`'s matmul splits x into for n tokens at the
+// current precision (see kernels.h); 0 = x stays fp32.
+size_t activation_parts(Isa isa, size_t n) {
+  if (isa == Isa::amx && n >= amx::kMinTokens) return amx::amx_parts(gemm_precision());
+  return isa >= Isa::avx512 && n > 1 && gemm_precision() == GemmPrecision::bf16 ? 1 : 0;
+}
+// Whether that loses bits of x (3 parts hold every fp32 exactly).
 bool rounds_activations(Isa isa, size_t n) {
-  return isa >= Isa::avx512 && n > 1 && gemm_precision() == GemmPrecision::bf16;
+  const size_t parts = activation_parts(isa, n);
+  return parts == 1 || parts == 2;
 }
 
 // Sets the GEMM activation precision for a scope.
@@ -141,15 +163,14 @@ class PrecisionScope {
 
 // Checks matmul(isa) against ref::matmul for one shape; returns false (after
 // reporting) on the first mismatch so sweeps stop early. The reference sees x
-// exactly as the tier does (bf16-rounded where it rounds).
+// exactly as the tier does (bf16-rounded, or the sum of its bf16 parts).
 bool check_matmul(Isa isa, size_t rows, size_t cols, size_t n, bool with_bias, std::mt19937& rng,
                   ThreadPool& pool) {
   const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
   const OddBuffer x = random_buffer(n * cols, rng);
   const OddBuffer bias = random_buffer(rows, rng);
   std::vector<float> x_seen(x.data(), x.data() + n * cols);
-  if (rounds_activations(isa, n))
-    for (float& v : x_seen) v = round_to_bf16(v);
+  for (float& v : x_seen) v = split_sum(v, activation_parts(isa, n));
 
   PackedMatrix ref_w = pack_matrix(w.data(), rows, cols, Isa::scalar);
   PackedMatrix opt_w = pack_matrix(w.data(), rows, cols, isa);
@@ -202,23 +223,33 @@ TEST_P(KernelMatmul, OddShapesSweep) {
   }
 }
 
-// EDGELLM_GEMM_PRECISION=bf16: the same tiers with x rounded to bf16 (the
-// avx512/amx GEMM; check_matmul then compares with the reference on rounded x).
-TEST_P(KernelMatmul, Bf16PrecisionShapes) {
-  PrecisionScope precision(GemmPrecision::bf16);
-  std::mt19937 rng(19);
+// Odd and model shapes at a reduced precision; check_matmul compares with the
+// reference on x as the tier sees it (rounded, or the sum of its parts).
+void check_precision_shapes(Isa isa, GemmPrecision p, unsigned seed) {
+  PrecisionScope precision(p);
+  std::mt19937 rng(seed);
   ThreadPool pool2(2);
   for (size_t rows = 1; rows <= 37; rows += 3) {
     for (size_t cols = 1; cols <= 70; cols += 2) {
       ASSERT_TRUE(
-          check_matmul(isa(), rows, cols, 2 + (rows + cols) % 13, cols % 3 == 0, rng, test_pool()));
-      ASSERT_TRUE(check_matmul(isa(), rows, cols, 16 + (rows + cols) % 21, cols % 3 == 1, rng,
-                               test_pool()));
+          check_matmul(isa, rows, cols, 2 + (rows + cols) % 13, cols % 3 == 0, rng, test_pool()));
+      ASSERT_TRUE(
+          check_matmul(isa, rows, cols, 16 + (rows + cols) % 21, cols % 3 == 1, rng, test_pool()));
     }
   }
-  EXPECT_TRUE(check_matmul(isa(), 576, 1536, 64, false, rng, pool2));
-  EXPECT_TRUE(check_matmul(isa(), 40, 8192, 70, true, rng, pool2));
-  EXPECT_TRUE(check_matmul(isa(), 5, 0, 20, true, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa, 576, 1536, 64, false, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa, 40, 8192, 70, true, rng, pool2));
+  EXPECT_TRUE(check_matmul(isa, 5, 0, 20, true, rng, pool2));
+}
+
+// EDGELLM_GEMM_PRECISION=bf16: x rounded to bf16 (the avx512/amx GEMM).
+TEST_P(KernelMatmul, Bf16PrecisionShapes) {
+  check_precision_shapes(isa(), GemmPrecision::bf16, 19);
+}
+
+// EDGELLM_GEMM_PRECISION=bf16x2: two bf16 parts on amx, fp32 elsewhere.
+TEST_P(KernelMatmul, Bf16x2PrecisionShapes) {
+  check_precision_shapes(isa(), GemmPrecision::bf16x2, 23);
 }
 
 TEST_P(KernelMatmul, EmptyShapes) {
@@ -274,35 +305,52 @@ TEST_P(KernelMatmul, PackRoundTrip) {
   }
 }
 
+// The distance of `isa`'s matmul (at the current precision) to the fp32-x
+// reference on random data: the largest error as a fraction of sum|w x|, and
+// the largest absolute error.
+struct MatmulError {
+  double relative = 0.0, absolute = 0.0;
+};
+MatmulError error_vs_fp32(Isa isa, size_t rows, size_t cols, size_t n, std::mt19937& rng,
+                          ThreadPool& pool) {
+  const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
+  const OddBuffer x = random_buffer(n * cols, rng);
+  const PackedMatrix ref_w = pack_matrix(w.data(), rows, cols, Isa::scalar);
+  const PackedMatrix opt_w = pack_matrix(w.data(), rows, cols, isa);
+  std::vector<float> want(n * rows), got(n * rows);
+  ref::matmul(ref_w, x.data(), n, want.data());
+  {
+    IsaScope scope(isa);
+    matmul(opt_w, x.data(), n, got.data(), pool);
+  }
+  MatmulError e;
+  for (size_t t = 0; t < n; ++t)
+    for (size_t r = 0; r < rows; ++r) {
+      double mag = 0.0;
+      for (size_t c = 0; c < cols; ++c)
+        mag += std::fabs(bf16_to_float(w[r * cols + c]) * x[t * cols + c]);
+      const double d = std::fabs(got[t * rows + r] - want[t * rows + r]);
+      e.relative = std::max(e.relative, d / mag);
+      e.absolute = std::max(e.absolute, d);
+    }
+  return e;
+}
+
+// Model shapes (SmolLM2's projections, Llama's K = 8192), so a systematic
+// error (a dropped column block, a wrong pair, a missing part) shows.
+constexpr std::tuple<size_t, size_t, size_t> kErrorShapes[] = {
+    {576, 1536, 48}, {1536, 576, 17}, {96, 8192, 33}};
+
 // The bf16 rounding of x costs at most 2^-8 relative per term (round to
 // nearest with 8 significant bits), so the distance to the fp32-x reference is
-// bounded by 2^-8 * sum|w x| (+ the fp32 summation term). Checked on model
-// shapes so a systematic error (a dropped column block, a wrong pair) shows.
+// bounded by 2^-8 * sum|w x| (+ the fp32 summation term).
 TEST_P(KernelMatmul, Bf16ActivationErrorBound) {
   PrecisionScope precision(GemmPrecision::bf16);
   if (!rounds_activations(isa(), 2)) GTEST_SKIP() << isa_name(isa()) << " keeps x in fp32";
   std::mt19937 rng(17);
   ThreadPool pool2(2);
-  for (const auto& [rows, cols, n] :
-       {std::tuple<size_t, size_t, size_t>{576, 1536, 48}, {1536, 576, 17}, {96, 8192, 33}}) {
-    const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
-    const OddBuffer x = random_buffer(n * cols, rng);
-    const PackedMatrix ref_w = pack_matrix(w.data(), rows, cols, Isa::scalar);
-    const PackedMatrix opt_w = pack_matrix(w.data(), rows, cols, isa());
-    std::vector<float> want(n * rows), got(n * rows);
-    ref::matmul(ref_w, x.data(), n, want.data());
-    {
-      IsaScope scope(isa());
-      matmul(opt_w, x.data(), n, got.data(), pool2);
-    }
-    double worst = 0.0;  // largest error as a fraction of sum|w x|
-    for (size_t t = 0; t < n; ++t)
-      for (size_t r = 0; r < rows; ++r) {
-        double mag = 0.0;
-        for (size_t c = 0; c < cols; ++c)
-          mag += std::fabs(bf16_to_float(w[r * cols + c]) * x[t * cols + c]);
-        worst = std::max(worst, std::fabs(got[t * rows + r] - want[t * rows + r]) / mag);
-      }
+  for (const auto& [rows, cols, n] : kErrorShapes) {
+    const double worst = error_vs_fp32(isa(), rows, cols, n, rng, pool2).relative;
     EXPECT_LE(worst, 1.0 / 256 + 1e-5) << rows << "x" << cols << " n=" << n;
     // And the rounding really happens (else the tier would not be bf16):
     // random x loses ~2^-9 relative per term, far above the fp32 floor.
@@ -311,6 +359,81 @@ TEST_P(KernelMatmul, Bf16ActivationErrorBound) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, KernelMatmul, ::testing::ValuesIn(tiers_of("matmul")), tier_name);
+
+// AMX's split of x into bf16 parts, against the fp32-x reference (the numbers
+// in docs/benchmarks.md come from this test's output). Three parts are exact,
+// so only the fp32 sums remain: within check_matmul's fp32 tolerance (1e-5
+// sum|w x|). TDPBF16PS's own accumulation was measured at 2-6x the avx512 FMA
+// GEMM's worst error (printed, not asserted: both are a few fp32 ulps of
+// sum|w x|). Two parts keep ~16 bits (2^-16 relative per term): at K = 64 the
+// dropped bits show above the sums' rounding; at K >= 576 they average out.
+TEST(KernelMatmulAmxSplit, ErrorAgainstFp32PerPartCount) {
+  if (detect_isa() < Isa::amx)
+    GTEST_SKIP() << "this CPU/OS lacks the amx tier (best is " << isa_name(detect_isa()) << ")";
+  ThreadPool pool2(2);
+  constexpr std::tuple<size_t, size_t, size_t> kSmallK{64, 64, 40};
+  for (const auto& shape : {kSmallK, kErrorShapes[0], kErrorShapes[1], kErrorShapes[2]}) {
+    const auto& [rows, cols, n] = shape;
+    MatmulError fma, by_parts[4];
+    {
+      PrecisionScope precision(GemmPrecision::fp32);
+      std::mt19937 rng(29);
+      fma = error_vs_fp32(Isa::avx512, rows, cols, n, rng, pool2);
+    }
+    const GemmPrecision precisions[] = {GemmPrecision::bf16, GemmPrecision::bf16x2,
+                                        GemmPrecision::fp32};
+    for (GemmPrecision p : precisions) {
+      PrecisionScope precision(p);
+      std::mt19937 rng(29);  // the same W and x for every part count
+      by_parts[amx::amx_parts(p)] = error_vs_fp32(Isa::amx, rows, cols, n, rng, pool2);
+    }
+    std::printf(
+        "[ split    ] %zux%zu n=%zu worst |err| / sum|wx| (max |err|): avx512 fma %.2e (%.2e), "
+        "amx 1 part %.2e (%.2e), 2 parts %.2e (%.2e), 3 parts %.2e (%.2e)\n",
+        rows, cols, n, fma.relative, fma.absolute, by_parts[1].relative, by_parts[1].absolute,
+        by_parts[2].relative, by_parts[2].absolute, by_parts[3].relative, by_parts[3].absolute);
+    const std::string where =
+        std::to_string(rows) + "x" + std::to_string(cols) + " n=" + std::to_string(n);
+    EXPECT_LE(by_parts[3].relative, 1e-5) << where;
+    EXPECT_LE(by_parts[2].relative, std::ldexp(1.0, -16) + 1e-5) << where;
+    EXPECT_GT(by_parts[1].relative, by_parts[2].relative) << where;
+    if (shape == kSmallK) {
+      EXPECT_GT(by_parts[2].relative, 2 * by_parts[3].relative) << where;
+    }
+  }
+}
+
+// to_bf16_parts against the scalar split, over a wide range of magnitudes:
+// plane p holds part p bit for bit, padding is zero, and three parts sum back
+// to x exactly.
+TEST(KernelMatmulAmxSplit, PartsMatchScalarSplit) {
+  if (detect_isa() < Isa::avx512)
+    GTEST_SKIP() << "this CPU/OS lacks the avx512 tier (best is " << isa_name(detect_isa()) << ")";
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-90, 90);
+  const size_t n = 5, cols = 37, n_pad = 32, cols_pad = 64;
+  OddBuffer x(n * cols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(mant(rng), expo(rng));
+  for (size_t parts = 1; parts <= 3; ++parts) {
+    std::vector<uint16_t> out(parts * n_pad * cols_pad + 32, 0xffff);
+    avx512::to_bf16_parts(x.data(), n, cols, n_pad, cols_pad, parts, out.data(), test_pool());
+    for (size_t t = 0; t < n_pad; ++t)
+      for (size_t c = 0; c < cols_pad; ++c) {
+        float rest = t < n && c < cols ? x[t * cols + c] : 0.0f, sum = 0.0f;
+        for (size_t p = 0; p < parts; ++p) {
+          const uint16_t want = float_to_bf16(rest);
+          const uint16_t got = out[p * n_pad * cols_pad + t * cols_pad + c];
+          ASSERT_EQ(got, want) << "parts=" << parts << " p=" << p << " t=" << t << " c=" << c;
+          sum += bf16_to_float(got);
+          rest -= bf16_to_float(got);
+        }
+        if (parts == 3 && t < n && c < cols) {
+          ASSERT_EQ(sum, x[t * cols + c]) << t << "," << c;
+        }
+      }
+  }
+}
 
 // A matrix packed for a SIMD tier keeps working after set_isa(scalar): the
 // layout, not the active ISA, picks the kernel.
@@ -714,7 +837,7 @@ TEST(KernelDispatch, ParseIsa) {
 TEST(KernelDispatch, SetIsaClampsToTheCpu) {
   const Isa detected = detect_isa();
   EXPECT_LE(default_isa(), detected);
-  EXPECT_LE(default_isa(), Isa::avx512);  // AMX is opt-in
+  EXPECT_EQ(default_isa(), detected);  // AMX included: its fp32 GEMM is exact-split
   for (Isa isa : kAllIsas) {
     IsaScope scope(isa);
     EXPECT_EQ(active_isa(), std::min(isa, detected)) << isa_name(isa);

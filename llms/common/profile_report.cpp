@@ -66,6 +66,11 @@ void print_profile(Session& session, size_t prompt_tokens, int decode_steps) {
       "weights per token\n",
       roof.read_gb_per_s, roof.fma_gflop_per_s, std::string(roof.peak_tier).c_str(),
       weight_gb * 1e3);
+  if (roof.passes > 1)
+    std::fprintf(stderr,
+                 "prefill GEMM issues %.0f tile passes per useful flop (x split into bf16 parts): "
+                 "its ceiling is %.0f%% of that peak\n",
+                 roof.passes, 100.0 / roof.passes);
   std::fprintf(stderr, "decode roofline %.1f tokens/s -> achieved %.0f%%\n", roof_tps,
                roof_tps > 0 ? 100.0 * tps / roof_tps : 0.0);
 

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/avx512.h"
 #include "kernels/kernels.h"
 
 namespace edgellm {
@@ -92,6 +93,24 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t iteratio
   return s;
 }
 
+// 24 independent 16-lane FMA chains: the avx512 GEMM's instruction at fp32
+// precision (matmul_avx512.cpp runs FMAs on fp32 x, not vdpbf16ps).
+__attribute__((target("avx512f"))) float fma_loop_avx512(int64_t iterations) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 m = _mm512_set1_ps(0.999999f), k = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, k);
+  }
+  float out[16], s = 0;
+  for (auto& v : acc) {
+    _mm512_storeu_ps(out, v);
+    s += out[0];
+  }
+  return s;
+}
+
 // The AMX GEMM's inner step (matmul_amx.cpp): four TDPBF16PS (16 x 16 x 32 x
 // 2 = 16384 flops each) on tiles loaded once. Needs the tile permission,
 // which detect_isa() requested before it reported Isa::amx.
@@ -161,6 +180,11 @@ double measure_matmul_peak(int threads, kernels::Isa isa) {
       return measure_fma_peak(threads);
     case kernels::Isa::avx512: {
       const int64_t iters = 10'000'000;
+      if (kernels::gemm_precision() != kernels::GemmPrecision::bf16) {  // fp32 x: FMAs
+        const double s =
+            best_seconds(threads, 3, [&](int) { sink = sink + fma_loop_avx512(iters); });
+        return static_cast<double>(threads) * iters * 24 * 32 / s / 1e9;
+      }
       const double s = best_seconds(threads, 3, [&](int) { sink = sink + dpbf16_loop(iters); });
       return static_cast<double>(threads) * iters * 24 * 64 / s / 1e9;
     }
@@ -176,8 +200,11 @@ double measure_matmul_peak(int threads, kernels::Isa isa) {
 Roofline measure_roofline(int threads) {
   // 512 MiB: far beyond the caches, like a decode step's weight stream.
   const kernels::Isa isa = kernels::active_isa();
+  // On amx every precision runs TDPBF16PS, once per bf16 part of x.
+  const double passes =
+      isa == kernels::Isa::amx ? kernels::amx::amx_parts(kernels::gemm_precision()) : 1;
   return Roofline{measure_read_bandwidth(size_t{512} << 20, threads),
-                  measure_matmul_peak(threads, isa), kernels::isa_name(isa)};
+                  measure_matmul_peak(threads, isa), kernels::isa_name(isa), passes};
 }
 
 }  // namespace edgellm
