@@ -232,9 +232,12 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
 }
 
 void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
-  if (w.isa == Isa::avx2)
+  if (!w.quant && w.isa == Isa::avx2)
     return avx512::available() ? avx512::matmul_rows(w, x, n, y, pool)
                                : avx2::matmul_rows(w, x, n, y, pool);
+  // The avx512 and amx layouts are one; their n == 1 GEMV is avx512's (amx
+  // starts at kMinTokens), so the batch follows that GEMV's order.
+  if (!w.quant && w.isa >= Isa::avx512) return avx512::matmul_rows_vnni(w, x, n, y, pool);
   // Any other layout: one n == 1 call per row is identical by definition.
   for (size_t t = 0; t < n; ++t) matmul(w, x + t * w.cols, 1, y + t * w.rows, pool);
 }
