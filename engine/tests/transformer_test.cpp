@@ -131,6 +131,46 @@ TEST_P(DecodeMatchesPrefill, BatchedDecodeIsBitIdenticalToAlone) {
   }
 }
 
+// The same promise where attention splits a sequence's keys across threads
+// (>= 256 keys): batched, each sequence's attention runs its split items
+// serially on one thread and must still give the bits of the parallel call.
+TEST(DecodeBatch, BitIdenticalToAloneWithSplitKeys) {
+  TinyModel m = write_tiny("LlamaForCausalLM", R"(, "max_position_embeddings": 512)");
+  Checkpoint ckpt = Checkpoint::open(m.dir);
+  ThreadPool pool(2);
+  Profiler prof;
+  Transformer model(m.config, load_weights(ckpt, m.config), 512, pool, prof);
+  const size_t vocab = static_cast<size_t>(m.config.vocab_size);
+  const std::vector<size_t> lengths = {300, 420, 260};
+  std::vector<KvCache> alone, batched;
+  std::vector<std::vector<float>> a(lengths.size(), std::vector<float>(vocab)),
+      b(lengths.size(), std::vector<float>(vocab));
+  Scratch scratch, batch_scratch;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<int32_t> prompt(lengths[i]);
+    for (size_t j = 0; j < prompt.size(); ++j)
+      prompt[j] = static_cast<int32_t>((31 * j + 7 * i) % vocab);
+    alone.push_back(model.new_kv_cache());
+    batched.push_back(model.new_kv_cache());
+    model.forward(alone[i], scratch, prompt.data(), prompt.size(), 0, a[i].data(), nullptr);
+    model.forward(batched[i], scratch, prompt.data(), prompt.size(), 0, b[i].data(), nullptr);
+  }
+  for (size_t step = 0; step < 3; ++step) {
+    std::vector<SequenceRows> rows;
+    std::vector<int32_t> tokens;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const int32_t token = static_cast<int32_t>((5 * i + 11 * step) % vocab);
+      model.forward(alone[i], scratch, &token, 1, lengths[i] + step, a[i].data(), nullptr);
+      rows.push_back({&batched[i], lengths[i] + step, 1, b[i].data()});
+      tokens.push_back(token);
+    }
+    model.decode_batch(rows, batch_scratch, tokens.data());
+    for (size_t i = 0; i < lengths.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(a[i].data(), b[i].data(), vocab * sizeof(float)))
+          << "sequence " << i << " step " << step << " differs batched";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Families, DecodeMatchesPrefill,
     ::testing::Values(std::make_pair("LlamaForCausalLM", ""),
