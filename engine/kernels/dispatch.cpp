@@ -139,6 +139,12 @@ const std::vector<KernelInfo>& registered_kernels() {
        "bf16 for n > 1 on avx512/amx",
        "any rows x cols x n (0 included)",
        all},
+      {"matmul_rows",
+       {S, A2, A5, AMX},
+       "as matmul; n tokens (decode_batch), each row bit-identical to the n == 1 GEMV of its "
+       "layout, the weights read once for all n",
+       "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel",
+       all},
       {"matmul_i8",
        {S, A2},
        "W int8 + fp32 scale per 32 (GGUF Q8_0/Q5_0/Q6_K repacked), x quantized to int8 per 32",
