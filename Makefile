@@ -9,14 +9,24 @@ TEST_MODELS := smollm2-135m-instruct gemma3-270m
 SAN_DIR := build-sanitize
 FUZZ_DIR := build-fuzz
 FUZZ_SECONDS ?= 10
+# Ray (docs/scale_out.md): RAY_ADDRESS empty = a local single-node cluster, dashboard off.
+RAY_ADDRESS ?=
+SWEEP ?= smollm2_135m:instruct:instruct smollm2_135m:instruct:heldout_instruct \
+  gemma3_270m:base:base gemma3_270m:base:heldout_base
+SWEEP_ARGS ?= --max-prompts 2
+LOCK := /tmp/edgellm-cpu.lock
+LOCKED := { flock -n $(LOCK) true || echo "[make] waiting for the CPU lock $(LOCK): another timed run holds it" >&2; } && flock -x -w 1800 $(LOCK)
+RAY_ENV := PYTHONPATH=$(CURDIR)/build/python:$(CURDIR)/llms:$(CURDIR) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-.PHONY: help bootstrap build fetch run serve test test-cpp test-py test-sanitize build-sanitize \
+.PHONY: help bootstrap build fetch run serve serve-ray verify-sweep test test-cpp test-py test-sanitize build-sanitize \
   build-fuzz fuzz bench bench-serve format lint clean
 
 help:
 	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (PROMPT, N_TOKENS, MODEL, THREADS,"
 	@echo "                TEMPERATURE, TOP_K, TOP_P, SEED, ARGS=--json; make -C llms/<model> help)"
 	@echo "make serve      OpenAI-compatible server for the default deployment (HOST, PORT, MODEL)"
+	@echo "make serve-ray  the same API on Ray Serve: REPLICAS=2 THREADS=<per replica> (RAY_ADDRESS, docs/scale_out.md)"
+	@echo "make verify-sweep  the gate of every SWEEP job as Ray tasks, one table (RAY_ADDRESS, SWEEP_ARGS)"
 	@echo "make test       C++ unit tests (ctest), then pytest (end to end, gate, mutants, bad input)"
 	@echo "make test-sanitize  C++ tests + a short smollm2 run built with ASan+UBSan ($(SAN_DIR))"
 	@echo "make fuzz       every libFuzzer target in engine/fuzz for FUZZ_SECONDS each (default $(FUZZ_SECONDS))"
@@ -42,6 +52,24 @@ run:
 
 serve:
 	@$(MAKE) --no-print-directory -C $(DEFAULT_DEPLOYMENT) serve
+
+# The OpenAI API on Ray Serve (llms/serve_ray): REPLICAS model replicas of THREADS engine threads
+# each (default: cores / REPLICAS); MIN_REPLICAS + MAX_REPLICAS turn autoscaling on.
+REPLICAS ?= 1
+HOST ?= 127.0.0.1
+PORT ?= 8080
+# MODEL as `make serve` reads it: a choice of the default deployment's descriptor, or a path.
+SERVE_MODEL = $(shell python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); m = sys.argv[2] or d["default_model"]; print(d["models"].get(m, m))' $(DEFAULT_DEPLOYMENT)/deployment.json '$(MODEL)')
+serve-ray: build fetch
+	@cd llms && env $(RAY_ENV) ../$(PY) -m serve_ray --model '$(SERVE_MODEL)' --replicas $(REPLICAS) \
+	  --host $(HOST) --port $(PORT) $(if $(THREADS),--threads $(THREADS)) \
+	  $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS)) \
+	  $(if $(MAX_REPLICAS),--min-replicas $(or $(MIN_REPLICAS),1) --max-replicas $(MAX_REPLICAS)) $(ARGS)
+
+# A sweep of verify jobs (DEPLOYMENT:MODEL:PROMPT_SET) as Ray tasks: llms/verify/sweep.py.
+verify-sweep: build fetch
+	@$(LOCKED) env $(RAY_ENV) $(PY) llms/verify/verify_runner.py --ray $(RAY_ADDRESS) \
+	  $(foreach j,$(SWEEP),--job $(j)) $(SWEEP_ARGS)
 
 test: build fetch test-cpp test-py
 

@@ -2,6 +2,9 @@
 
 Greedy answers are checked against the engine alone (the binding's prefill/decode loop), a batch
 of 8 concurrent clients against each one alone, and bad requests against their HTTP status.
+Every test on the `server` fixture runs against both servers: edgellm_server (C++) and the same
+API on Ray Serve (llms/serve_ray, one replica); every JSON reply is checked against the shared
+schema (llms/common/server/openai_schema.py).
 """
 
 from __future__ import annotations
@@ -11,19 +14,24 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import openai
 import pytest
+from common.server import openai_schema as schema
 from conftest import REPO
 
 SERVER = REPO / "build" / "edgellm_server"
+KINDS = ["cpp", "ray"]
+REPLY_SCHEMA = {"/v1/completions": schema.Completion, "/v1/chat/completions": schema.ChatCompletion}
 NAME = "smollm2-135m-instruct"
 PROMPTS = [
     "What is the capital of France?",
@@ -43,14 +51,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_command(kind: str, checkpoint: Path, port: int) -> list[str]:
+    """edgellm_server, or `make serve-ray`'s program on a local Ray cluster (same options)."""
+    common = ["--model", str(checkpoint), "--port", str(port), "--threads", "2"]
+    common += ["--max-context", "512"]
+    if kind == "ray":
+        pytest.importorskip("ray", reason="ray[serve] is pinned in requirements.txt")
+        return [sys.executable, "-m", "serve_ray", *common, "--replicas", "1", "--num-cpus", "2"]
+    assert SERVER.is_file(), f"{SERVER} missing: `make build` builds it"
+    return [str(SERVER), *common]
+
+
 class Server:
-    def __init__(self, checkpoint: Path, *args: str) -> None:
-        assert SERVER.is_file(), f"{SERVER} missing: `make build` builds it"
+    def __init__(self, checkpoint: Path, *args: str, kind: str = "cpp") -> None:
+        self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [str(SERVER), "--model", str(checkpoint), "--port", str(self.port)]
-        cmd += ["--threads", "2", "--max-context", "512", *args]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        cmd = [*server_command(kind, checkpoint, self.port), *args]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO / "llms")
         deadline = time.time() + 120
         while time.time() < deadline:
             assert self.proc.poll() is None, self.proc.stderr.read()
@@ -65,13 +83,17 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
             return r.status, r.read().decode()
 
-    def post(self, path: str, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def post(self, path: str, body: bytes) -> tuple[int, dict[str, Any], Message]:
         req = urllib.request.Request(self.url + path, data=body, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, json.loads(r.read()), dict(r.headers)
+                reply = json.loads(r.read())
+                REPLY_SCHEMA.get(path, schema.ErrorReply).model_validate(reply)  # shared schema
+                return r.status, reply, r.headers  # case-insensitive names
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read()), dict(e.headers)
+            reply = json.loads(e.read())
+            schema.ErrorReply.model_validate(reply)
+            return e.code, reply, e.headers
 
     def metric(self, name: str) -> float:
         text = self.get("/metrics")[1]
@@ -85,9 +107,9 @@ class Server:
         return self.proc.wait(timeout=60)
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_checkpoint: Path):
-    s = Server(smollm2_checkpoint, "--parallel", "8")
+@pytest.fixture(scope="module", params=KINDS)
+def server(request: pytest.FixtureRequest, smollm2_checkpoint: Path):
+    s = Server(smollm2_checkpoint, "--parallel", "8", kind=request.param)
     yield s
     assert s.stop() == 0
 
@@ -120,6 +142,37 @@ def test_models_and_health(server: Server) -> None:
     assert [m.id for m in server.client.models.list()] == [NAME]
     status, body = server.get("/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+def sse_events(server: Server, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The data events of a streamed reply, raw (after them must come [DONE])."""
+    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        lines = [ln for ln in r.read().decode().splitlines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(ln[6:]) for ln in lines[:-1]]
+
+
+def test_replies_match_the_shared_schema(server: Server) -> None:
+    schema.ModelList.model_validate_json(server.get("/v1/models")[1])
+    schema.Health.model_validate_json(server.get("/health")[1])
+    base = {"model": NAME, "max_tokens": 4, "temperature": 0}
+    chat_body = {**base, "messages": [{"role": "user", "content": "Hi"}]}
+    code, reply, _ = server.post("/v1/chat/completions", json.dumps(chat_body).encode())
+    assert code == 200 and reply["object"] == "chat.completion"
+    events = sse_events(server, "/v1/chat/completions", {**chat_body, "stream": True})
+    chunks = [schema.ChatCompletionChunk.model_validate(e) for e in events]
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage is not None
+    events = sse_events(
+        server,
+        "/v1/completions",
+        {**base, "prompt": "Once", "stream": True, "stream_options": {"include_usage": True}},
+    )
+    parts = [schema.Completion.model_validate(e) for e in events]
+    assert parts[-1].choices == [] and parts[-1].usage.completion_tokens == 4
+    code, reply, _ = server.post("/v1/nowhere", b"{}")
+    assert code == 404 and reply["error"]["type"] == "not_found_error"
 
 
 def test_chat_greedy_equals_the_engine_alone(
@@ -257,9 +310,10 @@ def test_openai_client_sees_the_error_classes(server: Server) -> None:
         chat(server, "x", max_tokens=10_000)
 
 
-def test_load_disconnect_and_sigterm(smollm2_checkpoint: Path) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_disconnect_and_sigterm(smollm2_checkpoint: Path, kind: str) -> None:
     """A burst gets 200 or a clean 429; no leak; a disconnect frees; SIGTERM exits 0."""
-    s = Server(smollm2_checkpoint, "--parallel", "2", "--queue", "2")
+    s = Server(smollm2_checkpoint, "--parallel", "2", "--queue", "2", kind=kind)
     try:
         body = json.dumps({"model": NAME, "prompt": "One two three", "max_tokens": 6}).encode()
         with ThreadPoolExecutor(12) as pool:

@@ -20,6 +20,7 @@
 #include "io/gguf.h"
 #include "kernels/kernels.h"
 #include "models/gguf_weights.h"
+#include "serving.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -520,4 +521,5 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "(ttft_ms = prefill + first token, decode_ms over decode_steps). decode_past_stop keeps "
       "decoding, unseen, after a stop until max_tokens were sampled (--ignore-eos); "
       "record_logits keeps every sampled token's logits; capture the prefill's layer outputs.");
+  bind_serving(m);  // the server's continuous-batching Scheduler
 }

@@ -17,6 +17,10 @@ reference's tokens, ``capture`` our engine (teacher-forced likewise), ``compare`
 captures and writes the report. ``auto`` (default) runs each model phase in a process of its
 own, so no two models sit in memory together, then compares; ``both`` does everything in
 this process. See llms/verify/README.md.
+
+``--ray [ADDRESS]`` (with ``--job DEPLOYMENT[:MODEL[:PROMPT_SET]]`` repeated, or this one
+``--runner``) runs the model phases of every job as Ray tasks and prints one table: see
+verify/sweep.py and docs/scale_out.md.
 """
 
 from __future__ import annotations
@@ -91,9 +95,7 @@ def _positive(text: str) -> int:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = _Parser(prog="verify_runner.py", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--runner", required=True, help="adapter module, e.g. smollm2_135m.verify_adapter"
-    )
+    p.add_argument("--runner", help="adapter module, e.g. smollm2_135m.verify_adapter")
     p.add_argument(
         "--prompts",
         choices=("topk_token", "single"),
@@ -136,7 +138,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=1,
         help="torch threads for the reference (default 1: see README)",
     )
+    ray = p.add_argument_group("Ray (a sweep of jobs as distributed tasks, see verify/sweep.py)")
+    ray.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run the phases as Ray tasks: on a local cluster, or the one at ADDRESS",
+    )
+    ray.add_argument(
+        "--job",
+        action="append",
+        default=[],
+        metavar="DEPLOYMENT[:MODEL[:PROMPT_SET]]",
+        help="one gate run of the sweep (repeatable; implies --ray); PROMPT_SET names "
+        "prompts/<set>.txt",
+    )
+    ray.add_argument("--ray-cpus", type=_positive, help="CPUs of the local cluster (all cores)")
+    ray.add_argument(
+        "--sweep-timeout", type=float, default=3600.0, help="seconds the sweep may take in all"
+    )
     args = p.parse_args(argv)
+    if args.job and args.ray is None:
+        args.ray = ""
+    if not args.job and not args.runner:
+        p.error("--runner is required (or --job for a sweep)")
+    if args.job and args.runner:
+        p.error("--runner and --job exclude each other: name the deployment in each --job")
+    if args.ray is not None and (args.gate_phase != "auto" or args.prompts == "single"):
+        p.error("--ray runs the gate (--prompts topk_token) with --gate-phase auto")
     if args.gate_phase not in ("auto", "both") and args.work_dir is None:
         p.error(f"--gate-phase {args.gate_phase} needs --work-dir")
     return args
@@ -346,6 +376,16 @@ def run_compare(
     ctx: Context, reference: Capture, engine: Capture, truth: Capture | None = None
 ) -> int:
     """Judge, write the report, print the summary; the exit status."""
+    report = judge(ctx, reference, engine, truth)
+    if ctx.diagnose or ctx.args.no_strict or not report.has_failure():
+        return EXIT_OK
+    return EXIT_GATE_FAILED
+
+
+def judge(
+    ctx: Context, reference: Capture, engine: Capture, truth: Capture | None = None
+) -> Report:
+    """The compare phase: judge the captures, write the report, print its summary."""
     for capture in (reference, engine, truth):
         if capture is not None:
             check_matches(ctx, capture)
@@ -392,9 +432,7 @@ def run_compare(
         for note in report.notes:
             print(f"note: {note}")
     print(report.summary_line())
-    if ctx.diagnose or args.no_strict or not report.has_failure():
-        return EXIT_OK
-    return EXIT_GATE_FAILED
+    return report
 
 
 class PhaseFailed(Exception):
@@ -425,6 +463,8 @@ def spawn(argv: list[str], phase: str, work_dir: Path) -> None:
 
 def run(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.ray is not None:
+        return run_on_ray(args, argv)
     ctx = build_context(args)
     phase = args.gate_phase
     if phase in ("auto", "both", "compare"):
@@ -455,6 +495,38 @@ def run(argv: list[str]) -> int:
             spawn(argv, "truth", Path(tmp))
         spawn(argv, "capture", Path(tmp))
         return compare_saved(ctx, Path(tmp))
+
+
+def run_on_ray(args: argparse.Namespace, argv: list[str]) -> int:
+    """--ray: every --job (or this one command line) as Ray tasks; one summary table."""
+    from verify import sweep
+
+    common = _strip_ray_options(argv)
+    jobs = [sweep.parse_job(spec, common) for spec in args.job]
+    if not jobs:
+        jobs = [sweep.Job(f"{args.runner}:{args.model or ''}", common)]
+    return sweep.run(sys.modules[__name__], args, jobs)
+
+
+def _strip_ray_options(argv: list[str]) -> list[str]:
+    """The options every job shares: argv without the sweep's own."""
+    out, skip = [], False
+    takes_value = {"--job", "--ray-cpus", "--sweep-timeout"}
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in takes_value:
+            skip = "=" not in a
+            continue
+        if name == "--ray":
+            # --ray takes an optional ADDRESS: the next word unless it is an option.
+            nxt = argv[i + 1] if i + 1 < len(argv) else "-"
+            skip = "=" not in a and not nxt.startswith("-")
+            continue
+        out.append(a)
+    return out
 
 
 def compare_saved(ctx: Context, work: Path) -> int:

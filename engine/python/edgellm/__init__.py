@@ -9,7 +9,8 @@
     for text in edgellm.generate(context, prompt, max_tokens=32):
         print(text, end="", flush=True)
 
-Objects used before setup raise edgellm.Error.
+Objects used before setup raise edgellm.Error. Scheduler is edgellm_server's continuous
+batching over one Model (the Ray Serve replicas use it, llms/serve_ray/).
 """
 
 from ._core import (
@@ -17,14 +18,19 @@ from ._core import (
     Context,
     Error,
     Model,
+    RequestStream,
     Sampler,
     SamplerOptions,
+    Scheduler,
     Session,
     TextStream,
     Tokenizer,
     active_isa,
+    checkpoint_dir,
     decode_batch,
+    encode_conversation,
     generate,
+    model_store,
 )
 
 __all__ = [
@@ -32,12 +38,17 @@ __all__ = [
     "Context",
     "Error",
     "Model",
+    "RequestStream",
     "Sampler",
     "SamplerOptions",
+    "Scheduler",
     "Session",
     "TextStream",
     "Tokenizer",
     "active_isa",
+    "checkpoint_dir",
     "decode_batch",
+    "encode_conversation",
     "generate",
+    "model_store",
 ]

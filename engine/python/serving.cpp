@@ -1,0 +1,107 @@
+// The server's continuous-batching Scheduler in the Python binding, so that a
+// Python host (the Ray Serve replica, llms/serve_ray/) batches requests with the
+// same C++ loop as edgellm_server instead of re-implementing it in Python.
+#include "serving.h"
+
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <memory>
+
+#include "metrics.h"
+#include "scheduler.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// The Scheduler borrows its Metrics: both live (and die) together here.
+struct BatchScheduler {
+  edgellm::Metrics metrics;
+  std::unique_ptr<edgellm::Scheduler> scheduler;
+
+  BatchScheduler(const edgellm::Model& model, int max_batch, int max_queue, int prefill_chunk) {
+    edgellm::SchedulerOptions o;
+    o.max_batch = max_batch;
+    o.max_queue = max_queue;
+    o.prefill_chunk = prefill_chunk;
+    scheduler = std::make_unique<edgellm::Scheduler>(model, o, metrics);
+  }
+  ~BatchScheduler() {
+    nb::gil_scoped_release release;  // the join may wait for a running step
+    scheduler.reset();
+  }
+};
+
+}  // namespace
+
+void bind_serving(nb::module_& m) {
+  using edgellm::RequestStream;
+  nb::class_<RequestStream>(m, "RequestStream",
+                            "One request on a Scheduler: its text as it comes and its outcome.")
+      .def(
+          "wait",
+          [](RequestStream& s, int timeout_ms) {
+            std::string text;
+            bool done;
+            {
+              nb::gil_scoped_release release;
+              done = s.wait(text, std::chrono::milliseconds(timeout_ms));
+            }
+            return std::make_tuple(nb::bytes(text.data(), text.size()), done);
+          },
+          "timeout_ms"_a,
+          "Waits up to timeout_ms for news: (new text as UTF-8 bytes, finished). Bytes, because "
+          "a piece may end inside a character.")
+      .def("cancel", &RequestStream::cancel, "Stops the request before its next token.")
+      .def_prop_ro(
+          "finish_reason",
+          [](const RequestStream& s) { return std::string(edgellm::finish_reason_name(s.finish)); })
+      .def_prop_ro("error", [](const RequestStream& s) { return s.error; })
+      .def_prop_ro("prompt_tokens", [](const RequestStream& s) { return s.prompt_tokens; })
+      .def_prop_ro("completion_tokens", [](const RequestStream& s) { return s.completion_tokens; });
+
+  nb::class_<BatchScheduler>(m, "Scheduler",
+                             "edgellm_server's continuous batching over one Model: requests join "
+                             "and leave between steps, one batched decode step per iteration.")
+      .def(nb::init<const edgellm::Model&, int, int, int>(), "model"_a, "max_batch"_a = 8,
+           "max_queue"_a = 64, "prefill_chunk"_a = 256, nb::keep_alive<1, 2>())
+      .def(
+          "submit",
+          [](BatchScheduler& b, std::vector<int32_t> prompt, int max_tokens, float temperature,
+             int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
+             bool stop_at_eos) {
+            edgellm::GenerateOptions o;
+            o.max_tokens = max_tokens;
+            o.sampling = {temperature, top_k, top_p, seed};
+            o.stop_strings = std::move(stop);
+            o.stop_at_eos = stop_at_eos;
+            return b.scheduler->submit(std::move(prompt), std::move(o));
+          },
+          "prompt"_a, "max_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
+          "seed"_a = 0, "stop"_a = std::vector<std::string>{}, "stop_at_eos"_a = true,
+          "Queues a request; None when the queue is full or the scheduler is stopping.")
+      .def_prop_ro("stopping", [](const BatchScheduler& b) { return b.scheduler->stopping(); })
+      .def(
+          "load",
+          [](const BatchScheduler& b) {
+            const edgellm::Metrics::Snapshot s = b.metrics.load();
+            return std::make_tuple(s.active, s.waiting);
+          },
+          "(active, waiting) requests now.")
+      .def(
+          "metrics", [](const BatchScheduler& b) { return b.metrics.render(); },
+          "The scheduler's Prometheus text (tokens, queue, TTFT, inter-token latency).")
+      .def(
+          "shutdown",
+          [](BatchScheduler& b, int drain_ms) {
+            nb::gil_scoped_release release;
+            b.scheduler->shutdown(std::chrono::milliseconds(drain_ms));
+          },
+          "drain_ms"_a = 0,
+          "Refuses new requests, lets running ones finish for drain_ms, cancels the rest.");
+}

@@ -1,0 +1,258 @@
+"""The OpenAI-compatible API of `make serve` as data: requests, replies, errors (pydantic).
+
+One definition, used twice: the Ray Serve ingress (llms/serve_ray/) parses requests and builds
+replies with it, and the server tests (tests/test_server.py) check every reply of both servers
+(edgellm_server in C++ and the Ray one) against it. The rules mirror
+llms/common/server/server.cpp's: strict JSON types (a string is never coerced to a number),
+the same ranges, the same `param` names in errors.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MAX_BODY_BYTES = 1 << 20  # larger bodies get 413, as edgellm_server's --max-body
+ROLES = ("system", "user", "assistant", "developer")  # developer is read as system
+
+
+class ApiError(Exception):
+    """An OpenAI-style error reply: HTTP status, message, param, code."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(status, message, param, code)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict[str, Any]:
+        return ErrorReply(
+            error=ErrorDetail(
+                message=self.message, type=error_type(self.status), param=self.param, code=self.code
+            )
+        ).model_dump()
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"} if self.status in (429, 503) else {}
+
+
+def error_type(status: int) -> str:
+    """server.cpp's error_type(): the OpenAI error class of an HTTP status."""
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status == 503:
+        return "service_unavailable"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+# --- requests --------------------------------------------------------------------------------
+
+_STRICT = ConfigDict(strict=True, extra="allow")
+
+
+class TextPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = _STRICT
+    role: Literal[ROLES]  # type: ignore[valid-type]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool | None = None
+
+
+PositiveInt = Annotated[int, Field(ge=1, le=1 << 30)]
+
+
+class GenerationRequest(BaseModel):
+    """What /v1/chat/completions and /v1/completions share (model is checked before)."""
+
+    model_config = _STRICT
+    model: str
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=1 << 30)] | None = None
+    seed: int | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    ignore_eos: bool | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    n: Literal[1] | None = None
+
+    def limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatRequest(GenerationRequest):
+    messages: Annotated[list[Message], Field(min_length=1)]
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    """A pydantic error location as server.cpp names it: messages[0].content, temperature."""
+    if not loc:
+        return None
+    if loc[0] == "messages" and len(loc) >= 3 and isinstance(loc[1], int):
+        return f"messages[{loc[1]}].{loc[2]}"
+    return str(loc[0])
+
+
+def parse_request(body: bytes, chat: bool, model_name: str) -> ChatRequest | CompletionRequest:
+    """The request of a generation route, or the ApiError edgellm_server answers it with."""
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes")
+    import json
+
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    raw = {k: v for k, v in raw.items() if v is not None}  # null means absent, as in server.cpp
+    model = raw.get("model")
+    if model is None:
+        raise ApiError(400, "missing required field 'model'", "model")
+    if not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string", "model")
+    if model != model_name:
+        raise ApiError(
+            404,
+            f"The model '{model}' does not exist (this server has '{model_name}')",
+            "model",
+            "model_not_found",
+        )
+    if isinstance(raw.get("messages"), list):
+        raw["messages"] = [
+            {**m, "role": "system" if m.get("role") == "developer" else m.get("role")}
+            if isinstance(m, dict)
+            else m
+            for m in raw["messages"]
+        ]
+    try:
+        return (ChatRequest if chat else CompletionRequest).model_validate_json(json.dumps(raw))
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = _param(tuple(first["loc"]))
+        if first["type"] == "missing":
+            raise ApiError(400, f"missing required field '{param}'", param) from None
+        raise ApiError(400, f"'{param}': {first['msg']}", param) from None
+
+
+# --- replies ---------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: Annotated[str, Field(min_length=1)]
+    type: Annotated[str, Field(min_length=1)]
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorReply(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+
+
+class _Head(BaseModel):
+    id: str
+    created: int
+    model: str
+
+
+class ChatCompletion(_Head):
+    object: Literal["chat.completion"]
+    choices: Annotated[list[ChatChoice], Field(min_length=1, max_length=1)]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int
+    delta: Delta
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionChunk(_Head):
+    object: Literal["chat.completion.chunk"]
+    choices: Annotated[list[ChunkChoice], Field(max_length=1)]
+    usage: Usage | None = None
+
+
+class TextChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class Completion(_Head):
+    """A /v1/completions reply, whole or one streamed chunk (OpenAI uses one shape)."""
+
+    object: Literal["text_completion"]
+    choices: Annotated[list[TextChoice], Field(max_length=1)]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: Annotated[list[ModelCard], Field(min_length=1)]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    active: int
+    waiting: int

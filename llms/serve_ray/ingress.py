@@ -1,0 +1,244 @@
+"""The OpenAI-compatible ingress on Ray Serve: `make serve`'s routes, replies and errors.
+
+Requests are parsed with the shared schema (common/server/openai_schema.py, the one the
+server tests check both servers against), then streamed from a model replica through a Ray
+Serve handle. A replica that dies under a request ends it with a clean 503 (an SSE error
+event once a stream has started); the ingress itself keeps serving, and Serve routes new
+requests to the live replicas while it restarts the dead one.
+"""
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray.exceptions
+from common.server.openai_schema import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    parse_request,
+)
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+from starlette.exceptions import HTTPException
+
+app = FastAPI(title="edgellm on Ray Serve", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
+
+
+@app.exception_handler(HTTPException)
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Statuses FastAPI sets itself (no route, wrong method) in the same JSON shape."""
+    message = f"HTTP error {exc.status_code}"
+    if exc.status_code == 404:
+        message = f"no route for {request.method} {request.url.path}"
+    return error_response(ApiError(exc.status_code, message))
+
+
+def as_api_error(e: BaseException) -> ApiError:
+    """A replica's ApiError as it was raised; a dead replica or other failure as a 5xx."""
+    cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else e
+    if isinstance(cause, ApiError):
+        return cause
+    if isinstance(e, BackPressureError):
+        return ApiError(429, "the request queue is full; retry later", None, "queue_full")
+    if isinstance(e, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError):
+        return ApiError(503, "the replica serving this request died; retry", None, "replica_died")
+    first = str(cause).strip().splitlines()
+    return ApiError(500, f"internal error: {first[-1] if first else type(cause).__name__}")
+
+
+def job_of(r: ChatRequest | CompletionRequest) -> dict[str, Any]:
+    """What the replica needs, as plain data (OpenAI's defaults as server.cpp applies them)."""
+    job: dict[str, Any] = {
+        "max_tokens": r.limit(),
+        "temperature": 1.0 if r.temperature is None else r.temperature,
+        "top_k": r.top_k or 0,
+        "top_p": 1.0 if r.top_p is None else r.top_p,
+        "seed": (r.seed if r.seed is not None else random.getrandbits(64)) % (1 << 64),
+        "stop": r.stop_strings(),
+        "stop_at_eos": not r.ignore_eos,
+    }
+    if isinstance(r, ChatRequest):
+        job["messages"] = [(m.role, m.text()) for m in r.messages]
+    else:
+        job["prompt"] = r.text()
+    return job
+
+
+def usage(last: dict[str, Any]) -> dict[str, int]:
+    p, c = last["prompt_tokens"], last["completion_tokens"]
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+async def sse(
+    events: Any, head: dict[str, Any], chat: bool, include_usage: bool, ended: Any
+) -> AsyncIterator[str]:
+    """server.cpp's event stream: a role chunk (chat), text chunks, a last chunk with the
+    finish_reason and usage, the usage chunk if asked, then [DONE]."""
+
+    def chunk(text: str, finish: str | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if chat:
+            if not text and finish is None:
+                choice["delta"] = {"role": "assistant", "content": ""}
+            else:
+                choice["delta"] = {"content": text} if finish is None else {}
+        else:
+            choice.update(text=text, logprobs=None)
+        return {**head, "choices": [choice]}
+
+    def data(obj: dict[str, Any]) -> str:
+        return f"data: {json.dumps(obj)}\n\n"
+
+    try:
+        if chat:
+            yield data(chunk("", None))
+        async for event in events:
+            if "text" in event:
+                yield data(chunk(event["text"], None))
+            elif "finish_reason" in event:
+                if event["error"]:
+                    yield data({"error": {"message": event["error"], "type": "server_error"}})
+                else:
+                    yield data({**chunk("", event["finish_reason"]), "usage": usage(event)})
+                    if include_usage:
+                        yield data({**head, "choices": [], "usage": usage(event)})
+        yield "data: [DONE]\n\n"
+    except Exception as e:  # noqa: BLE001 - the replica died mid-stream: say so, then end
+        err = as_api_error(e)
+        yield data({"error": {"message": err.message, "type": "server_error", "code": err.code}})
+        yield "data: [DONE]\n\n"
+    finally:
+        events.cancel()  # a client gone mid-stream frees its sequence in the replica
+        ended()
+
+
+# After the helpers: Ray pickles this (decorated, so dynamic) class with the globals it sees.
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+@serve.ingress(app)
+class OpenAIIngress:
+    def __init__(self, replica: Any, model_name: str) -> None:
+        self.replica = replica
+        self.name = model_name
+        self.next_id = 1
+        self.max_context: int | None = None
+        self.inflight = 0  # generation requests not yet answered in full (streams included)
+        self.draining = False
+
+    async def drain(self, seconds: float) -> int:
+        """Shutdown, as edgellm_server's SIGTERM: new requests get 503, running ones get up to
+        `seconds` to finish; returns how many were still running."""
+        self.draining = True
+        deadline = time.monotonic() + seconds
+        while self.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.inflight
+
+    @app.get("/v1/models")
+    async def models(self) -> Response:
+        if self.max_context is None:
+            try:
+                self.max_context = (await self.replica.info.remote())["max_context"]
+            except Exception as e:  # noqa: BLE001
+                return error_response(as_api_error(e))
+        card = ModelCard(
+            id=self.name,
+            object="model",
+            created=int(time.time()),
+            owned_by="edgellm",
+            max_model_len=self.max_context,
+        )
+        return JSONResponse(ModelList(object="list", data=[card]).model_dump())
+
+    @app.get("/health")
+    async def health(self) -> Response:
+        if self.draining:
+            return error_response(ApiError(503, "the server is shutting down"))
+        try:
+            active, waiting = await self.replica.load.remote()
+        except Exception as e:  # noqa: BLE001
+            return error_response(as_api_error(e))
+        return JSONResponse({"status": "ok", "active": active, "waiting": waiting})
+
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        """One replica's scheduler metrics (Ray's own cover the cluster: docs/scale_out.md)."""
+        try:
+            text = await self.replica.metrics.remote()
+        except Exception as e:  # noqa: BLE001
+            return error_response(as_api_error(e))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions")
+    async def chat(self, request: Request) -> Response:
+        return await self.generate(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        return await self.generate(request, chat=False)
+
+    async def generate(self, request: Request, chat: bool) -> Response:
+        if self.draining:
+            return error_response(ApiError(503, "the server is shutting down"))
+        self.inflight += 1
+        streaming = False
+        try:
+            response = await self.answer(request, chat)
+            streaming = isinstance(response, StreamingResponse)
+            return response
+        finally:
+            if not streaming:  # a stream counts itself out when it ends (sse's finally)
+                self.inflight -= 1
+
+    def stream_ended(self) -> None:
+        self.inflight -= 1
+
+    async def answer(self, request: Request, chat: bool) -> Response:
+        try:
+            r = parse_request(await request.body(), chat, self.name)
+        except ApiError as e:
+            return error_response(e)
+        head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{self.next_id}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.name,
+        }
+        self.next_id += 1
+        if r.stream:
+            events = self.replica.options(stream=True).generate.remote(job_of(r))
+            try:
+                await events.__anext__()  # admitted, or the replica's error as a status
+            except Exception as e:  # noqa: BLE001
+                return error_response(as_api_error(e))
+            head["object"] = "chat.completion.chunk" if chat else "text_completion"
+            include_usage = bool(r.stream_options and r.stream_options.include_usage)
+            return StreamingResponse(
+                sse(events, head, chat, include_usage, self.stream_ended),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        try:  # not streamed: one call, one reply (a stream's per-piece hops cost ~3 ms each)
+            last = await self.replica.complete.remote(job_of(r))
+        except Exception as e:  # noqa: BLE001
+            return error_response(as_api_error(e))
+        if last["error"]:
+            return error_response(ApiError(500, last["error"]))
+        choice: dict[str, Any] = {"index": 0, "finish_reason": last["finish_reason"]}
+        if chat:
+            head["object"] = "chat.completion"
+            choice["message"] = {"role": "assistant", "content": last["text"]}
+        else:
+            choice.update(text=last["text"], logprobs=None)
+        return JSONResponse({**head, "choices": [choice], "usage": usage(last)})

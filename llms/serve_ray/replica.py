@@ -1,0 +1,157 @@
+"""One Ray Serve replica: one edgellm Model and the server's continuous-batching Scheduler.
+
+The batching is the C++ Scheduler of edgellm_server, through the binding (edgellm.Scheduler):
+requests join and leave between steps and one decode step serves every running sequence.
+Python here only turns a validated request into prompt tokens and streams the text back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import os
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from common.server.openai_schema import ApiError
+
+
+def engine() -> Any:
+    """The installed `edgellm` package, else the build tree's binding (the same module)."""
+    try:
+        import edgellm
+
+        if hasattr(edgellm, "Scheduler"):
+            return edgellm
+    except ImportError:
+        pass
+    import edgellm_py
+
+    return edgellm_py
+
+
+class EdgeLLMReplica:
+    def __init__(
+        self,
+        model_path: str,
+        threads: int,
+        max_context: int,
+        parallel: int,
+        queue: int,
+        prefill_chunk: int,
+    ) -> None:
+        eg = engine()
+        self.model = eg.Model()
+        self.model.setup(model_path, threads=threads, max_context=max_context)
+        self.scheduler = eg.Scheduler(self.model, parallel, queue, prefill_chunk)
+        self.encode_conversation = eg.encode_conversation
+        # Threads that wait on RequestStream.wait (the GIL released): one per admitted or
+        # queued request, so no stream waits behind another.
+        self.waiters = ThreadPoolExecutor(parallel + queue + 2, thread_name_prefix="edgellm-wait")
+
+    def info(self) -> dict[str, Any]:
+        return {"max_context": self.model.max_context, "pid": os.getpid()}
+
+    def load(self) -> tuple[int, int]:
+        return self.scheduler.load()
+
+    def metrics(self) -> str:
+        return self.scheduler.metrics()
+
+    def prompt_tokens(self, job: dict[str, Any]) -> list[int]:
+        if "messages" in job:
+            if not self.model.chat_template.available():
+                raise ApiError(
+                    400, "this model has no chat template; use /v1/completions", "messages"
+                )
+            try:
+                return self.encode_conversation(
+                    self.model.tokenizer, self.model.chat_template, job["messages"], True
+                )
+            except Exception as e:  # the engine's one-line reason
+                raise ApiError(400, str(e), "messages") from None
+        ids = self.model.tokenizer.encode(job["prompt"], True)
+        if not ids:
+            raise ApiError(400, "'prompt' is empty", "prompt")
+        return ids
+
+    def max_tokens(self, prompt: list[int], asked: int | None) -> int:
+        """server.cpp's rule: what fits in the context, or 400 context_length_exceeded."""
+        context = self.model.max_context
+        room = max(0, context - len(prompt))
+        if room == 0 or (asked is not None and asked > room):
+            n = asked or 0
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {context} tokens. However, you "
+                f"requested {len(prompt) + n} tokens ({len(prompt)} in the prompt, {n} for the "
+                "completion).",
+                "max_tokens" if asked else "messages",
+                "context_length_exceeded",
+            )
+        return asked or room
+
+    def submit(self, job: dict[str, Any]) -> Any:
+        prompt = self.prompt_tokens(job)
+        stream = self.scheduler.submit(
+            prompt,
+            self.max_tokens(prompt, job["max_tokens"]),
+            temperature=job["temperature"],
+            top_k=job["top_k"],
+            top_p=job["top_p"],
+            seed=job["seed"],
+            stop=job["stop"],
+            stop_at_eos=job["stop_at_eos"],
+        )
+        if stream is None:
+            if self.scheduler.stopping:
+                raise ApiError(503, "the server is shutting down")
+            raise ApiError(429, "the request queue is full; retry later", None, "queue_full")
+        return stream
+
+    @staticmethod
+    def outcome(stream: Any) -> dict[str, Any]:
+        return {
+            "finish_reason": "length" if stream.finish_reason == "length" else "stop",
+            "error": stream.error,
+            "prompt_tokens": stream.prompt_tokens,
+            "completion_tokens": stream.completion_tokens,
+        }
+
+    async def complete(self, job: dict[str, Any]) -> dict[str, Any]:
+        """A whole completion in one call: {"text"} and the outcome (one Ray round trip)."""
+        stream = self.submit(job)
+        loop = asyncio.get_running_loop()
+        data, done = b"", False
+        try:
+            while not done:
+                piece, done = await loop.run_in_executor(self.waiters, stream.wait, 1000)
+                data += piece
+        except BaseException:  # cancelled (the client went away): free the slot
+            stream.cancel()
+            raise
+        return {"text": data.decode("utf-8", "replace"), **self.outcome(stream)}
+
+    async def generate(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Events: {"prompt_tokens"} once admitted, {"text"} pieces, then the outcome."""
+        stream = self.submit(job)
+        yield {"prompt_tokens": stream.prompt_tokens}
+        loop = asyncio.get_running_loop()
+        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        try:
+            done = False
+            while not done:
+                data, done = await loop.run_in_executor(self.waiters, stream.wait, 1000)
+                text = utf8.decode(data, final=done)
+                if text:
+                    yield {"text": text}
+        except BaseException:  # the client went away (Ray cancels this generator): free the slot
+            stream.cancel()
+            raise
+        yield self.outcome(stream)
+
+    def __del__(self) -> None:
+        scheduler = getattr(self, "scheduler", None)
+        if scheduler is not None:
+            scheduler.shutdown(0)
