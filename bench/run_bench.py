@@ -70,12 +70,13 @@ def time_ours(model_dir: Path, reps: int, model: Path | None = None) -> dict:
         ids = prompt_ids(model_dir, n)
         tps = []
         for _ in range(reps):
-            logits = session.prefill(ids)
-            tok = int(logits.argmax())
-            t0 = time.perf_counter()
-            for pos in range(len(ids), len(ids) + DECODE_STEPS):
-                tok = int(session.decode_step(tok, pos).argmax())
-            tps.append(DECODE_STEPS / (time.perf_counter() - t0))
+            # The programs' generate() loop and decode clock: greedy, DECODE_STEPS steps after
+            # the prefill's token, past EOS unseen (--ignore-eos), timed in the engine.
+            run = edgellm_py.generate_timed(
+                session.context, ids, max_tokens=DECODE_STEPS + 1, decode_past_stop=True
+            )
+            assert run.decode_steps == DECODE_STEPS, run.decode_steps
+            tps.append(run.decode_steps / (run.decode_ms / 1e3))
         out[f"tps_{n}"] = statistics.median(tps)
     return out
 

@@ -42,6 +42,17 @@ def test_two_turns_then_eof(smollm2_bin: Path) -> None:
     assert "Rome" in answers[1], answers[1]
 
 
+def test_stop_string_ends_each_reply(smollm2_bin: Path) -> None:
+    """The chat generates through generate(): its --stop strings cut every reply."""
+    plain = replies(chat(smollm2_bin, "What is the capital of France?\n").stdout)
+    assert "Paris" in plain[0], plain
+    proc = chat(smollm2_bin, "What is the capital of France?\nAnd of Italy?\n", "--stop", "is")
+    assert proc.returncode == 0, proc.stderr
+    cut = replies(proc.stdout)
+    assert cut[0] == plain[0][: plain[0].index("is")].strip(), cut
+    assert len(cut) == 2 and " is " not in f" {cut[1]} ", cut
+
+
 def test_reset_forgets_the_conversation(smollm2_bin: Path) -> None:
     """After /reset the same question gets the same answer as in a fresh session."""
     fresh = replies(chat(smollm2_bin, "Name a color.\n").stdout)

@@ -70,6 +70,21 @@ def test_tps_over_all_n_tokens_with_ignore_eos(smollm2_bin: Path) -> None:
     assert f"TPS over {stopped['decode_steps']} steps only" in early.stderr, early.stderr
 
 
+def test_stop_string_ends_the_answer(smollm2_bin: Path) -> None:
+    """--stop goes to generate(): the answer is cut before it; --ignore-eos still times all."""
+    plain = as_json(smollm2_bin, "--n-tokens", "20")
+    assert "Paris" in plain["answer"] and not plain["stopped_at_stop_string"]
+    cut = as_json(smollm2_bin, "--n-tokens", "20", "--stop", "Paris", "--stop", "Berlin")
+    assert cut["answer"] == plain["answer"][: plain["answer"].index("Paris")]
+    assert cut["stopped_at_stop_string"] and not cut["stopped_at_eos"]
+    assert cut["decode_steps"] < plain["decode_steps"]
+    timed = as_json(smollm2_bin, "--n-tokens", "20", "--stop", "Paris", "--ignore-eos")
+    assert timed["answer"] == cut["answer"] and timed["decode_steps"] == 19
+    text = run(smollm2_bin, "--n-tokens", "20", "--stop", "Paris")
+    assert text.stdout.strip() == cut["answer"].strip()
+    assert "ended at a --stop string" in text.stderr, text.stderr
+
+
 def test_greedy_is_temperature_zero(smollm2_bin: Path) -> None:
     greedy = as_json(smollm2_bin, "--n-tokens", "10", "--prompt", "Tell me about cats.")
     zero = as_json(

@@ -158,6 +158,12 @@ const std::vector<KernelInfo>& registered_kernels() {
        "avx512/amx (bf16x2: 2 parts on amx)",
        "any rows x cols x n (0 included)",
        all},
+      {"matmul_rows",
+       {S, A2, A5, AMX},
+       "as matmul; n tokens (decode_batch), each row bit-identical to the n == 1 GEMV of its "
+       "layout, the weights read once for all n",
+       "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel",
+       all},
       {"matmul_i8",
        {S, A2, A5},
        "W int8 + fp32 scale per 32 or 16 (GGUF Q8_0/Q5_0/Q6_K repacked), x/y fp32 (default)",
@@ -263,9 +269,12 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
 }
 
 void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
-  if (w.isa == Isa::avx2)
+  if (!w.quant && w.isa == Isa::avx2)
     return avx512::available() ? avx512::matmul_rows(w, x, n, y, pool)
                                : avx2::matmul_rows(w, x, n, y, pool);
+  // The avx512 and amx layouts are one; their n == 1 GEMV is avx512's (amx
+  // starts at kMinTokens), so the batch follows that GEMV's order.
+  if (!w.quant && w.isa >= Isa::avx512) return avx512::matmul_rows_vnni(w, x, n, y, pool);
   // Any other layout: one n == 1 call per row is identical by definition.
   for (size_t t = 0; t < n; ++t) matmul(w, x + t * w.cols, 1, y + t * w.rows, pool);
 }

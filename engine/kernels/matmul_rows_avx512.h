@@ -1,5 +1,7 @@
-// AVX-512 batched decode over the AVX2 panel layout (matmul_rows_avx512.cpp):
-// used by kernels::matmul_rows when the CPU and the OS support AVX-512F.
+// AVX-512 batched decode (matmul_rows_avx512.cpp), used by kernels::matmul_rows:
+// over the AVX2 panel layout when the CPU and the OS support AVX-512F, and over
+// the VNNI-pair layout (avx512 / amx packing). Each output row is bit-identical
+// to the n == 1 GEMV of the matrix's layout.
 #pragma once
 
 #include "kernels/kernels.h"
@@ -8,5 +10,7 @@ namespace edgellm::kernels::avx512 {
 
 bool available();  // cpuid AVX512F with the OS saving ZMM state
 void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+// w packed in the VNNI-pair layout (vnni::pack); call only when AVX-512 runs.
+void matmul_rows_vnni(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 
 }  // namespace edgellm::kernels::avx512

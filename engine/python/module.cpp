@@ -46,46 +46,36 @@ FloatMatrix to_numpy(std::vector<float>&& values, size_t rows, size_t cols) {
   return FloatMatrix(data->data(), {rows, cols}, owner);
 }
 
-// A running generate(): each __next__ runs one engine step (the prefill
+// A running generate(): each __next__ runs one Generator step (the prefill
 // first) with the GIL released and returns the text that became final.
 class TextStream {
  public:
   TextStream(edgellm::Context& context, std::vector<int32_t> prompt,
              const edgellm::GenerateOptions& options, int start_pos)
-      : context_(&context),
-        prompt_(std::move(prompt)),
-        gen_(context.tokenizer(), context.config(), options),
-        pos_(start_pos) {
-    if (prompt_.empty()) throw edgellm::Error("generate needs at least one prompt token");
-  }
+      : gen_(context, std::move(prompt), options, start_pos) {}
 
   std::string next() {
     if (gen_.done()) throw nb::stop_iteration();
     nb::gil_scoped_release release;
-    edgellm::Generation::Step step;
-    if (!started_) {
-      started_ = true;
-      step = gen_.next(context_->prefill(prompt_, pos_));
-      pos_ += static_cast<int>(prompt_.size());
-    } else if (pos_ >= context_->max_context()) {
-      step = gen_.finish(edgellm::FinishReason::length);
-    } else {
-      step = gen_.next(context_->decode_step(last_, pos_++));
-    }
-    last_ = step.token;
-    return step.text;
+    return gen_.step().text;
   }
 
-  const edgellm::Generation& generation() const { return gen_; }
-  int position() const { return pos_; }
+  const edgellm::Generation& generation() const { return gen_.generation(); }
+  int position() const { return gen_.position(); }
 
  private:
-  edgellm::Context* context_;
-  std::vector<int32_t> prompt_;
-  edgellm::Generation gen_;
-  int pos_;
-  int32_t last_ = -1;
-  bool started_ = false;
+  edgellm::Generator gen_;
+};
+
+// generate() run to the end, with its timing and, on request, every sampled
+// token's logits (the verify gate's per-step records) and the prefill capture.
+struct GenerateRun {
+  edgellm::GenerateResult result;
+  std::vector<int32_t> sampled;  // every sampled token: output, stop and unseen ones
+  std::vector<float> logits;     // [sampled.size() * vocab] when recorded
+  size_t vocab = 0;
+  bool captured = false;
+  edgellm::PrefillCapture capture;
 };
 
 }  // namespace
@@ -274,6 +264,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
             return to_numpy(logits);
           },
           "token"_a, "pos"_a)
+      .def_prop_ro(
+          "context", [](edgellm::Session& s) -> edgellm::Context& { return s.context(); },
+          nb::rv_policy::reference_internal, "the Session's one Context (for generate())")
       .def_prop_ro("tokenizer", &edgellm::Session::tokenizer, nb::rv_policy::reference_internal)
       .def_prop_ro("chat_template", &edgellm::Session::chat_template,
                    nb::rv_policy::reference_internal)
@@ -452,5 +445,93 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "decode step per iteration, until EOS / a stop token or string / max_tokens / the end of "
       "the context. The iterator's finish_reason, tokens and text tell the outcome.");
 
+  nb::class_<GenerateRun>(m, "GenerateResult", "What generate_timed() produced and measured.")
+      .def_prop_ro(
+          "tokens", [](const GenerateRun& r) { return r.result.tokens; },
+          "generated ids, the stop token excluded")
+      .def_prop_ro("text", [](const GenerateRun& r) { return r.result.text; })
+      .def_prop_ro("finish_reason",
+                   [](const GenerateRun& r) {
+                     return std::string(edgellm::finish_reason_name(r.result.finish));
+                   })
+      .def_prop_ro("prompt_tokens", [](const GenerateRun& r) { return r.result.prompt_tokens; })
+      .def_prop_ro(
+          "ttft_ms", [](const GenerateRun& r) { return r.result.ttft_ms; },
+          "prefill and the first token's sampling")
+      .def_prop_ro("decode_ms", [](const GenerateRun& r) { return r.result.decode_ms; })
+      .def_prop_ro("decode_steps", [](const GenerateRun& r) { return r.result.decode_steps; })
+      .def_prop_ro(
+          "end_pos", [](const GenerateRun& r) { return r.result.end_pos; },
+          "positions [0, end_pos) are in the context's cache")
+      .def_prop_ro(
+          "sampled", [](const GenerateRun& r) { return r.sampled; },
+          "every sampled id in order: output, the stop token, unseen ones")
+      .def_prop_ro(
+          "logits",
+          [](const GenerateRun& r) -> nb::object {
+            if (r.vocab == 0) return nb::none();
+            std::vector<float> copy = r.logits;
+            return nb::cast(to_numpy(std::move(copy), r.sampled.size(), r.vocab));
+          },
+          "[len(sampled), vocab] float32: the logits each sampled id came from (record_logits)")
+      .def_prop_ro(
+          "layer_outputs",
+          [](const GenerateRun& r) -> nb::object {
+            if (!r.captured) return nb::none();
+            const size_t hidden = r.capture.final_hidden.size() / r.result.prompt_tokens;
+            nb::list layers;
+            for (std::vector<float> l : r.capture.layer_outputs)
+              layers.append(to_numpy(std::move(l), r.result.prompt_tokens, hidden));
+            return layers;
+          },
+          "the prefill's residual stream after each layer, [prompt, hidden] (capture)")
+      .def_prop_ro(
+          "final_hidden",
+          [](const GenerateRun& r) -> nb::object {
+            if (!r.captured) return nb::none();
+            const size_t rows = r.result.prompt_tokens, cols = r.capture.final_hidden.size() / rows;
+            std::vector<float> copy = r.capture.final_hidden;
+            return nb::cast(to_numpy(std::move(copy), rows, cols));
+          },
+          "the prefill's hidden states after the final norm, [prompt, hidden] (capture)");
+
+  m.def(
+      "generate_timed",
+      [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
+         int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
+         std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, bool decode_past_stop,
+         bool record_logits, bool capture) {
+        edgellm::GenerateOptions o;
+        o.max_tokens = max_tokens;
+        o.sampling = {temperature, top_k, top_p, seed};
+        o.stop_strings = std::move(stop);
+        o.stop_tokens = std::move(stop_tokens);
+        o.stop_at_eos = stop_at_eos;
+        o.decode_past_stop = decode_past_stop;
+        GenerateRun run;
+        GenerateRun* r = &run;  // the hook fills it; `run` outlives the generate() call
+        if (record_logits) r->vocab = static_cast<size_t>(context.config().vocab_size);
+        o.on_sample = [r](std::span<const float> logits, int32_t token) {
+          r->sampled.push_back(token);
+          if (r->vocab) r->logits.insert(r->logits.end(), logits.begin(), logits.end());
+        };
+        if (capture) {
+          r->captured = true;
+          o.capture = &r->capture;
+        }
+        {
+          nb::gil_scoped_release release;
+          r->result = edgellm::generate(context, prompt, o, {}, start_pos);
+        }
+        return run;
+      },
+      "context"_a, "prompt"_a, "max_tokens"_a = 100, "temperature"_a = 0.0f, "top_k"_a = 0,
+      "top_p"_a = 1.0f, "seed"_a = 0, "stop"_a = std::vector<std::string>{},
+      "stop_tokens"_a = std::vector<int32_t>{}, "stop_at_eos"_a = true, "start_pos"_a = 0,
+      "decode_past_stop"_a = false, "record_logits"_a = false, "capture"_a = false,
+      "Runs generate() to the end with the GIL released: the programs' loop and timing "
+      "(ttft_ms = prefill + first token, decode_ms over decode_steps). decode_past_stop keeps "
+      "decoding, unseen, after a stop until max_tokens were sampled (--ignore-eos); "
+      "record_logits keeps every sampled token's logits; capture the prefill's layer outputs.");
   bind_serving(m);  // the server's continuous-batching Scheduler
 }

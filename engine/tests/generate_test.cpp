@@ -1,14 +1,19 @@
 // Generation's per-token rules on a 5-token vocabulary, driven by hand-made
 // logits (greedy): stop strings across token boundaries are held back and
 // cut, EOS and stop tokens end without output, max_tokens and cancel finish.
+// Then generate() / Generator on a tiny random model: the same tokens as a
+// hand-written prefill + decode_step loop, the per-sample hook, decoding past
+// a stop (--ignore-eos), the callback's stop, the end of the context.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
 #include "edgellm/error.h"
 #include "edgellm/generate.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace edgellm {
 namespace {
@@ -104,6 +109,148 @@ TEST(Generation, CancelAndFinishFlushTheHeldText) {
   EXPECT_EQ(g.finish_reason(), FinishReason::cancelled);
   EXPECT_THROW(g.next(pick(0)), Error);
   EXPECT_THROW(Generation(tok, cfg, GenerateOptions{.max_tokens = 0}), Error);
+}
+
+// ---- generate() over a real Context -------------------------------------------
+
+// A Session on a tiny random Llama whose vocabulary is the test tokenizer's 26 ids.
+Session tiny_session(int max_context = 64) {
+  const testing::TinyModel m = testing::write_tiny_session_model(R"(, "vocab_size": 26)");
+  Session s;
+  s.setup(m.dir, {.threads = 2, .max_context = max_context});
+  return s;
+}
+
+const std::vector<int32_t> kPrompt = {24, 15, 7, 19};
+
+// The seed's hand-written greedy loop: n sampled tokens, no stop rules.
+std::vector<int32_t> hand_loop(Session& s, int n) {
+  Sampler sampler({});
+  std::vector<int32_t> out = {sampler.sample(s.prefill(kPrompt))};
+  for (int pos = static_cast<int>(kPrompt.size()); static_cast<int>(out.size()) < n; ++pos)
+    out.push_back(sampler.sample(s.decode_step(out.back(), pos)));
+  return out;
+}
+
+TEST(Generate, MatchesTheHandLoopAndReportsEveryStep) {
+  Session s = tiny_session();
+  const std::vector<int32_t> expected = hand_loop(s, 10);
+  GenerateOptions o;
+  o.max_tokens = 10;
+  o.stop_at_eos = false;
+  std::vector<int32_t> sampled, streamed;
+  size_t logits_seen = 0;
+  o.on_sample = [&](std::span<const float> logits, int32_t token) {
+    EXPECT_EQ(logits.size(), 26u);
+    ++logits_seen;
+    sampled.push_back(token);
+  };
+  const GenerateResult r = generate(s.context(), kPrompt, o, [&](int32_t token, std::string_view) {
+    streamed.push_back(token);
+    return true;
+  });
+  EXPECT_EQ(r.tokens, expected);
+  EXPECT_EQ(sampled, expected);
+  EXPECT_EQ(streamed, expected);
+  EXPECT_EQ(logits_seen, 10u);
+  EXPECT_EQ(r.finish, FinishReason::length);
+  EXPECT_EQ(r.decode_steps, 9);  // the first token comes from the prefill
+  EXPECT_EQ(r.end_pos, static_cast<int>(kPrompt.size()) + 9);
+  EXPECT_EQ(r.prompt_tokens, kPrompt.size());
+  EXPECT_GT(r.ttft_ms, 0.0);
+}
+
+TEST(Generate, DecodesPastAStopUnseenOnlyWhenAsked) {
+  Session s = tiny_session();
+  const std::vector<int32_t> expected = hand_loop(s, 12);
+  // Stop at the first token that did not occur before it (from the third on).
+  size_t k = 2;
+  while (std::find(expected.begin(), expected.begin() + k, expected[k]) != expected.begin() + k)
+    ++k;
+  ASSERT_LT(k, expected.size() - 1) << "the tiny model repeats itself: pick another prompt";
+  for (const bool past : {false, true}) {
+    GenerateOptions o;
+    o.max_tokens = 12;
+    o.stop_tokens = {expected[k]};
+    o.stop_at_eos = false;
+    o.decode_past_stop = past;
+    std::vector<int32_t> sampled, streamed;
+    o.on_sample = [&](std::span<const float>, int32_t token) { sampled.push_back(token); };
+    const GenerateResult r =
+        generate(s.context(), kPrompt, o, [&](int32_t token, std::string_view) {
+          streamed.push_back(token);
+          return true;
+        });
+    EXPECT_EQ(r.finish, FinishReason::stop);
+    EXPECT_EQ(r.tokens, std::vector<int32_t>(expected.begin(), expected.begin() + k));
+    // The callback sees the output and the stop step, never the unseen tokens.
+    EXPECT_EQ(streamed, std::vector<int32_t>(expected.begin(), expected.begin() + k + 1));
+    const size_t n = past ? 12 : k + 1;
+    EXPECT_EQ(sampled, std::vector<int32_t>(expected.begin(), expected.begin() + n)) << past;
+    EXPECT_EQ(r.decode_steps, static_cast<int>(n) - 1) << past;
+  }
+}
+
+TEST(Generate, TheCallbackEndsItAndTheCacheSaysWhatRan) {
+  Session s = tiny_session();
+  const std::vector<int32_t> expected = hand_loop(s, 6);
+  GenerateOptions o;
+  o.max_tokens = 50;
+  o.stop_at_eos = false;
+  int calls = 0;
+  const GenerateResult r =
+      generate(s.context(), kPrompt, o, [&](int32_t, std::string_view) { return ++calls < 3; });
+  EXPECT_EQ(r.finish, FinishReason::cancelled);
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(expected.begin(), expected.begin() + 3));
+  EXPECT_EQ(r.end_pos, static_cast<int>(kPrompt.size()) + 2);  // the third token never ran
+}
+
+TEST(Generate, EndsAtTheEndOfTheContext) {
+  Session s = tiny_session(/*max_context=*/9);
+  GenerateOptions o;
+  o.max_tokens = 50;
+  o.stop_at_eos = false;
+  o.decode_past_stop = true;  // no stop here: nothing to decode past
+  const GenerateResult r = generate(s.context(), kPrompt, o);
+  EXPECT_EQ(r.finish, FinishReason::length);
+  EXPECT_EQ(r.end_pos, 9);
+  EXPECT_EQ(r.tokens.size(), 9 - kPrompt.size() + 1);  // the last sampled token needs no slot
+  EXPECT_EQ(r.decode_steps, 9 - static_cast<int>(kPrompt.size()));
+}
+
+TEST(Generate, ContinuesAConversationAtStartPos) {
+  Session s = tiny_session();
+  const std::vector<int32_t> expected = hand_loop(s, 8);
+  // The prompt's first two tokens are already cached: prefill only the rest.
+  Session t = tiny_session();
+  t.prefill(std::span<const int32_t>(kPrompt.data(), 2));
+  GenerateOptions o;
+  o.max_tokens = 8;
+  o.stop_at_eos = false;
+  const std::span<const int32_t> rest(kPrompt.data() + 2, kPrompt.size() - 2);
+  EXPECT_EQ(generate(t.context(), rest, o, {}, 2).tokens, expected);
+}
+
+TEST(Generator, StepsOneEngineStepAtATimeAndRefusesBadInput) {
+  Session s = tiny_session(/*max_context=*/16);
+  const std::vector<int32_t> expected = hand_loop(s, 3);
+  GenerateOptions o;
+  o.max_tokens = 3;
+  o.stop_at_eos = false;
+  Generator g(s.context(), kPrompt, o);
+  EXPECT_FALSE(g.done());
+  EXPECT_EQ(g.step().token, expected[0]);
+  EXPECT_EQ(g.position(), static_cast<int>(kPrompt.size()));
+  EXPECT_EQ(g.step().token, expected[1]);
+  const Generation::Step last = g.step();
+  EXPECT_EQ(last.token, expected[2]);
+  EXPECT_TRUE(last.done && g.done());
+  EXPECT_THROW(g.step(), Error);
+  EXPECT_THROW(Generator(s.context(), {}, o), Error);
+  EXPECT_THROW(Generator(s.context(), std::vector<int32_t>(17, 1), o), Error);
+  EXPECT_THROW(Generator(s.context(), kPrompt, o, /*start_pos=*/13), Error);
+  Context empty;
+  EXPECT_THROW(Generator(empty, kPrompt, o), Error);
 }
 
 }  // namespace

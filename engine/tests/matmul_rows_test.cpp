@@ -19,9 +19,12 @@
 namespace edgellm::kernels {
 namespace {
 
+// Every layout this CPU can run: scalar, avx2 panels, the VNNI pairs packed
+// for avx512 and for amx.
 std::vector<Isa> layouts() {
-  std::vector<Isa> isas{Isa::scalar};
-  if (detect_isa() != Isa::scalar) isas.push_back(detect_isa());
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx})
+    if (isa <= detect_isa()) isas.push_back(isa);
   return isas;
 }
 
@@ -32,8 +35,11 @@ TEST(MatmulRows, EachRowBitIdenticalToGemv) {
   struct Shape {
     size_t rows, cols, n;
   };
-  for (const Shape& sh : {Shape{37, 61, 5}, Shape{16, 1, 3}, Shape{129, 576, 8}, Shape{3, 7, 1},
-                          Shape{50, 1536, 9}}) {
+  // cols: odd, pairs not a multiple of 4, one column, the models' widths;
+  // n: below, at and above the 8 tokens a VNNI sweep holds.
+  for (const Shape& sh :
+       {Shape{37, 61, 5}, Shape{16, 1, 3}, Shape{129, 576, 8}, Shape{3, 7, 1}, Shape{50, 1536, 9},
+        Shape{33, 14, 2}, Shape{17, 9, 8}, Shape{70, 640, 17}, Shape{5, 3, 7}}) {
     std::vector<uint16_t> w(sh.rows * sh.cols);
     for (uint16_t& v : w) v = float_to_bf16(dist(rng));
     std::vector<float> bias(sh.rows), x(sh.n * sh.cols);

@@ -14,65 +14,14 @@
 #include "models/transformer.h"
 #include "models/weights.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace edgellm {
 namespace {
 
-using testing::FakeTensor;
-using testing::random_tensor;
-
-struct TinyModel {
-  std::filesystem::path dir;
-  ModelConfig config;
-};
-
-TinyModel write_tiny(const std::string& architecture, const std::string& extra,
-                     bool drop_a_tensor = false) {
-  TinyModel m;
-  m.dir = testing::make_temp_dir("tiny");
-  const bool gemma = architecture == "Gemma3ForCausalLM";
-  testing::write_text(m.dir / "config.json", R"({"architectures": [")" + architecture + R"("],
-    "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 3, "num_attention_heads": 6,
-    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "max_position_embeddings": 64,
-    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4, "sliding_window_pattern": 3)" +
-                                                 extra + "}");
-  m.config = load_model_config(m.dir / "config.json");
-  const ModelConfig& c = m.config;
-  std::mt19937 rng(7);
-  std::map<std::string, FakeTensor> t;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
-  t["model.embed_tokens.weight"] = random_tensor({c.vocab_size, H}, 1.0f, rng);
-  t["model.norm.weight"] = random_tensor({H}, 0.2f, rng);
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    t[p + "input_layernorm.weight"] = random_tensor({H}, 1.0f, rng);
-    t[p + "post_attention_layernorm.weight"] = random_tensor({H}, 1.0f, rng);
-    t[p + "self_attn.q_proj.weight"] = random_tensor({c.num_heads * D, H}, 0.2f, rng);
-    t[p + "self_attn.k_proj.weight"] = random_tensor({c.num_kv_heads * D, H}, 0.2f, rng);
-    t[p + "self_attn.v_proj.weight"] = random_tensor({c.num_kv_heads * D, H}, 0.2f, rng);
-    t[p + "self_attn.o_proj.weight"] = random_tensor({H, c.num_heads * D}, 0.2f, rng);
-    t[p + "mlp.gate_proj.weight"] = random_tensor({I, H}, 0.2f, rng);
-    t[p + "mlp.up_proj.weight"] = random_tensor({I, H}, 0.2f, rng);
-    t[p + "mlp.down_proj.weight"] = random_tensor({H, I}, 0.2f, rng);
-    if (c.attention_bias) {
-      t[p + "self_attn.q_proj.bias"] = random_tensor({c.num_heads * D}, 0.2f, rng);
-      t[p + "self_attn.k_proj.bias"] = random_tensor({c.num_kv_heads * D}, 0.2f, rng);
-      t[p + "self_attn.v_proj.bias"] = random_tensor({c.num_kv_heads * D}, 0.2f, rng);
-    }
-    if (c.qk_norm) {
-      t[p + "self_attn.q_norm.weight"] = random_tensor({D}, 1.0f, rng);
-      t[p + "self_attn.k_norm.weight"] = random_tensor({D}, 1.0f, rng);
-    }
-    if (gemma) {
-      t[p + "pre_feedforward_layernorm.weight"] = random_tensor({H}, 1.0f, rng);
-      t[p + "post_feedforward_layernorm.weight"] = random_tensor({H}, 1.0f, rng);
-    }
-  }
-  if (!c.tie_word_embeddings) t["lm_head.weight"] = random_tensor({c.vocab_size, H}, 0.2f, rng);
-  if (drop_a_tensor) t.erase("model.layers.1.mlp.up_proj.weight");
-  testing::write_safetensors(m.dir / "model.safetensors", t);
-  return m;
-}
+using testing::TinyModel;
+using testing::write_tiny;
+using testing::write_tiny_session_model;
 
 std::vector<float> prefill_logits(Transformer& model, const std::vector<int32_t>& tokens,
                                   int vocab) {
@@ -182,6 +131,46 @@ TEST_P(DecodeMatchesPrefill, BatchedDecodeIsBitIdenticalToAlone) {
   }
 }
 
+// The same promise where attention splits a sequence's keys across threads
+// (>= 256 keys): batched, each sequence's attention runs its split items
+// serially on one thread and must still give the bits of the parallel call.
+TEST(DecodeBatch, BitIdenticalToAloneWithSplitKeys) {
+  TinyModel m = write_tiny("LlamaForCausalLM", R"(, "max_position_embeddings": 512)");
+  Checkpoint ckpt = Checkpoint::open(m.dir);
+  ThreadPool pool(2);
+  Profiler prof;
+  Transformer model(m.config, load_weights(ckpt, m.config), 512, pool, prof);
+  const size_t vocab = static_cast<size_t>(m.config.vocab_size);
+  const std::vector<size_t> lengths = {300, 420, 260};
+  std::vector<KvCache> alone, batched;
+  std::vector<std::vector<float>> a(lengths.size(), std::vector<float>(vocab)),
+      b(lengths.size(), std::vector<float>(vocab));
+  Scratch scratch, batch_scratch;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<int32_t> prompt(lengths[i]);
+    for (size_t j = 0; j < prompt.size(); ++j)
+      prompt[j] = static_cast<int32_t>((31 * j + 7 * i) % vocab);
+    alone.push_back(model.new_kv_cache());
+    batched.push_back(model.new_kv_cache());
+    model.forward(alone[i], scratch, prompt.data(), prompt.size(), 0, a[i].data(), nullptr);
+    model.forward(batched[i], scratch, prompt.data(), prompt.size(), 0, b[i].data(), nullptr);
+  }
+  for (size_t step = 0; step < 3; ++step) {
+    std::vector<SequenceRows> rows;
+    std::vector<int32_t> tokens;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const int32_t token = static_cast<int32_t>((5 * i + 11 * step) % vocab);
+      model.forward(alone[i], scratch, &token, 1, lengths[i] + step, a[i].data(), nullptr);
+      rows.push_back({&batched[i], lengths[i] + step, 1, b[i].data()});
+      tokens.push_back(token);
+    }
+    model.decode_batch(rows, batch_scratch, tokens.data());
+    for (size_t i = 0; i < lengths.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(a[i].data(), b[i].data(), vocab * sizeof(float)))
+          << "sequence " << i << " step " << step << " differs batched";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Families, DecodeMatchesPrefill,
     ::testing::Values(std::make_pair("LlamaForCausalLM", ""),
@@ -222,13 +211,6 @@ TEST(WeightsTest, ShapeDisagreeingWithConfigIsNamed) {
     EXPECT_NE(msg.find("[80, 48]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("[96, 48]"), std::string::npos) << msg;
   }
-}
-
-// A tiny checkpoint a Session can set up (it also needs a tokenizer).
-TinyModel write_tiny_session_model(const std::string& extra = "") {
-  TinyModel m = write_tiny("LlamaForCausalLM", extra);
-  testing::write_text(m.dir / "tokenizer.json", testing::kBpeJson);
-  return m;
 }
 
 // Regression: before setup (or after a failed one) the accessors dereferenced

@@ -4,9 +4,11 @@
 
 #include <atomic>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "edgellm/generate.h"
 #include "progress.h"
 
 namespace edgellm {
@@ -80,9 +82,10 @@ class Conversation {
 
 }  // namespace
 
-void run_chat(Session& session, Sampler& sampler, int max_new_tokens, bool templated,
+void run_chat(Session& session, const GenerateOptions& options, int max_new_tokens, bool templated,
               LineReader& reader, std::ostream& out) {
   const int context = session.max_context();
+  uint64_t turns = 0;
   Conversation conv(session, templated);
   InterruptGuard guard;
   out << "chat with "
@@ -129,34 +132,33 @@ void run_chat(Session& session, Sampler& sampler, int max_new_tokens, bool templ
     while (common < cached.size() && common + 1 < tokens.size() && cached[common] == tokens[common])
       ++common;
     const std::span<const int32_t> fresh(tokens.data() + common, tokens.size() - common);
-    int32_t next;
-    {
-      Progress note("prefill of " + std::to_string(fresh.size()) + " tokens");
-      next = sampler.sample(session.prefill(fresh, static_cast<int>(common)));
-    }
-    cached = tokens;
-    StreamDecoder stream(session.tokenizer());
-    std::vector<int32_t> reply;
-    int pos = static_cast<int>(tokens.size());
-    std::string note;
-    while (!session.config().is_eos(next)) {
-      reply.push_back(next);
-      out << stream.push(next) << std::flush;
-      if (g_interrupted) {
-        note = "(stopped)";
-        break;
-      }
-      if (static_cast<int>(reply.size()) >= max_new_tokens) break;
-      if (pos + 1 >= context) {
-        note = "(the context is full: the reply was cut; /reset starts a new conversation)";
-        break;
-      }
-      cached.push_back(next);
-      next = sampler.sample(session.decode_step(next, pos++));
-    }
-    out << stream.flush() << "\n";
-    if (!note.empty()) out << note << "\n";
-    conv.add_reply(session.tokenizer().decode(reply, /*skip_special_tokens=*/true));
+    GenerateOptions turn = options;
+    turn.max_tokens = max_new_tokens;
+    turn.cancel = &g_interrupted;  // Ctrl-C: the reply stops before its next token
+    // Each turn samples with its own seed, so a conversation repeats as a whole.
+    turn.sampling.seed = options.sampling.seed + turns++;
+    std::optional<Progress> note(std::in_place,
+                                 "prefill of " + std::to_string(fresh.size()) + " tokens");
+    const GenerateResult r = generate(
+        session.context(), fresh, turn,
+        [&](int32_t, std::string_view text) {
+          note.reset();
+          out << text << std::flush;
+          return true;
+        },
+        static_cast<int>(common));
+    note.reset();
+    out << "\n";
+    // The cache now holds the conversation and the reply tokens that were run.
+    cached.resize(common);
+    cached.insert(cached.end(), fresh.begin(), fresh.end());
+    cached.insert(cached.end(), r.tokens.begin(),
+                  r.tokens.begin() + (r.end_pos - static_cast<int>(tokens.size())));
+    if (r.finish == FinishReason::cancelled)
+      out << "(stopped)\n";
+    else if (r.finish == FinishReason::length && r.end_pos >= context)
+      out << "(the context is full: the reply was cut; /reset starts a new conversation)\n";
+    conv.add_reply(r.text);  // what was shown: cut before a stop string
   }
   out << "\n";
 }

@@ -12,6 +12,7 @@
 #include "chat_repl.h"
 #include "edgellm/deployment.h"
 #include "edgellm/error.h"
+#include "edgellm/generate.h"
 #include "edgellm/session.h"
 #include "kernels/kernels.h"
 #include "profile_report.h"
@@ -40,6 +41,7 @@ struct Options {
   bool ignore_eos = false;
   std::optional<uint64_t> seed;
   SamplerOptions sampling;
+  std::vector<std::string> stop;  // stop strings: the answer ends before the first one
 };
 
 // What one run measured.
@@ -47,6 +49,7 @@ struct Figures {
   size_t prompt_tokens = 0;
   int answer_tokens = 0;  // up to (not counting) EOS
   bool hit_eos = false;
+  bool hit_stop = false;  // a --stop string ended the answer
   double setup_ms = 0, ttft_ms = 0, decode_ms = 0;
   int decode_steps = 0;
   double tps() const { return decode_steps > 0 ? decode_steps * 1000.0 / decode_ms : 0.0; }
@@ -92,20 +95,24 @@ void print_figures(const Options& opt, const Figures& f, const Session& session)
   std::FILE* err = stderr;
   std::fprintf(err, "\nprompt tokens:    %zu\n", f.prompt_tokens);
   std::fprintf(err, "answer tokens:    %d (%s)\n", f.answer_tokens,
-               f.hit_eos ? "ended at EOS" : "reached --n-tokens");
+               f.hit_eos    ? "ended at EOS"
+               : f.hit_stop ? "ended at a --stop string"
+                            : "reached --n-tokens");
   std::fprintf(err, "setup:            %.1f ms (untimed: load, pack, allocate; %d threads, %s)\n",
                f.setup_ms, session.threads(),
                std::string(kernels::isa_name(kernels::active_isa())).c_str());
   std::fprintf(err, "TTFT (prefill):   %.1f ms\n", f.ttft_ms);
   std::fprintf(err, "TPS (decode):     %.2f tokens/s over %d decode steps (%.2f ms/token)\n",
                f.tps(), f.decode_steps, f.decode_steps > 0 ? f.decode_ms / f.decode_steps : 0.0);
-  if (f.hit_eos && opt.ignore_eos)
-    std::fprintf(err, "                  (decoding went on past EOS, unprinted, for the timing)\n");
+  const char* where = f.hit_eos ? "EOS" : "the stop string";
+  if ((f.hit_eos || f.hit_stop) && opt.ignore_eos)
+    std::fprintf(err, "                  (decoding went on past %s, unprinted, for the timing)\n",
+                 where);
   else if (f.decode_steps + 1 < opt.n_tokens)
     std::fprintf(err,
-                 "                  (generation stopped early at EOS: TPS over %d steps only; "
+                 "                  (generation stopped early at %s: TPS over %d steps only; "
                  "--ignore-eos times all %d)\n",
-                 f.decode_steps, opt.n_tokens - 1);
+                 where, f.decode_steps, opt.n_tokens - 1);
 }
 
 void print_json(const Options& opt, const Figures& f, const Session& session,
@@ -117,6 +124,7 @@ void print_json(const Options& opt, const Figures& f, const Session& session,
       {"prompt_tokens", f.prompt_tokens},
       {"answer_tokens", f.answer_tokens},
       {"stopped_at_eos", f.hit_eos},
+      {"stopped_at_stop_string", f.hit_stop},
       {"setup_ms", f.setup_ms},
       {"ttft_ms", f.ttft_ms},
       {"decode_steps", f.decode_steps},
@@ -155,9 +163,11 @@ int run(const Deployment& deployment, Options opt) {
   Figures f;
   f.setup_ms = ms_since(setup_start);
   if (opt.chat) {
-    Sampler sampler(opt.sampling);
+    GenerateOptions chat;
+    chat.sampling = opt.sampling;
+    chat.stop_strings = opt.stop;
     LineReader reader(std::cin, std::cout);
-    run_chat(session, sampler, opt.n_tokens, format == PromptFormat::chat, reader, std::cout);
+    run_chat(session, chat, opt.n_tokens, format == PromptFormat::chat, reader, std::cout);
     return 0;
   }
   const std::vector<int32_t> prompt = prompt_tokens(session, opt.prompt, format);
@@ -172,45 +182,40 @@ int run(const Deployment& deployment, Options opt) {
                  opt.n_tokens, room, session.max_context());
     opt.n_tokens = room;
   }
-  Sampler sampler(opt.sampling);
-  StreamDecoder stream(session.tokenizer());
+  GenerateOptions go;
+  go.max_tokens = opt.n_tokens;
+  go.sampling = opt.sampling;
+  go.stop_strings = opt.stop;
+  // The answer ends at EOS (or a stop string); with --ignore-eos decoding goes
+  // on, unseen, so TPS is timed over all --n-tokens.
+  go.decode_past_stop = opt.ignore_eos;
   std::string answer;
-  // The answer is what comes before EOS; with --ignore-eos decoding goes on
-  // (unprinted) so TPS is timed over all --n-tokens.
-  auto emit = [&](int32_t token) {
-    if (f.hit_eos || (f.hit_eos = session.config().is_eos(token))) return;
-    ++f.answer_tokens;
-    const std::string piece = stream.push(token);
-    answer += piece;
-    if (!opt.json) std::cout << piece << std::flush;
+  // The note's thread starts before the clock; the first token's callback
+  // (after TTFT is taken, before the decode clock starts) joins it.
+  std::optional<Progress> note(std::in_place,
+                               "prefill of " + std::to_string(prompt.size()) + " tokens");
+  auto on_token = [&](int32_t token, std::string_view text) {
+    note.reset();
+    f.hit_eos = f.hit_eos || session.config().is_eos(token);  // the stop step carries its token
+    answer += text;
+    if (!opt.json) std::cout << text << std::flush;
+    return true;
   };
 
-  // ---- timed region: prefill + decode loop ---------------------------------
-  int32_t next;
-  {
-    // The note's thread starts before the clock and is joined after it stops.
-    Progress note("prefill of " + std::to_string(prompt.size()) + " tokens");
-    const auto prefill_start = Clock::now();
-    next = sampler.sample(session.prefill(prompt));
-    f.ttft_ms = ms_since(prefill_start);
-  }
-  emit(next);
-  const auto decode_start = Clock::now();
-  for (int pos = static_cast<int>(prompt.size());
-       f.decode_steps + 1 < opt.n_tokens && (!f.hit_eos || opt.ignore_eos); ++pos) {
-    next = sampler.sample(session.decode_step(next, pos));
-    ++f.decode_steps;
-    emit(next);
-  }
-  f.decode_ms = ms_since(decode_start);
+  // ---- timed region (inside generate()): prefill + decode loop -------------
+  const GenerateResult r = generate(session.context(), prompt, go, on_token);
   // ---------------------------------------------------------------------------
+  note.reset();
+  f.ttft_ms = r.ttft_ms;
+  f.decode_ms = r.decode_ms;
+  f.decode_steps = r.decode_steps;
+  f.answer_tokens = static_cast<int>(r.tokens.size());
+  f.hit_stop = r.finish == FinishReason::stop && !f.hit_eos;
 
-  const std::string tail = stream.flush();
-  answer += tail;
   if (opt.json) {
     print_json(opt, f, session, deployment.name, answer);
   } else {
-    std::cout << tail << std::endl;
+    std::cout << std::endl;
     print_figures(opt, f, session);
   }
   if (opt.profile) print_profile(session, prompt.size(), f.decode_steps);
@@ -257,6 +262,10 @@ int run_inference_main(const std::string& deployment_name, int argc, char** argv
         ->check(in_range(0));
     app.add_option("--top-p", opt.sampling.top_p, "nucleus sampling mass (1 = off)")
         ->check(in_range(0.0f, std::optional(1.0f)));
+    app.add_option("--stop", opt.stop,
+                   "end the answer before this text (repeatable; also each chat reply)")
+        ->take_all()
+        ->allow_extra_args(false);
     app.add_option("--seed", opt.seed, "sampling seed (default: a random one, printed)")
         ->check(in_range<uint64_t>(0));
     try {

@@ -126,7 +126,13 @@ def encode_prompts(
 def greedy(
     runner: Runner, prompt_ids: list[int], n_tokens: int, capture: bool = False
 ) -> tuple[list[int], np.ndarray, PrefillRecord]:
-    """Greedy prefill, then KV-cached decode steps until n_tokens or EOS (inclusive)."""
+    """Greedy prefill, then KV-cached decode steps until n_tokens or EOS (inclusive).
+
+    A runner with its own ``greedy`` (our engine: its one generate() loop) runs it; the HF
+    reference and the test-side mutant wrappers are driven step by step here."""
+    own = getattr(runner, "greedy", None)
+    if own is not None:
+        return own(prompt_ids, n_tokens, capture)
     record = runner.prefill(prompt_ids, capture=capture)
     logits = [np.asarray(record.logits, dtype=np.float32)]
     tokens = [topk_token_ids(logits[0], 1)[0]]

@@ -2,8 +2,10 @@
 // strings, a max-token count, a streaming callback and a cancel flag.
 //
 // Generation is the per-token bookkeeping (sample, stop, stream the text);
-// generate() drives it over one Context (CLI, chat, bench, embedding), and the
-// server's scheduler drives many of them over one batched decode step.
+// Generator drives it over one Context one engine step at a time (the Python
+// iterator), generate() runs a Generator to the end and times it (CLI, chat,
+// bench, the verify runner), and the server's scheduler drives many
+// Generations over one batched decode step.
 #pragma once
 
 #include <atomic>
@@ -25,6 +27,16 @@ struct GenerateOptions {
   std::vector<int32_t> stop_tokens;           // more ids that end it (not part of the output)
   std::vector<std::string> stop_strings;      // text that ends it (cut from the output)
   const std::atomic<bool>* cancel = nullptr;  // set from any thread to stop before the next token
+  // Benchmarks (--ignore-eos): after a stop (EOS, stop token or string) keep
+  // decoding, unseen, until max_tokens tokens were sampled, so that the timing
+  // covers them all. The output still ends at the stop. Generator only.
+  bool decode_past_stop = false;
+  // Called with the logits of every sampled token and the token (stop tokens
+  // and unseen ones included), before the stop rules: the verify gate's
+  // per-step records.
+  std::function<void(std::span<const float> logits, int32_t token)> on_sample;
+  // Diagnosis: the prefill's per-layer outputs (Generator only).
+  PrefillCapture* capture = nullptr;
 };
 
 enum class FinishReason { none, stop, length, cancelled };
@@ -44,11 +56,15 @@ class Generation {
   Step next(std::span<const float> logits);
   // Ends the generation from outside (context full, client gone): flushes the text held back.
   Step finish(FinishReason reason);
+  // After a stop with decode_past_stop: samples the next token, unseen.
+  int32_t next_unseen(std::span<const float> logits);
 
   bool done() const { return finish_ != FinishReason::none; }
   FinishReason finish_reason() const { return finish_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }  // generated, stops excluded
   const std::string& text() const { return text_; }               // all text returned so far
+  int sampled() const { return sampled_; }  // tokens sampled: output, stop and unseen ones
+  const GenerateOptions& options() const { return options_; }
 
  private:
   Step emit(int32_t token, bool flush);
@@ -60,7 +76,38 @@ class Generation {
   std::vector<int32_t> tokens_;
   std::string pending_;  // decoded, held back while it may begin a stop string
   std::string text_;
+  int sampled_ = 0;
   FinishReason finish_ = FinishReason::none;
+};
+
+// One generation over one Context, one engine step per step(): the first
+// prefills the prompt at start_pos (earlier positions must already be in the
+// context's cache), each later one runs one decode step.
+class Generator {
+ public:
+  Generator(Context& context, std::vector<int32_t> prompt, GenerateOptions options,
+            int start_pos = 0);
+
+  // Runs the next engine step and returns what it produced; a step past a stop
+  // (decode_past_stop) returns its token with no text. Throws when done().
+  Generation::Step step();
+  // Ends the generation from outside (the caller's consumer stopped).
+  Generation::Step cancel() { return gen_.finish(FinishReason::cancelled); }
+
+  // No step left: the generation finished (and no unseen decoding is due).
+  bool done() const;
+  const Generation& generation() const { return gen_; }
+  int position() const { return pos_; }  // the next position to run: [0, pos) are cached
+  int decode_steps() const { return decode_steps_; }
+
+ private:
+  Context* context_;
+  std::vector<int32_t> prompt_;
+  Generation gen_;
+  int pos_;
+  int32_t last_ = -1;  // the token the next decode step runs
+  bool started_ = false;
+  int decode_steps_ = 0;
 };
 
 struct GenerateResult {
@@ -69,8 +116,9 @@ struct GenerateResult {
   FinishReason finish = FinishReason::none;
   size_t prompt_tokens = 0;
   double ttft_ms = 0;    // prefill + the first token
-  double decode_ms = 0;  // the decode steps after it
+  double decode_ms = 0;  // the decode steps after it (unseen ones included)
   int decode_steps = 0;
+  int end_pos = 0;  // positions [0, end_pos) are in the context's cache afterwards
 };
 
 // Called with each step's token and its final text; return false to stop.
@@ -78,7 +126,10 @@ using TokenCallback = std::function<bool(int32_t token, std::string_view text)>;
 
 // Prefills `prompt` at start_pos (earlier positions must already be in the
 // context's cache) and generates until a stop rule, max_tokens, the end of the
-// context, a cancel or the callback says stop.
+// context, a cancel or the callback says stop. `on_token` sees every token of
+// the output (not the unseen ones of decode_past_stop). The timing is the
+// seed's: ttft_ms is the prefill and the first token's sampling, decode_ms the
+// decode steps after it; constructing the Generator happens before the clock.
 GenerateResult generate(Context& context, std::span<const int32_t> prompt,
                         const GenerateOptions& options, const TokenCallback& on_token = {},
                         int start_pos = 0);

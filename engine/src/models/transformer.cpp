@@ -161,19 +161,14 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
       }
     }
   }
-  size_t row0 = 0;
-  for (const SequenceRows& seq : seqs) {
-    const size_t start = seq.start;
-    const double keys = static_cast<double>(start + seq.n);
-    Profiler::Scope z(prof_, Zone::attention, 2.0 * 4 * keys * nkv * D,
-                      4.0 * seq.n * keys * nh * D);
+  const auto attention_args = [&](const SequenceRows& seq, size_t row0) {
     kernels::AttentionArgs a;
     a.q = &s.q[row0 * nh * D];
     a.k_cache = &seq.kv->k[layer_cache];
     a.v_cache = &seq.kv->v[layer_cache];
     a.out = &s.attn[row0 * nh * D];
     a.n = seq.n;
-    a.start = start;
+    a.start = seq.start;
     a.n_heads = nh;
     a.n_kv_heads = nkv;
     a.head_dim = D;
@@ -181,8 +176,36 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     a.window = static_cast<size_t>(c_.layers[l].sliding_window);
     a.scale = c_.query_scale;
     a.softcap = c_.attn_logit_softcap;
-    kernels::attention(a, pool_);
-    row0 += seq.n;
+    return a;
+  };
+  // (bytes, flops) of one sequence's attention, for the profiler.
+  const auto attention_cost = [&](const SequenceRows& seq) {
+    const double keys = static_cast<double>(seq.start + seq.n);
+    return std::pair{2.0 * 4 * keys * nkv * D, 4.0 * seq.n * keys * nh * D};
+  };
+  if (s.batch && seqs.size() > 1) {
+    // A decode batch runs its sequences side by side, one per thread: each
+    // call then runs its work items serially (nested), the same items and
+    // arithmetic as alone, so the output stays bit-identical, and one pool
+    // dispatch replaces one per sequence of a few microseconds of work.
+    double bytes = 0, flops = 0;
+    for (const SequenceRows& seq : seqs) {
+      const auto [b, f] = attention_cost(seq);
+      bytes += b;
+      flops += f;
+    }
+    Profiler::Scope z(prof_, Zone::attention, bytes, flops);
+    pool_.parallel_for(seqs.size(), [&](size_t i) {
+      kernels::attention(attention_args(seqs[i], i), pool_);  // a batch row is one token
+    });
+  } else {
+    size_t row0 = 0;
+    for (const SequenceRows& seq : seqs) {
+      const auto [bytes, flops] = attention_cost(seq);
+      Profiler::Scope z(prof_, Zone::attention, bytes, flops);
+      kernels::attention(attention_args(seq, row0), pool_);
+      row0 += seq.n;
+    }
   }
   {
     Profiler::Scope z(prof_, Zone::o_proj, static_cast<double>(L.o_proj.byte_size()),

@@ -37,6 +37,8 @@ Generation::Step Generation::next(std::span<const float> logits) {
   if (options_.cancel && options_.cancel->load(std::memory_order_relaxed))
     return finish(FinishReason::cancelled);
   const int32_t token = sampler_.sample(logits);
+  ++sampled_;
+  if (options_.on_sample) options_.on_sample(logits, token);
   const bool stop_token = (options_.stop_at_eos && config_->is_eos(token)) ||
                           std::find(options_.stop_tokens.begin(), options_.stop_tokens.end(),
                                     token) != options_.stop_tokens.end();
@@ -71,6 +73,15 @@ Generation::Step Generation::finish(FinishReason reason) {
   return emit(-1, /*flush=*/true);
 }
 
+int32_t Generation::next_unseen(std::span<const float> logits) {
+  if (finish_ != FinishReason::stop || !options_.decode_past_stop)
+    throw Error("Generation::next_unseen called without a stop to decode past");
+  const int32_t token = sampler_.sample(logits);
+  ++sampled_;
+  if (options_.on_sample) options_.on_sample(logits, token);
+  return token;
+}
+
 // Returns pending_ except, unless flushing, its longest suffix that is a
 // proper prefix of a stop string (the next tokens may complete it).
 Generation::Step Generation::emit(int32_t token, bool flush) {
@@ -92,6 +103,55 @@ Generation::Step Generation::emit(int32_t token, bool flush) {
   return s;
 }
 
+Generator::Generator(Context& context, std::vector<int32_t> prompt, GenerateOptions options,
+                     int start_pos)
+    : context_(&context),
+      prompt_(std::move(prompt)),
+      gen_(context.tokenizer(), context.config(), std::move(options)),
+      pos_(start_pos) {
+  check(!prompt_.empty(), "generate needs at least one prompt token");
+  check(start_pos >= 0 && start_pos + prompt_.size() <= static_cast<size_t>(context.max_context()),
+        "a prompt of " + std::to_string(prompt_.size()) + " tokens at position " +
+            std::to_string(start_pos) + " does not fit the context of " +
+            std::to_string(context.max_context()) + " positions");
+}
+
+bool Generator::done() const {
+  if (!started_) return false;
+  if (!gen_.done()) return false;
+  const GenerateOptions& o = gen_.options();
+  const bool cancelled = o.cancel && o.cancel->load(std::memory_order_relaxed);
+  // Unseen decoding goes on after a stop (not after length or a cancel) while
+  // tokens and positions are left.
+  return !(o.decode_past_stop && gen_.finish_reason() == FinishReason::stop && !cancelled &&
+           gen_.sampled() < o.max_tokens && pos_ < context_->max_context());
+}
+
+Generation::Step Generator::step() {
+  if (done()) throw Error("Generator::step called after the generation finished");
+  if (!started_) {
+    started_ = true;
+    Generation::Step s = gen_.next(context_->prefill(prompt_, pos_, gen_.options().capture));
+    pos_ += static_cast<int>(prompt_.size());
+    last_ = s.token;
+    return s;
+  }
+  if (gen_.done()) {  // past a stop: decode on, unseen
+    const std::span<const float> logits = context_->decode_step(last_, pos_++);
+    ++decode_steps_;
+    Generation::Step s;
+    s.token = last_ = gen_.next_unseen(logits);
+    s.done = true;
+    return s;
+  }
+  if (pos_ >= context_->max_context()) return gen_.finish(FinishReason::length);
+  const std::span<const float> logits = context_->decode_step(last_, pos_++);
+  ++decode_steps_;
+  Generation::Step s = gen_.next(logits);
+  last_ = s.token;
+  return s;
+}
+
 GenerateResult generate(Context& context, std::span<const int32_t> prompt,
                         const GenerateOptions& options, const TokenCallback& on_token,
                         int start_pos) {
@@ -99,33 +159,33 @@ GenerateResult generate(Context& context, std::span<const int32_t> prompt,
   const auto ms_since = [](Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   };
-  Generation gen(context.tokenizer(), context.config(), options);
+  // Setup (copies, checks) before the clock.
+  Generator gen(context, {prompt.begin(), prompt.end()}, options, start_pos);
   GenerateResult r;
   r.prompt_tokens = prompt.size();
-  int pos = start_pos + static_cast<int>(prompt.size());
+  // The output's steps go to the callback; a false return ends the generation.
   auto deliver = [&](const Generation::Step& s) {
-    if (on_token && !on_token(s.token, s.text) && !gen.done()) gen.finish(FinishReason::cancelled);
+    if (on_token && !on_token(s.token, s.text) && !gen.generation().done()) gen.cancel();
   };
 
   const auto prefill_start = Clock::now();
-  Generation::Step step = gen.next(context.prefill(prompt, start_pos));
+  const Generation::Step first = gen.step();
   r.ttft_ms = ms_since(prefill_start);
-  deliver(step);
+  deliver(first);
   const auto decode_start = Clock::now();
   while (!gen.done()) {
-    if (pos >= context.max_context()) {
-      deliver(gen.finish(FinishReason::length));
-      break;
-    }
-    step = gen.next(context.decode_step(step.token, pos++));
-    ++r.decode_steps;
-    deliver(step);
+    const bool seen = !gen.generation().done();
+    const Generation::Step s = gen.step();
+    if (seen) deliver(s);
   }
   r.decode_ms = ms_since(decode_start);
 
-  r.tokens = gen.tokens();
-  r.text = gen.text();
-  r.finish = gen.finish_reason();
+  const Generation& g = gen.generation();
+  r.tokens = g.tokens();
+  r.text = g.text();
+  r.finish = g.finish_reason();
+  r.decode_steps = gen.decode_steps();
+  r.end_pos = gen.position();
   return r;
 }
 

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   app.add_option("--queue", so.scheduler.max_queue, "waiting requests beyond which 429 is returned")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
-  app.add_option("--prefill-chunk", so.scheduler.prefill_chunk, "prompt tokens per prefill step")
+  app.add_option("--prefill-chunk", so.scheduler.prefill_chunk,
+                 "prompt tokens prefilled between two decode steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--max-body", so.max_body_bytes, "largest request body in bytes (413 beyond)")

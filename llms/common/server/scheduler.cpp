@@ -103,7 +103,7 @@ void Scheduler::loop() {
     }
     if (cancel_all_)
       for (auto& job : active_) job->stream->cancel();
-    prefill_one();
+    prefill_some();
     decode_all();
     retire_finished();
   }
@@ -146,21 +146,28 @@ void Scheduler::fail(Job& job, const std::string& message) {
   if (job.gen && !job.gen->done()) job.gen->finish(FinishReason::cancelled);
 }
 
-// One chunk of the oldest prompt still prefilling; its first token when done.
-void Scheduler::prefill_one() {
+// Up to prefill_chunk prompt tokens between two decode steps, oldest request
+// first: a long prompt is cut into chunks (the streams already decoding never
+// wait for more than one chunk), while short prompts that arrive together are
+// all prefilled before the next step, so they join the batch at once instead of
+// one per step (each partial step reads all the weights for fewer tokens).
+// A request whose prompt is done samples its first token.
+void Scheduler::prefill_some() {
+  size_t budget = static_cast<size_t>(options_.prefill_chunk);
   for (auto& job : active_) {
+    if (budget == 0) return;
     if (!job->prefilling() || job->gen->done()) continue;
     if (job->stream->cancelled_) {
       publish(*job, job->gen->finish(FinishReason::cancelled));
       continue;
     }
-    const size_t n =
-        std::min(job->prompt.size() - job->prefilled, static_cast<size_t>(options_.prefill_chunk));
+    const size_t n = std::min(job->prompt.size() - job->prefilled, budget);
     try {
       const std::span<const int32_t> chunk(job->prompt.data() + job->prefilled, n);
       const std::span<const float> logits =
           job->context->prefill(chunk, static_cast<int>(job->prefilled));
       job->prefilled += n;
+      budget -= n;
       if (!job->prefilling()) {
         const Generation::Step step = job->gen->next(logits);
         metrics_.observe_ttft(seconds_since(job->submitted));
@@ -170,7 +177,6 @@ void Scheduler::prefill_one() {
     } catch (const std::exception& e) {
       fail(*job, e.what());
     }
-    return;
   }
 }
 

@@ -1,9 +1,10 @@
 // Continuous batching over one Model: requests join and leave between steps.
 //
 // One scheduler thread owns every Context. Each iteration it (1) admits
-// waiting requests into free sequence slots, (2) runs one prefill chunk of at
-// most `prefill_chunk` tokens for the oldest request still prefilling, so a
-// long prompt never freezes the streams already decoding, and (3) runs one
+// waiting requests into free sequence slots, (2) prefills at most
+// `prefill_chunk` prompt tokens, oldest request first (several short prompts
+// at once, a long one in chunks), so a long prompt never freezes the streams
+// already decoding, and (3) runs one
 // batched decode step (decode_batch) for every request that is decoding. The
 // per-token rules (sampling, stops, max tokens, streamed text) are the engine's
 // Generation, the same as generate().
@@ -52,7 +53,7 @@ class RequestStream {
 struct SchedulerOptions {
   int max_batch = 8;        // sequences decoding at once (contexts allocated lazily)
   int max_queue = 64;       // waiting requests beyond that are refused (HTTP 429)
-  int prefill_chunk = 256;  // prompt tokens per prefill step
+  int prefill_chunk = 256;  // prompt tokens prefilled between two decode steps
 };
 
 class Scheduler {
@@ -74,7 +75,7 @@ class Scheduler {
   void loop();
   void admit();
   void fail(Job& job, const std::string& message);
-  void prefill_one();
+  void prefill_some();
   void decode_all();
   void retire_finished();
   void publish(Job& job, const Generation::Step& step);

@@ -1,7 +1,9 @@
 """Our side: the engine through its binding module, on the production code path.
 
 ``prefill`` and ``decode_step`` call the very ``Session::setup / prefill / decode_step`` that
-``make run`` calls (engine/python/module.cpp); there is no verify-only forward pass. Prompts
+``make run`` calls (engine/python/module.cpp); there is no verify-only forward pass. ``greedy``
+generates through the engine's one ``generate()`` loop, as ``make run`` does, and keeps each
+step's logits through its per-sample hook. Prompts
 are encoded as the inference driver encodes them (llms/common/inference_driver.cpp): chat
 template rendered, then tokenized without added specials; raw text with added specials.
 Every engine deployment shares this class; its adapter only says which checkpoint.
@@ -99,6 +101,30 @@ class EngineRunner:
             layer_outputs=[np.asarray(layer) for layer in layers],
             final_hidden=np.asarray(final),
         )
+
+    def greedy(
+        self, prompt_ids: list[int], n_tokens: int, capture: bool = False
+    ) -> tuple[list[int], np.ndarray, PrefillRecord]:
+        """The gate's greedy capture through generate(): n_tokens, or up to EOS (inclusive).
+
+        Returns every sampled token (EOS included), the logits each came from [steps, vocab],
+        and the prefill's record (its layer outputs with capture=True).
+        """
+        run = self._call(
+            self._py.generate_timed,
+            self.session.context,
+            [int(i) for i in prompt_ids],
+            max_tokens=int(n_tokens),
+            record_logits=True,
+            capture=capture,
+        )
+        logits = np.asarray(run.logits, dtype=np.float32)
+        tokens = [int(t) for t in run.sampled]
+        record = PrefillRecord(logits=logits[0], top1=topk_token_ids(logits[0], 1)[0])
+        if capture:
+            record.layer_outputs = [np.asarray(layer) for layer in run.layer_outputs]
+            record.final_hidden = np.asarray(run.final_hidden)
+        return tokens, logits, record
 
     def decode_step(self, token: int, pos: int) -> DecodeStepRecord:
         logits = np.asarray(self._call(self.session.decode_step, int(token), int(pos)))
