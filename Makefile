@@ -9,6 +9,7 @@ TEST_MODELS := smollm2-135m-instruct gemma3-270m
 SAN_DIR := build-sanitize
 FUZZ_DIR := build-fuzz
 FUZZ_SECONDS ?= 10
+BENCH_REPS ?= 3
 # Ray (docs/scale_out.md): RAY_ADDRESS empty = a local single-node cluster, dashboard off.
 RAY_ADDRESS ?=
 SWEEP ?= smollm2_135m:instruct:instruct smollm2_135m:instruct:heldout_instruct \
@@ -19,7 +20,7 @@ LOCKED := { flock -n $(LOCK) true || echo "[make] waiting for the CPU lock $(LOC
 RAY_ENV := PYTHONPATH=$(CURDIR)/build/python:$(CURDIR)/llms:$(CURDIR) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 .PHONY: help bootstrap build fetch run serve serve-ray verify-sweep test test-cpp test-py test-sanitize build-sanitize \
-  build-fuzz fuzz bench bench-serve format lint clean
+  build-fuzz fuzz bench bench-peers bench-serve format lint clean
 
 help:
 	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (PROMPT, N_TOKENS, MODEL, THREADS,"
@@ -31,6 +32,7 @@ help:
 	@echo "make test-sanitize  C++ tests + a short smollm2 run built with ASan+UBSan ($(SAN_DIR))"
 	@echo "make fuzz       every libFuzzer target in engine/fuzz for FUZZ_SECONDS each (default $(FUZZ_SECONDS))"
 	@echo "make bench      side-by-side benchmark against peers (docs/benchmarks.md)"
+	@echo "make bench-peers  ours vs llama.cpp (built natively in .venv-peers) and HF bf16, each model's GGUF"
 	@echo "make bench-serve  server throughput, 8 streams vs 1 (docs/benchmarks.md, serving section)"
 	@echo "make format     clang-format the C++ and ruff-format the Python"
 	@echo "make lint       ruff check"
@@ -114,6 +116,19 @@ fuzz: build-fuzz
 
 bench: build fetch
 	$(PY) bench/run_bench.py
+
+# llama.cpp as a peer, built natively (its own venv: the project's .venv stays free of it), on
+# each model's own GGUF file, beside ours (bf16 and GGUF) and HF bf16 in the same run.
+PEERS_VENV := .venv-peers
+LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+bench-peers: build fetch
+	@if ! $(PEERS_VENV)/bin/python -c 'import llama_cpp' 2>/dev/null; then \
+	  echo "[bench-peers] building $(LLAMA_CPP_PYTHON) natively into $(PEERS_VENV) (several minutes)"; \
+	  python3 -m venv $(PEERS_VENV) && CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS_VENV)/bin/pip install -q \
+	    $(LLAMA_CPP_PYTHON) $$(grep -E '^(tokenizers|numpy)==' requirements.txt); fi
+	@for m in smollm2-135m-instruct gemma3-270m; do \
+	  flock -x /tmp/edgellm-cpu.lock $(PY) bench/run_bench.py --model models/$$m --gguf gguf=models/$$m/gguf/model.gguf \
+	    --reps $(BENCH_REPS) --no-hf-float32 || exit 1; done
 
 bench-serve: build fetch
 	$(PY) bench/serve_bench.py --out docs/benchmarks.md

@@ -35,6 +35,7 @@ DECODE_STEPS = 32
 THREADS = 2
 MAX_CONTEXT = max(PROMPT_LENGTHS) + DECODE_STEPS
 DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
+PEER_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 
 
 def prompt_ids(model_dir: Path, n: int) -> list[int]:
@@ -116,11 +117,29 @@ def time_hf(model_dir: Path, reps: int, dtype_name: str) -> dict:
 
 
 def time_llamacpp(gguf: Path, model_dir: Path, reps: int) -> dict:
-    from llama_cpp import Llama
+    import llama_cpp
+    from llama_cpp import llama as llama_module
 
-    llm = Llama(
+    # llama.cpp's AMX extra buffer type segfaults in ggml_backend_amx_mul_mat on these VMs:
+    # load without extra buffer types (its AVX-512 kernels run instead), as the tables say.
+    defaults = llama_cpp.llama_model_default_params
+
+    def without_extra_bufts() -> object:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    llama_module.llama_cpp.llama_model_default_params = without_extra_bufts
+    llm = llama_cpp.Llama(
         model_path=str(gguf), n_ctx=MAX_CONTEXT, n_threads=THREADS, n_batch=512, verbose=False
     )
+    import numpy as np
+
+    def last_logits() -> np.ndarray:
+        """The newest position's logits (llm.scores holds them only with logits_all)."""
+        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),))
+
     out: dict = {}
     for n in PROMPT_LENGTHS:
         ids = prompt_ids(model_dir, n)
@@ -138,7 +157,7 @@ def time_llamacpp(gguf: Path, model_dir: Path, reps: int) -> dict:
             llm.eval(prompt_ids(model_dir, n))
             t0 = time.perf_counter()
             for _ in range(DECODE_STEPS):
-                tok = int(llm.scores[llm.n_tokens - 1].argmax())
+                tok = int(last_logits().argmax())
                 llm.eval([tok])
             tps.append(DECODE_STEPS / (time.perf_counter() - t0))
         out[f"tps_{n}"] = statistics.median(tps)
@@ -169,8 +188,10 @@ def worker(args: argparse.Namespace) -> int:
 def run_worker(
     name: str, model: str, args: argparse.Namespace, gguf: Path | None = None
 ) -> dict | None:
+    # llama.cpp lives in its own venv (`make bench-peers`): its worker runs that venv's python.
+    python = args.peer_python if name == "llamacpp" else sys.executable
     cmd = [
-        sys.executable,
+        python,
         __file__,
         "--worker",
         name,
@@ -205,6 +226,12 @@ def main() -> int:
     parser.add_argument(
         "--no-hf-float32", action="store_true", help="skip the HF float32 row (saves time)"
     )
+    parser.add_argument(
+        "--peer-python",
+        default=str(PEER_PYTHON if PEER_PYTHON.exists() else Path(sys.executable)),
+        help="python with llama_cpp installed (default: .venv-peers from `make bench-peers`)",
+    )
+    parser.add_argument("--no-hf", action="store_true", help="skip the HF rows")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -219,7 +246,9 @@ def main() -> int:
     import edgellm_py
 
     read_bw, fma_peak = edgellm_py.measure_roofline(THREADS)
-    peers = ["ours", "hf-bfloat16"] + ([] if args.no_hf_float32 else ["hf-float32"])
+    peers = ["ours"]
+    if not args.no_hf:
+        peers += ["hf-bfloat16"] + ([] if args.no_hf_float32 else ["hf-float32"])
     sections: list[tuple[str, dict[str, dict]]] = []
     for m in models:
         rows: dict[str, dict] = {}
