@@ -43,12 +43,12 @@ def test_used_by_names_real_deployments() -> None:
         assert set(k["paths"]) <= set(TIERS) and "scalar" in k["paths"], k
 
 
-def active_isa_with(env_value: str) -> tuple[str, str]:
-    """(active_isa(), stderr) of a fresh process with EDGELLM_ISA=env_value."""
-    env = {**os.environ, "EDGELLM_ISA": env_value}
+def binding_call_with(env_values: dict[str, str], call: str) -> tuple[str, str]:
+    """(edgellm_py.<call>(), stderr) of a fresh process with the given EDGELLM_* variables."""
+    env = {**os.environ, **env_values}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "build" / "python"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-c", "import edgellm_py; print(edgellm_py.active_isa())"],
+        [sys.executable, "-c", f"import edgellm_py; print(edgellm_py.{call}())"],
         env=env,
         capture_output=True,
         text=True,
@@ -56,6 +56,11 @@ def active_isa_with(env_value: str) -> tuple[str, str]:
         check=True,
     )
     return proc.stdout.strip(), proc.stderr
+
+
+def active_isa_with(env_value: str) -> tuple[str, str]:
+    """(active_isa(), stderr) of a fresh process with EDGELLM_ISA=env_value."""
+    return binding_call_with({"EDGELLM_ISA": env_value}, "active_isa")
 
 
 def test_edgellm_isa_selects_each_supported_tier() -> None:
@@ -83,17 +88,8 @@ def test_edgellm_isa_unknown_value_is_one_line_and_the_default() -> None:
 
 def activation_dtype_with(isa: str, precision: str) -> tuple[str, str]:
     """(activation_dtype(), stderr) of a fresh process with EDGELLM_ISA / _GEMM_PRECISION."""
-    env = {**os.environ, "EDGELLM_ISA": isa, "EDGELLM_GEMM_PRECISION": precision}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "build" / "python"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", "import edgellm_py; print(edgellm_py.activation_dtype())"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return proc.stdout.strip(), proc.stderr
+    env = {"EDGELLM_ISA": isa, "EDGELLM_GEMM_PRECISION": precision}
+    return binding_call_with(env, "activation_dtype")
 
 
 def test_activation_dtype_names_what_the_prefill_gemm_computes() -> None:

@@ -78,6 +78,19 @@ struct GenerateRun {
   edgellm::PrefillCapture capture;
 };
 
+// The options generate() and generate_timed() share, from their Python keyword arguments.
+edgellm::GenerateOptions generate_options(int max_tokens, float temperature, int top_k, float top_p,
+                                          uint64_t seed, std::vector<std::string> stop,
+                                          std::vector<int32_t> stop_tokens, bool stop_at_eos) {
+  edgellm::GenerateOptions o;
+  o.max_tokens = max_tokens;
+  o.sampling = {temperature, top_k, top_p, seed};
+  o.stop_strings = std::move(stop);
+  o.stop_tokens = std::move(stop_tokens);
+  o.stop_at_eos = stop_at_eos;
+  return o;
+}
+
 }  // namespace
 
 // NB_MODULE pastes its name: the indirection lets CMake choose it.
@@ -429,12 +442,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
          std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos) {
-        edgellm::GenerateOptions o;
-        o.max_tokens = max_tokens;
-        o.sampling = {temperature, top_k, top_p, seed};
-        o.stop_strings = std::move(stop);
-        o.stop_tokens = std::move(stop_tokens);
-        o.stop_at_eos = stop_at_eos;
+        edgellm::GenerateOptions o =
+            generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
+                             std::move(stop_tokens), stop_at_eos);
         return TextStream(context, std::move(prompt), o, start_pos);
       },
       "context"_a, "prompt"_a, "max_tokens"_a = 100, "temperature"_a = 0.0f, "top_k"_a = 0,
@@ -501,12 +511,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
          std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, bool decode_past_stop,
          bool record_logits, bool capture) {
-        edgellm::GenerateOptions o;
-        o.max_tokens = max_tokens;
-        o.sampling = {temperature, top_k, top_p, seed};
-        o.stop_strings = std::move(stop);
-        o.stop_tokens = std::move(stop_tokens);
-        o.stop_at_eos = stop_at_eos;
+        edgellm::GenerateOptions o =
+            generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
+                             std::move(stop_tokens), stop_at_eos);
         o.decode_past_stop = decode_past_stop;
         GenerateRun run;
         GenerateRun* r = &run;  // the hook fills it; `run` outlives the generate() call
