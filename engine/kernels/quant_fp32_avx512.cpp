@@ -15,9 +15,18 @@ struct V {
   static F zero() { return _mm512_setzero_ps(); }
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  // The sums of four vectors at once: halves added, then three hadds.
+  static void hsum4(const F* v, float* out) {
+    __m256 h[4];
+    for (int i = 0; i < 4; ++i)
+      h[i] = _mm256_add_ps(_mm512_castps512_ps256(v[i]), _mm512_extractf32x8_ps(v[i], 1));
+    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+  }
   // 16 bytes: low nibbles are elements 0..15, high nibbles 16..31. vpermps
   // reads only an index's low 4 bits, so a 16-entry table 0.0f .. 15.0f turns
   // each nibble into its float in one shuffle (no mask, no convert).

@@ -8,15 +8,25 @@
 //   acc += scale_b * (q_b . x_b)
 // Zero points and mins are taken once per row and token, not per element:
 //   y = acc - zero * sum_b scale_b * sum(x_b) + sum_b min_b * sum(x_b).
+// (Accumulating those terms lane-wise beside acc measured slower.)
 // Tiles: decode runs 4 rows x 1 token (four independent FMA chains, x loaded
-// once for four rows); prefill V::kPrefillRows x V::kPrefillTokens (a block
-// unpacked and scaled once for all those tokens, then one FMA per vector and
-// token: AVX-512 2 x 8 in 16 accumulators, AVX2 1 x 8).
+// once for four rows, the four sums reduced together); prefill V::kPrefillRows x
+// V::kPrefillTokens (a block unpacked and scaled once for all those tokens,
+// then one FMA per vector and token: AVX-512 2 x 8 in 16 accumulators, AVX2
+// 1 x 8), and 4 / 2 / 1-token tiles for the tokens left over (small-batch
+// decode unpacks each block once for up to 4 tokens).
 //
-// V provides: F (the vector), kLanes, kPrefillRows, kPrefillTokens, zero(), set1(), load(), mul(),
-// fmadd(), hsum(), unpack_u4(block16, F[32 / kLanes]), unpack_i8(block32, F[...]), and dot(w, w16,
-// b, n) (sum w[i] * b[i], w fp32 or IEEE half).
+// Decode is bound by one core's memory-level parallelism: on demand misses
+// alone a core read ~6 GB/s from DRAM while the same kernel on L2-resident
+// weights ran at 11-26 GB/s and a plain read loop at ~11 GB/s
+// (bench/quant_gemv_bench.cpp), so every tile prefetches its weights
+// kPrefetchBytes ahead (8-10 GB/s per core).
+//
+// V provides: F (the vector), kLanes, kPrefillRows, kPrefillTokens, zero(), set1(), load(), add(),
+// mul(), fmadd(), hsum(), hsum4(F[4], float[4]), unpack_u4(block16, F[32 / kLanes]),
+// unpack_i8(block32, F[...]), and dot(w, w16, b, n) (sum w[i] * b[i], w fp32 or IEEE half).
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/quant.h"
@@ -43,40 +53,63 @@ inline void block_dot(const typename V::F* w, const float* xb, typename V::F* d)
   }
 }
 
-// Scales of groups [g0, g0 + n) as fp32, so the block loop broadcasts them
-// straight from memory instead of converting a half per block.
-inline void load_scales(const QuantSegment& s, size_t g0, size_t n, float* out) {
-  if (!s.half_scales) {
-    std::memcpy(out, s.scales.data() + g0, n * sizeof(float));
-    return;
-  }
+// Values [g0, g0 + n) of a scale or min array as fp32 (the block loop
+// broadcasts them straight from memory instead of converting a half per block),
+// zero-filled up to a whole vector.
+inline void load_scales(const float* f32, const uint16_t* f16, size_t g0, size_t n, float* out) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
-                                  reinterpret_cast<const __m128i*>(s.scales16.data() + g0 + i))));
-  for (; i < n; ++i) out[i] = _cvtsh_ss(s.scales16[g0 + i]);
+  if (f16 == nullptr) {
+    std::memcpy(out, f32 + g0, n * sizeof(float));
+    i = n;
+  } else {
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(
+          out + i,
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f16 + g0 + i))));
+    for (; i < n; ++i) out[i] = _cvtsh_ss(f16[g0 + i]);
+  }
+  for (; i % V::kLanes; ++i) out[i] = 0.0f;
+}
+inline void load_scales(const QuantSegment& s, size_t g0, size_t n, float* out) {
+  load_scales(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, g0, n, out);
 }
 
 constexpr size_t kChunk = 64;  // blocks whose scales are staged at a time
+// How far ahead of the tile's weights to prefetch. Measured on the decode GEMV
+// (quant_gemv_bench, 2 threads from DRAM): 1 KB gains less, 3 KB and more
+// start to lose.
+constexpr size_t kPrefetchBytes = 2048;
 
 template <bool kU4, bool kG16, int R, int T>
 void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r, size_t t0) {
+  using F = typename V::F;
+  constexpr int L = V::kLanes;
+
   const size_t nb = s.cols / 32, ng = s.cols / s.group;
   constexpr size_t kPer = kG16 ? 2 : 1;  // scales per block
-  typename V::F acc[R][T];
+  const bool zero = kU4 && s.zero != 0, mins = kU4 && s.has_min;
+  F acc[R][T];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < T; ++j) acc[i][j] = V::zero();
   alignas(64) float sc[R][kChunk * kPer];
+  constexpr size_t kStep = R * (kU4 ? 16 : 32);  // tile bytes per block
+  const uintptr_t tile_qs = reinterpret_cast<uintptr_t>(s.qs.data() + r * s.row_bytes());
   for (size_t b0 = 0; b0 < nb; b0 += kChunk) {
     const size_t b1 = std::min(nb, b0 + kChunk);
     for (int i = 0; i < R; ++i) load_scales(s, (r + i) * ng + b0 * kPer, (b1 - b0) * kPer, sc[i]);
     for (size_t b = b0; b < b1; ++b) {
+      // The bytes this tile reads at block b, kPrefetchBytes ahead (a line each).
+      // (An address, not a pointer: past the last tile it points nowhere, and a
+      // prefetch never faults.)
+      for (size_t k = 0; k < kStep; k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(tile_qs + kPrefetchBytes + b * kStep + k),
+                     _MM_HINT_T0);
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
         const size_t row = r + i;
-        typename V::F w[kVecs];
+        F w[kVecs];
         if constexpr (kU4)
           V::unpack_u4(s.qs.data() + row * s.row_bytes() + b * 16, w);
         else
@@ -92,11 +125,11 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
             const float* xb = a.x + (t0 + j) * a.cols + b * 32;
 #pragma GCC unroll 8
             for (int v = 0; v < kVecs; ++v)
-              acc[i][j] = V::fmadd(w[v], V::load(xb + v * V::kLanes), acc[i][j]);
+              acc[i][j] = V::fmadd(w[v], V::load(xb + v * L), acc[i][j]);
           }
         } else {
           // Decode: the scale once per block (per 16 for Q6_K), after the dot.
-          typename V::F d[2];
+          F d[2];
           block_dot<kG16>(w, a.x + t0 * a.cols + b * 32, d);
           acc[i][0] = V::fmadd(d[0], V::set1(bs[0]), acc[i][0]);
           if constexpr (kG16) acc[i][0] = V::fmadd(d[1], V::set1(bs[1]), acc[i][0]);
@@ -104,22 +137,44 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
       }
     }
   }
+  float sums[R][T];
+  if constexpr (R == 4 && T == 1) {  // decode: the four rows reduced together
+    const typename V::F v[4] = {acc[0][0], acc[1][0], acc[2][0], acc[3][0]};
+    float out[4];
+    V::hsum4(v, out);
+    for (int i = 0; i < 4; ++i) sums[i][0] = out[i];
+  } else {
 #pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < T; ++j) sums[i][j] = V::hsum(acc[i][j]);
+  }
   for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
     for (int j = 0; j < T; ++j) {
       const size_t row = r + i, t = t0 + j, g0 = row * nb;
-      const float* xs = a.block_sum + t * nb;
-      float out = V::hsum(acc[i][j]);
-      if (kU4 && s.zero)
+      const float* xsum = a.block_sum + t * nb;
+      float out = sums[i][j];
+      if (zero)
         out -= static_cast<float>(s.zero) * V::dot(s.half_scales ? nullptr : s.scales.data() + g0,
                                                    s.half_scales ? s.scales16.data() + g0 : nullptr,
-                                                   xs, nb);
-      if (kU4 && s.has_min)
+                                                   xsum, nb);
+      if (mins)
         out += V::dot(s.half_scales ? nullptr : s.mins.data() + g0,
-                      s.half_scales ? s.mins16.data() + g0 : nullptr, xs, nb);
+                      s.half_scales ? s.mins16.data() + g0 : nullptr, xsum, nb);
       y[t * ldy + row] = out;
     }
+}
+
+// Rows [r, r + R) for tokens [t, n): full T-token tiles, then 4 / 2 / 1.
+template <bool kU4, bool kG16, int R>
+void row_tiles(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r) {
+  constexpr int T = V::kPrefillTokens;
+  size_t t = 0;
+  for (; t + T <= a.n; t += T) tile<kU4, kG16, R, T>(s, a, y, ldy, r, t);
+  if constexpr (T > 4)
+    for (; t + 4 <= a.n; t += 4) tile<kU4, kG16, R, 4>(s, a, y, ldy, r, t);
+  for (; t + 2 <= a.n; t += 2) tile<kU4, kG16, R, 2>(s, a, y, ldy, r, t);
+  for (; t < a.n; ++t) tile<kU4, kG16, R, 1>(s, a, y, ldy, r, t);
 }
 
 template <bool kU4, bool kG16>
@@ -130,18 +185,10 @@ void rows(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
     for (; r < r1; ++r) tile<kU4, kG16, 1, 1>(s, a, y, ldy, r, 0);
     return;
   }
-  constexpr int R = V::kPrefillRows, T = V::kPrefillTokens;
+  constexpr int R = V::kPrefillRows;
   size_t r = r0;
-  for (; r + R <= r1; r += R) {
-    size_t t = 0;
-    for (; t + T <= a.n; t += T) tile<kU4, kG16, R, T>(s, a, y, ldy, r, t);
-    for (; t < a.n; ++t) tile<kU4, kG16, R, 1>(s, a, y, ldy, r, t);
-  }
-  for (; r < r1; ++r) {
-    size_t t = 0;
-    for (; t + T <= a.n; t += T) tile<kU4, kG16, 1, T>(s, a, y, ldy, r, t);
-    for (; t < a.n; ++t) tile<kU4, kG16, 1, 1>(s, a, y, ldy, r, t);
-  }
+  for (; r + R <= r1; r += R) row_tiles<kU4, kG16, R>(s, a, y, ldy, r);
+  for (; r < r1; ++r) row_tiles<kU4, kG16, 1>(s, a, y, ldy, r);
 }
 
 }  // namespace

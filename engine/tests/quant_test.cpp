@@ -123,9 +123,11 @@ TEST(QuantTest, Fp32EveryTierMatchesTheReference) {
   for (BlockFormat f : kFormats) {
     const size_t unit = block_elems(f);
     for (size_t rows : {1, 3, 5, 17}) {
-      for (size_t cols : {unit, 3 * unit, 9 * unit}) {
+      // 67 blocks of 32 and 9 of 256 cross the kernels' 64-block scale chunks.
+      for (size_t cols : {unit, 3 * unit, 9 * unit, unit == 32 ? 67 * unit : 11 * unit}) {
         const QuantMatrix w = random_matrix(f, rows, cols, rng);
-        for (size_t n : {1, 2, 5, 9, 19}) {
+        // Full prefill tiles of 8 tokens and every 4 / 2 / 1 remainder.
+        for (size_t n : {1, 2, 3, 5, 7, 12, 19}) {
           SCOPED_TRACE(std::string(block_format_name(f)) + " rows " + std::to_string(rows) +
                        " cols " + std::to_string(cols) + " n " + std::to_string(n));
           const auto x = random_x(n * cols, rng);

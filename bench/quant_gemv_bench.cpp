@@ -1,0 +1,135 @@
+// Quantized decode GEMV (kernels/quant.h) per weight format, in GB/s of the
+// bytes the repacked layout streams: "hot" repeats one matrix that fits in L2
+// (the kernel's instruction throughput), "dram" cycles through distinct copies
+// (> 192 MB together, as decode streams a model larger than the LLC). hot well
+// above dram means the format is memory-bound on this machine; hot near dram
+// means the unpack/convert instructions are the limit.
+//
+//   quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] [--reps R]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "edgellm/roofline.h"
+#include "edgellm/thread_pool.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+using namespace edgellm;
+using namespace edgellm::kernels;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+QuantMatrix random_quant(BlockFormat f, size_t rows, size_t cols, std::mt19937& rng) {
+  std::vector<uint8_t> blocks(rows * cols / block_elems(f) * block_bytes(f));
+  for (auto& b : blocks) b = static_cast<uint8_t>(rng() & 0x3b);  // keeps f16 scales finite
+  QuantMatrix m;
+  append_segment(m, repack_gguf(f, blocks.data(), rows, cols));
+  return m;
+}
+
+// Median over `reps` timed passes (after one warm-up) of a pass over `ms`, in
+// GB/s of the bytes the pass streams.
+double gbytes_per_s(const std::vector<QuantMatrix>& ms, size_t n, ThreadPool& pool, int reps) {
+  const size_t cols = ms[0].cols, rows = ms[0].rows;
+  std::vector<float> x(n * cols), y(n * rows);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (auto& e : x) e = dist(rng);
+  // At least ~50 MB per timed pass, so the clock's resolution does not matter.
+  const size_t inner = std::max<size_t>(1, (size_t{50} << 20) / (ms.size() * ms[0].bytes()));
+  auto pass = [&] {
+    for (size_t k = 0; k < inner; ++k)
+      for (const auto& m : ms) quant_matmul(m, x.data(), n, y.data(), nullptr, pool);
+  };
+  pass();
+  std::vector<double> t(static_cast<size_t>(reps));
+  for (auto& s : t) {
+    const auto t0 = Clock::now();
+    pass();
+    s = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  std::sort(t.begin(), t.end());
+  return static_cast<double>(inner * ms.size() * ms[0].bytes()) / t[t.size() / 2] / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, reps = 7;
+  size_t n = 1;
+  const char* only = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const bool has_value = i + 1 < argc;
+    if (std::strcmp(argv[i], "--threads") == 0 && has_value)
+      threads = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--n") == 0 && has_value)
+      n = static_cast<size_t>(std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--reps") == 0 && has_value)
+      reps = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--format") == 0 && has_value)
+      only = argv[++i];
+    else {
+      std::fprintf(stderr,
+                   "usage: quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] "
+                   "[--reps R]\n");
+      return 2;
+    }
+  }
+  if (threads < 1 || reps < 1 || n < 1) {
+    std::fprintf(stderr, "quant_gemv_bench: --threads, --n and --reps must be positive\n");
+    return 2;
+  }
+  set_quant_precision(QuantPrecision::fp32);
+  ThreadPool pool(threads), one(1);
+  std::printf("isa %s, fp32 activations, n=%zu, %d threads (median of %d)\n",
+              std::string(isa_name(active_isa())).c_str(), n, pool.size(), reps);
+  std::printf("ceiling  plain read bandwidth over 512 MB: 1t %.1f GB/s, %dt %.1f GB/s\n",
+              edgellm::measure_read_bandwidth(size_t{512} << 20, 1), pool.size(),
+              edgellm::measure_read_bandwidth(size_t{512} << 20, pool.size()));
+  struct Shape {
+    const char* what;
+    BlockFormat format;
+    size_t rows, cols;
+  };
+  const Shape shapes[] = {{"gate_up smollm2", BlockFormat::q4_1, 3072, 576},
+                          {"down smollm2", BlockFormat::q4_1, 576, 1536},
+                          {"lm_head smollm2", BlockFormat::q8_0, 49152, 576},
+                          {"qkv gemma3", BlockFormat::q5_0, 1536, 640},
+                          {"gate_up gemma3", BlockFormat::q4_k, 4096, 640},
+                          {"down gemma3", BlockFormat::q6_k, 640, 2048},
+                          {"q gemma3", BlockFormat::q4_0, 1024, 640}};
+  bool any = false;
+  for (const Shape& s : shapes) {
+    if (only && block_format_name(s.format) != only) continue;
+    any = true;
+    std::mt19937 rng(0);
+    std::vector<QuantMatrix> hot;
+    hot.push_back(random_quant(s.format, s.rows, s.cols, rng));
+    const size_t bytes = hot[0].bytes();
+    // hot: a slice of the rows that fits in L2 beside x.
+    const size_t hot_rows = std::min(s.rows, (size_t{768} << 10) / (bytes / s.rows)) / 4 * 4;
+    hot[0] = random_quant(s.format, hot_rows, s.cols, rng);
+    std::vector<QuantMatrix> cold;
+    for (size_t total = 0; total < (size_t{192} << 20); total += bytes)
+      cold.push_back(random_quant(s.format, s.rows, s.cols, rng));
+    const double h1 = gbytes_per_s(hot, n, one, reps);
+    const double d1 = gbytes_per_s(cold, n, one, reps);
+    const double dn = gbytes_per_s(cold, n, pool, reps);
+    std::printf("%-16s %-4s %6zux%-5zu hot 1t %6.1f GB/s   dram 1t %6.1f GB/s   dram %dt %6.1f GB/s\n",
+                s.what, std::string(block_format_name(s.format)).c_str(), s.rows, s.cols, h1, d1,
+                pool.size(), dn);
+    std::fflush(stdout);
+  }
+  if (!any) {
+    std::fprintf(stderr, "quant_gemv_bench: no shape of format %s\n", only);
+    return 2;
+  }
+  return 0;
+}
