@@ -122,9 +122,10 @@ int main(int argc, char** argv) {
     const double h1 = gbytes_per_s(hot, n, one, reps);
     const double d1 = gbytes_per_s(cold, n, one, reps);
     const double dn = gbytes_per_s(cold, n, pool, reps);
-    std::printf("%-16s %-4s %6zux%-5zu hot 1t %6.1f GB/s   dram 1t %6.1f GB/s   dram %dt %6.1f GB/s\n",
-                s.what, std::string(block_format_name(s.format)).c_str(), s.rows, s.cols, h1, d1,
-                pool.size(), dn);
+    std::printf(
+        "%-16s %-4s %6zux%-5zu hot 1t %6.1f GB/s   dram 1t %6.1f GB/s   dram %dt %6.1f GB/s\n",
+        s.what, std::string(block_format_name(s.format)).c_str(), s.rows, s.cols, h1, d1,
+        pool.size(), dn);
     std::fflush(stdout);
   }
   if (!any) {

@@ -45,8 +45,9 @@ struct V {
       w[v] = _mm256_cvtepi32_ps(
           _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * v))));
   }
-  // sum_i w[i] * b[i] over n values; w is fp32 or IEEE half.
-  static float dot(const float* w, const uint16_t* w16, const float* b, size_t n) {
+  // Lane-wise partial sums of sum_i w[i] * b[i] over n values (w fp32 or
+  // IEEE half); the tail from zero-padded copies, so nothing past n is read.
+  static F dot_lanes(const float* w, const uint16_t* w16, const float* b, size_t n) {
     F acc = zero();
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -54,9 +55,15 @@ struct V {
                        : _mm256_loadu_ps(w + i);
       acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(b + i), acc);
     }
-    float sum = hsum(acc);
-    for (; i < n; ++i) sum += (w16 ? _cvtsh_ss(w16[i]) : w[i]) * b[i];
-    return sum;
+    if (i < n) {
+      alignas(32) float wt[8] = {}, bt[8] = {};
+      for (size_t k = i; k < n; ++k) {
+        wt[k - i] = w16 ? _cvtsh_ss(w16[k]) : w[k];
+        bt[k - i] = b[k];
+      }
+      acc = _mm256_fmadd_ps(_mm256_load_ps(wt), _mm256_load_ps(bt), acc);
+    }
+    return acc;
   }
 };
 

@@ -7,8 +7,8 @@
 // and scaled once per block (per 16 for Q6_K):
 //   acc += scale_b * (q_b . x_b)
 // Zero points and mins are taken once per row and token, not per element:
-//   y = acc - zero * sum_b scale_b * sum(x_b) + sum_b min_b * sum(x_b).
-// (Accumulating those terms lane-wise beside acc measured slower.)
+//   y = acc - zero * sum_b scale_b * sum(x_b) + sum_b min_b * sum(x_b),
+// both sums lane-wise into acc, so each output takes a single reduction.
 // Tiles: decode runs 4 rows x 1 token (four independent FMA chains, x loaded
 // once for four rows, the four sums reduced together); prefill V::kPrefillRows x
 // V::kPrefillTokens (a block unpacked and scaled once for all those tokens,
@@ -24,7 +24,8 @@
 //
 // V provides: F (the vector), kLanes, kPrefillRows, kPrefillTokens, zero(), set1(), load(), add(),
 // mul(), fmadd(), hsum(), hsum4(F[4], float[4]), unpack_u4(block16, F[32 / kLanes]),
-// unpack_i8(block32, F[...]), and dot(w, w16, b, n) (sum w[i] * b[i], w fp32 or IEEE half).
+// unpack_i8(block32, F[...]), and dot_lanes(w, w16, b, n) (lane-wise sum w[i] * b[i], w fp32 or
+// IEEE half).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -137,32 +138,34 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
       }
     }
   }
-  float sums[R][T];
+  // Zero points and mins, lane-wise into acc, so each output takes one reduction.
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < T; ++j) {
+      const size_t g0 = (r + i) * nb;
+      const float* xsum = a.block_sum + (t0 + j) * nb;
+      if (zero)
+        acc[i][j] =
+            V::fmadd(V::dot_lanes(s.half_scales ? nullptr : s.scales.data() + g0,
+                                  s.half_scales ? s.scales16.data() + g0 : nullptr, xsum, nb),
+                     V::set1(-static_cast<float>(s.zero)), acc[i][j]);
+      if (mins)
+        acc[i][j] = V::add(acc[i][j],
+                           V::dot_lanes(s.half_scales ? nullptr : s.mins.data() + g0,
+                                        s.half_scales ? s.mins16.data() + g0 : nullptr, xsum, nb));
+    }
   if constexpr (R == 4 && T == 1) {  // decode: the four rows reduced together
-    const typename V::F v[4] = {acc[0][0], acc[1][0], acc[2][0], acc[3][0]};
-    float out[4];
+    const F v[4] = {acc[0][0], acc[1][0], acc[2][0], acc[3][0]};
+    alignas(16) float out[4];
     V::hsum4(v, out);
-    for (int i = 0; i < 4; ++i) sums[i][0] = out[i];
+    for (int i = 0; i < 4; ++i) y[t0 * ldy + r + i] = out[i];
   } else {
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
-      for (int j = 0; j < T; ++j) sums[i][j] = V::hsum(acc[i][j]);
+      for (int j = 0; j < T; ++j) y[(t0 + j) * ldy + r + i] = V::hsum(acc[i][j]);
   }
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < T; ++j) {
-      const size_t row = r + i, t = t0 + j, g0 = row * nb;
-      const float* xsum = a.block_sum + t * nb;
-      float out = sums[i][j];
-      if (zero)
-        out -= static_cast<float>(s.zero) * V::dot(s.half_scales ? nullptr : s.scales.data() + g0,
-                                                   s.half_scales ? s.scales16.data() + g0 : nullptr,
-                                                   xsum, nb);
-      if (mins)
-        out += V::dot(s.half_scales ? nullptr : s.mins.data() + g0,
-                      s.half_scales ? s.mins16.data() + g0 : nullptr, xsum, nb);
-      y[t * ldy + row] = out;
-    }
 }
 
 // Rows [r, r + R) for tokens [t, n): full T-token tiles, then 4 / 2 / 1.
