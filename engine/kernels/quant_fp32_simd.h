@@ -54,25 +54,18 @@ inline void block_dot(const typename V::F* w, const float* xb, typename V::F* d)
   }
 }
 
-// Values [g0, g0 + n) of a scale or min array as fp32 (the block loop
-// broadcasts them straight from memory instead of converting a half per block),
-// zero-filled up to a whole vector.
-inline void load_scales(const float* f32, const uint16_t* f16, size_t g0, size_t n, float* out) {
-  size_t i = 0;
-  if (f16 == nullptr) {
-    std::memcpy(out, f32 + g0, n * sizeof(float));
-    i = n;
-  } else {
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(
-          out + i,
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f16 + g0 + i))));
-    for (; i < n; ++i) out[i] = _cvtsh_ss(f16[g0 + i]);
-  }
-  for (; i % V::kLanes; ++i) out[i] = 0.0f;
-}
+// Scales of groups [g0, g0 + n) as fp32, so the block loop broadcasts them
+// straight from memory instead of converting a half per block.
 inline void load_scales(const QuantSegment& s, size_t g0, size_t n, float* out) {
-  load_scales(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, g0, n, out);
+  if (!s.half_scales) {
+    std::memcpy(out, s.scales.data() + g0, n * sizeof(float));
+    return;
+  }
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                  reinterpret_cast<const __m128i*>(s.scales16.data() + g0 + i))));
+  for (; i < n; ++i) out[i] = _cvtsh_ss(s.scales16[g0 + i]);
 }
 
 constexpr size_t kChunk = 64;  // blocks whose scales are staged at a time
