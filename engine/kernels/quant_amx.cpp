@@ -31,10 +31,10 @@ namespace edgellm::kernels::amx {
 
 namespace {
 
-constexpr size_t kPanel = 16;                       // rows of a panel (a B tile's N)
-constexpr size_t kChunkBytes = 1024 * 1024;         // unpacked panels per chunk
-constexpr size_t kTokenBlockBytes = 512 * 1024;     // x parts per token block
-constexpr size_t kParts = 3;                        // bf16 parts of fp32 x
+constexpr size_t kPanel = 16;                    // rows of a panel (a B tile's N)
+constexpr size_t kChunkBytes = 1024 * 1024;      // unpacked panels per chunk
+constexpr size_t kTokenBlockBytes = 512 * 1024;  // x parts per token block
+constexpr size_t kParts = 3;                     // bf16 parts of fp32 x
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -142,7 +142,8 @@ struct Scratch {
         for (size_t g = 0; g < ng; ++g)
           sc[g * kPanel + n] = have ? s.scale((r0 + n) * ng + g) : 0.0f;
         if (s.has_min)
-          for (size_t g = 0; g < nb; ++g) mn[g * kPanel + n] = have ? s.min((r0 + n) * nb + g) : 0.0f;
+          for (size_t g = 0; g < nb; ++g)
+            mn[g * kPanel + n] = have ? s.min((r0 + n) * nb + g) : 0.0f;
       }
     }
   }
@@ -156,25 +157,34 @@ struct Scratch {
   }
 };
 
-// acc[t][0..32) += c[t][0..32) * scale (+ blocksum[t] * min), two panels.
+constexpr size_t kGroupsPerPass = 4;  // C tiles stored per scaling pass
+
+// For groups h0 .. h0 + count: acc[t][0..32) += c[h][t][0..32) * scale[h]
+// (+ blocksum[t][h] * min[h]), two panels, each accumulator loaded and stored
+// once for the `count` groups.
 template <bool kMin>
-inline void scale_into(float* acc, const float* c, const float* s0, const float* s1,
-                       const float* m0, const float* m1, const float* bsum, size_t bstride,
-                       size_t tokens) {
-  const __m512 sa = _mm512_loadu_ps(s0), sb = _mm512_loadu_ps(s1);
-  __m512 ma = _mm512_setzero_ps(), mb = _mm512_setzero_ps();
-  if constexpr (kMin) ma = _mm512_loadu_ps(m0), mb = _mm512_loadu_ps(m1);
-  for (size_t t = 0; t < tokens; ++t) {
-    __m512 a0 = _mm512_fmadd_ps(_mm512_load_ps(c + t * 32), sa, _mm512_load_ps(acc + t * 32));
-    __m512 a1 =
-        _mm512_fmadd_ps(_mm512_load_ps(c + t * 32 + 16), sb, _mm512_load_ps(acc + t * 32 + 16));
+inline void scale_into(float* acc, const float* c, const PanelView& p0, const PanelView& p1,
+                       size_t h0, size_t count, const float* bsum, size_t bstride, size_t tokens) {
+  __m512 sc[kGroupsPerPass][2], mn[kGroupsPerPass][2];
+  for (size_t i = 0; i < count; ++i) {
+    sc[i][0] = _mm512_loadu_ps(p0.scale + (h0 + i) * kPanel);
+    sc[i][1] = _mm512_loadu_ps(p1.scale + (h0 + i) * kPanel);
     if constexpr (kMin) {
-      const __m512 bs = _mm512_set1_ps(bsum[t * bstride]);
-      a0 = _mm512_fmadd_ps(bs, ma, a0);
-      a1 = _mm512_fmadd_ps(bs, mb, a1);
+      mn[i][0] = _mm512_loadu_ps(p0.min + (h0 + i) * kPanel);
+      mn[i][1] = _mm512_loadu_ps(p1.min + (h0 + i) * kPanel);
     }
-    _mm512_store_ps(acc + t * 32, a0);
-    _mm512_store_ps(acc + t * 32 + 16, a1);
+  }
+  for (size_t t = 0; t < tokens; ++t) {
+    for (size_t half = 0; half < 2; ++half) {
+      const size_t o = t * 32 + half * 16;
+      __m512 a = _mm512_load_ps(acc + o);
+      for (size_t i = 0; i < count; ++i) {
+        a = _mm512_fmadd_ps(_mm512_load_ps(c + i * 32 * 32 + o), sc[i][half], a);
+        if constexpr (kMin)
+          a = _mm512_fmadd_ps(_mm512_set1_ps(bsum[t * bstride + h0 + i]), mn[i][half], a);
+      }
+      _mm512_store_ps(acc + o, a);
+    }
   }
 }
 
@@ -185,13 +195,15 @@ template <int KG, bool kMin>
 void block_32x32(const uint16_t* a, size_t cols, size_t plane, const PanelView& p0,
                  const PanelView& p1, const float* bsum, float* y, size_t ldy, size_t tokens,
                  size_t rows) {
+  constexpr size_t G = kGroupsPerPass;
   alignas(64) float acc[32 * 32];
-  alignas(64) float c[2][32 * 32];
+  alignas(64) float c[2][G][32 * 32];  // two sets of G groups' tiles: 32 KiB, in L1
   std::memset(acc, 0, sizeof(acc));
   const size_t lda = cols * sizeof(uint16_t), a_lower = 16 * cols, ng = cols / KG;
   const size_t nb = cols / 32;
-  for (size_t g = 0; g <= ng; ++g) {
-    if (g < ng) {
+  for (size_t g0 = 0;; g0 += G) {
+    const size_t set = (g0 / G) & 1;
+    for (size_t g = g0; g < std::min(ng, g0 + G); ++g) {
       const size_t k = g * KG;
       _tile_zero(0);
       _tile_zero(1);
@@ -209,20 +221,19 @@ void block_32x32(const uint16_t* a, size_t cols, size_t plane, const PanelView& 
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
       }
-    }
-    if (g > 0) {  // the previous group's tiles, while this group's run
-      const size_t h = g - 1;
-      const float* m0 = kMin ? p0.min + h * kPanel : nullptr;
-      const float* m1 = kMin ? p1.min + h * kPanel : nullptr;
-      scale_into<kMin>(acc, c[h & 1], p0.scale + h * kPanel, p1.scale + h * kPanel, m0, m1,
-                       kMin ? bsum + h : nullptr, nb, tokens);
-    }
-    if (g < ng) {
-      float* cb = c[g & 1];
+      float* cb = c[set][g - g0];
       _tile_stored(0, cb, 32 * sizeof(float));
       _tile_stored(1, cb + 16, 32 * sizeof(float));
       _tile_stored(2, cb + 16 * 32, 32 * sizeof(float));
       _tile_stored(3, cb + 16 * 32 + 16, 32 * sizeof(float));
+    }
+    if (g0 > 0) {  // the previous set, while this set's tile products run
+      const size_t h0 = g0 - G;
+      scale_into<kMin>(acc, c[set ^ 1][0], p0, p1, h0, G, bsum, nb, tokens);
+    }
+    if (g0 + G >= ng) {  // this set is the last: scale it too
+      scale_into<kMin>(acc, c[set][0], p0, p1, g0, ng - g0, bsum, nb, tokens);
+      break;
     }
   }
   for (size_t t = 0; t < tokens; ++t) std::memcpy(y + t * ldy, acc + t * 32, rows * sizeof(float));
@@ -252,9 +263,8 @@ void segment_panels(const QuantSegment& s, const Call& call, float* y, size_t ld
         const PanelView v0 = scratch.panel(p - c0), v1 = scratch.panel(p - c0 + 1);
         const size_t r0 = p * kPanel, rows = std::min<size_t>(2 * kPanel, s.rows - r0);
         for (size_t t = t0; t < t1; t += 32)
-          block_32x32<KG, kMin>(call.xb + t * cols, cols, plane, v0, v1,
-                                call.block_sum + t * nb, y + t * ldy + r0, ldy,
-                                std::min<size_t>(32, call.n - t), rows);
+          block_32x32<KG, kMin>(call.xb + t * cols, cols, plane, v0, v1, call.block_sum + t * nb,
+                                y + t * ldy + r0, ldy, std::min<size_t>(32, call.n - t), rows);
       }
     }
   }
