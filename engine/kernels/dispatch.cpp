@@ -165,13 +165,16 @@ const std::vector<KernelInfo>& registered_kernels() {
        "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel",
        all},
       {"matmul_i8",
-       {S, A2, A5},
-       "W int8 + fp32 scale per 32 or 16 (GGUF Q8_0/Q5_0/Q6_K repacked), x/y fp32 (default)",
+       {S, A2, A5, AMX},
+       "W int8 + fp32 scale per 32 or 16 (GGUF Q8_0/Q5_0/Q6_K repacked), x/y fp32 (default); amx "
+       "(n >= 16): panels unpacked to bf16 per call, x as 3 exact bf16 parts, C tiles per group "
+       "scaled in fp32",
        "rows any, cols % 32 == 0, any n",
        "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_u4",
-       {S, A2, A5},
-       "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default)",
+       {S, A2, A5, AMX},
+       "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default); "
+       "amx (n >= 16) as matmul_i8",
        "rows any, cols % 32 == 0, any n",
        "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_i8_int8x",
