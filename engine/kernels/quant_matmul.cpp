@@ -210,13 +210,13 @@ void run_segments(const QuantMatrix& w, const Acts& acts, float* y, Fn rows_fn, 
 }
 
 void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
-  thread_local std::vector<float> sums;
-  sums.resize(n * (w.cols / 32));
-  block_sums(x, n, w.cols, sums.data());
   // Prefill on AMX tiles: the per-group tile sums beat the fp32 row kernel
   // once the 16-token A tiles are full.
   if (active_isa() == Isa::amx && n >= amx::kMinQuantTokens)
-    return amx::quant_matmul_fp32(w, x, n, sums.data(), y, pool);
+    return amx::quant_matmul_fp32(w, x, n, y, pool);
+  thread_local std::vector<float> sums;
+  sums.resize(n * (w.cols / 32));
+  block_sums(x, n, w.cols, sums.data());
   const Fp32Acts acts{.x = x, .block_sum = sums.data(), .n = n, .cols = w.cols};
   const QuantRowsFp32Fn rows_fn = active_isa() >= Isa::avx512 ? avx512::quant_rows_fp32
                                   : active_isa() >= Isa::avx2 ? avx2::quant_rows_fp32
