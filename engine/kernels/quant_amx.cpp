@@ -103,6 +103,15 @@ inline __m512i unpack_block(const QuantSegment& s, size_t r, size_t b) {
   return (__m512i)_mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo));
 }
 
+// Values [i0, i0 + count) of fp32 `f` or IEEE-half `h` (when not null) to
+// out[0], out[kPanel], ...: one row's scales as a panel column (zeros past the
+// segment). Inline: QuantSegment::scale() per value was a call per scale.
+inline void column(const float* f, const uint16_t* h, size_t i0, size_t count, bool have,
+                   float* out) {
+  for (size_t g = 0; g < count; ++g)
+    out[g * kPanel] = !have ? 0.0f : h ? _cvtsh_ss(h[i0 + g]) : f[i0 + g];
+}
+
 // A panel's unpacked weights, scales [group][16] and mins [block][16].
 struct PanelView {
   const uint16_t* w;
@@ -139,11 +148,11 @@ struct Scratch {
       float* mn = min.data() + i * mstride;
       for (size_t n = 0; n < kPanel; ++n) {
         const bool have = r0 + n < s.rows;
-        for (size_t g = 0; g < ng; ++g)
-          sc[g * kPanel + n] = have ? s.scale((r0 + n) * ng + g) : 0.0f;
+        column(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, (r0 + n) * ng, ng,
+               have, sc + n);
         if (s.has_min)
-          for (size_t g = 0; g < nb; ++g)
-            mn[g * kPanel + n] = have ? s.min((r0 + n) * nb + g) : 0.0f;
+          column(s.mins.data(), s.half_scales ? s.mins16.data() : nullptr, (r0 + n) * nb, nb, have,
+                 mn + n);
       }
     }
   }
