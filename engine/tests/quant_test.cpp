@@ -459,6 +459,12 @@ TEST(QuantTest, AmxPrefillMatchesTheReference) {
     append_segment(mixed, repack_gguf(f, blocks.data(), rows, 512));
   }
   for (size_t n : {17, 100}) check(mixed, n, "mixed segments");
+  // Long rows (the 1B fixture's down projection with --weights): several
+  // panel chunks per thread and several token blocks, an odd last chunk.
+  for (BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_1}) {
+    const QuantMatrix w = random_matrix(f, 150, 8192, rng);
+    check(w, 40, "long rows " + std::string(block_format_name(f)));
+  }
 }
 
 }  // namespace
