@@ -9,9 +9,9 @@
 // The scale changes every group (32 columns, 16 for Q6_K), so each group's
 // 32-token x 32-row block is summed in fresh C tiles (tmm0..3, one K-step of
 // TDPBF16PS per part), stored, and FMA'd into an fp32 accumulator block with
-// the rows' scales (+ min * the tokens' block sums). The C tiles are stored to
-// alternating buffers so group g's tile products run while the vector units
-// scale group g - 1.
+// the rows' scales (+ min * the tokens' block sums). Four groups' C tiles go to
+// one of two buffer sets, so one set's tile products run while the vector
+// units scale the other, each accumulator loaded and stored once per set.
 //
 // Weights stay quantized in memory: each thread unpacks its 16-row panels of
 // (q - zero) into bf16 VNNI pairs (the B-tile layout of kernels/avx512.h) in its
