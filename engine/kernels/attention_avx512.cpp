@@ -8,7 +8,8 @@
 // Kt[head_dim][kBlock] (L1), so that scores become a register-tiled product
 // with keys in the lanes: S[rows][keys] += q[row][d] * Kt[d][keys], broadcast
 // and FMA only, no horizontal sums. P.V keeps head dims in the lanes:
-// o[row][d] += p[row][j] * V[j][d]. All arithmetic is fp32.
+// o[row][d] += p[row][j] * V[j][d]. All arithmetic is fp32; a bf16 cache
+// (KvDtype) is widened to fp32 in the transpose and in the V loads.
 //
 // Decode (n small) has too few rows per kv head to pay for the transpose; the
 // dispatcher sends it to the AVX2 kernel, which splits keys across threads.
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "edgellm/bf16.h"
 #include "kernels/avx512.h"
 #include "kernels/vec_avx512.h"
 
@@ -61,10 +63,25 @@ using ScoresFn = void (*)(const float* const*, const float*, size_t, float*);
 constexpr ScoresFn kScores[kScoreRows + 1] = {nullptr,   scores<1>, scores<2>, scores<3>,
                                               scores<4>, scores<5>, scores<6>};
 
+// Sixteen cache elements as fp32 (bf16 widens exactly by a 16-bit shift).
+inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline float widen(float x) {
+  return x;
+}
+inline float widen(uint16_t x) {
+  return bf16_to_float(x);
+}
+
 // o_r[d0 .. d0 + 16 * NV) = o_r * alpha_r + sum_j p_r[j] v_j for NR rows (o
 // rows hd apart, p rows kBlock apart), keys [0, count).
-template <int NR, int NV>
-void pv(float* o, const float* alpha, const float* p, const float* v, size_t count, size_t hd) {
+template <typename T, int NR, int NV>
+void pv(float* o, const float* alpha, const float* p, const T* v, size_t count, size_t hd) {
   __m512 acc[NR][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) {
@@ -76,7 +93,7 @@ void pv(float* o, const float* alpha, const float* p, const float* v, size_t cou
   for (size_t j = 0; j < count; ++j) {
     __m512 vj[NV];
 #pragma GCC unroll 4
-    for (int i = 0; i < NV; ++i) vj[i] = _mm512_loadu_ps(v + j * hd + 16 * i);
+    for (int i = 0; i < NV; ++i) vj[i] = load16(v + j * hd + 16 * i);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * kBlock + j]);
@@ -90,11 +107,13 @@ void pv(float* o, const float* alpha, const float* p, const float* v, size_t cou
     for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + r * hd + 16 * i, acc[r][i]);
 }
 
-using PvFn = void (*)(float*, const float*, const float*, const float*, size_t, size_t);
-template <int NR>
-constexpr PvFn kPvByWidth[5] = {nullptr, pv<NR, 1>, pv<NR, 2>, pv<NR, 3>, pv<NR, 4>};
-constexpr const PvFn* kPv[kPvRows + 1] = {nullptr, kPvByWidth<1>, kPvByWidth<2>, kPvByWidth<3>,
-                                          kPvByWidth<4>};
+template <typename T>
+using PvFn = void (*)(float*, const float*, const float*, const T*, size_t, size_t);
+template <typename T, int NR>
+constexpr PvFn<T> kPvByWidth[5] = {nullptr, pv<T, NR, 1>, pv<T, NR, 2>, pv<T, NR, 3>, pv<T, NR, 4>};
+template <typename T>
+constexpr const PvFn<T>* kPv[kPvRows + 1] = {nullptr, kPvByWidth<T, 1>, kPvByWidth<T, 2>,
+                                             kPvByWidth<T, 3>, kPvByWidth<T, 4>};
 
 // Per-thread scratch of one tile: Kt, S, and the softmax state.
 struct TileState {
@@ -106,11 +125,12 @@ struct TileState {
   float* alpha;  // [rows]
 };
 
+template <typename T>
 void attend_tile(const AttentionArgs& a, size_t group, size_t kvh, size_t t0, size_t t1,
                  const TileState& st) {
   const size_t hd = a.head_dim, rows = (t1 - t0) * group;
-  const float* k_base = a.k_cache + kvh * a.cache_stride * hd;
-  const float* v_base = a.v_cache + kvh * a.cache_stride * hd;
+  const T* k_base = static_cast<const T*>(a.k_cache) + kvh * a.cache_stride * hd;
+  const T* v_base = static_cast<const T*>(a.v_cache) + kvh * a.cache_stride * hd;
   const float* q_rows[kTileRows * 8];
   for (size_t r = 0; r < rows; ++r) {
     const size_t t = t0 + r / group, h = kvh * group + r % group;
@@ -123,7 +143,7 @@ void attend_tile(const AttentionArgs& a, size_t group, size_t kvh, size_t t0, si
     // Transpose the K block; lanes past `count` are zero (masked below).
     for (size_t d = 0; d < hd; ++d)
       for (size_t j = 0; j < kBlock; ++j)
-        st.kt[d * kBlock + j] = j < count ? k_base[(p0 + j) * hd + d] : 0.0f;
+        st.kt[d * kBlock + j] = j < count ? widen(k_base[(p0 + j) * hd + d]) : 0.0f;
     for (size_t r = 0; r < rows; r += kScoreRows) {
       const size_t nr = std::min<size_t>(kScoreRows, rows - r);
       kScores[nr](q_rows + r, st.kt, hd, st.s + r * kBlock);
@@ -167,12 +187,12 @@ void attend_tile(const AttentionArgs& a, size_t group, size_t kvh, size_t t0, si
       st.alpha[r] = alpha;
     }
     // o = o * alpha + P V over the block's keys, 64 head dims at a time.
-    const float* v = v_base + p0 * hd;
+    const T* v = v_base + p0 * hd;
     for (size_t r = 0; r < rows; r += kPvRows) {
       const size_t nr = std::min<size_t>(kPvRows, rows - r);
       for (size_t d = 0; d < hd; d += 64) {
         const size_t nv = std::min<size_t>(4, (hd - d) / 16);
-        kPv[nr][nv](st.o + r * hd + d, st.alpha + r, st.s + r * kBlock, v + d, count, hd);
+        kPv<T>[nr][nv](st.o + r * hd + d, st.alpha + r, st.s + r * kBlock, v + d, count, hd);
       }
     }
   }
@@ -209,7 +229,10 @@ void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
     std::fill(st.o, st.o + rows * hd, 0.0f);
     std::fill(st.m, st.m + rows, -INFINITY);
     std::fill(st.l, st.l + rows, 0.0f);
-    attend_tile(a, group, kvh, t0, t1, st);
+    if (a.kv_dtype == KvDtype::bf16)
+      attend_tile<uint16_t>(a, group, kvh, t0, t1, st);
+    else
+      attend_tile<float>(a, group, kvh, t0, t1, st);
     for (size_t r = 0; r < rows; ++r) {
       const size_t t = t0 + r / group, h = kvh * group + r % group;
       const __m512 inv = _mm512_set1_ps(1.0f / st.l[r]);

@@ -120,6 +120,15 @@ std::string_view gemm_activation_dtype() {
   return active_isa() == Isa::amx ? "bf16x2" : "f32";  // avx512 runs bf16x2 as fp32
 }
 
+std::string_view kv_dtype_name(KvDtype d) {
+  return d == KvDtype::bf16 ? "bf16" : "fp32";
+}
+std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
+  for (KvDtype d : {KvDtype::fp32, KvDtype::bf16})
+    if (kv_dtype_name(d) == name) return d;
+  return std::nullopt;
+}
+
 std::string_view isa_name(Isa isa) {
   switch (isa) {
     case Isa::scalar:
@@ -188,7 +197,7 @@ const std::vector<KernelInfo>& registered_kernels() {
        "EDGELLM_QUANT_PRECISION=int8)"},
       {"attention",
        {S, A2, A5},
-       "q, K/V cache, out fp32",
+       "q, out fp32; K/V cache fp32, or bf16 widened to fp32 on load (EDGELLM_KV_CACHE=bf16)",
        "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
        "(prefill, n >= 16): head_dim % 16 == 0",
        all},

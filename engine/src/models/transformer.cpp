@@ -62,10 +62,11 @@ RopeTable make_rope_table(const ModelConfig& c, float theta, bool scaled, size_t
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int max_context,
-                         ThreadPool& pool, Profiler& profiler)
+                         ThreadPool& pool, Profiler& profiler, kernels::KvDtype kv_dtype)
     : c_(config),
       weights_(std::move(weights)),
       max_context_(static_cast<size_t>(max_context)),
+      kv_dtype_(kv_dtype),
       pool_(pool),
       prof_(profiler) {
   for (const LayerSpec& spec : c_.layers) {
@@ -83,10 +84,36 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
   }
 }
 
+void KvCache::store(size_t offset, const float* key, const float* value, size_t n) {
+  if (dtype == kernels::KvDtype::bf16) {
+    for (size_t i = 0; i < n; ++i) {
+      k16[offset + i] = float_to_bf16(key[i]);
+      v16[offset + i] = float_to_bf16(value[i]);
+    }
+  } else {
+    std::memcpy(&k[offset], key, n * sizeof(float));
+    std::memcpy(&v[offset], value, n * sizeof(float));
+  }
+}
+
 KvCache Transformer::new_kv_cache() const {
   const size_t cache =
       static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim;
-  return KvCache{std::vector<float>(cache, 0.0f), std::vector<float>(cache, 0.0f)};
+  KvCache kv;
+  kv.dtype = kv_dtype_;
+  if (kv_dtype_ == kernels::KvDtype::bf16) {
+    kv.k16.assign(cache, 0);
+    kv.v16.assign(cache, 0);
+  } else {
+    kv.k.assign(cache, 0.0f);
+    kv.v.assign(cache, 0.0f);
+  }
+  return kv;
+}
+
+size_t Transformer::kv_cache_bytes() const {
+  return 2 * static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim *
+         kernels::kv_dtype_bytes(kv_dtype_);
 }
 
 void Transformer::ensure_scratch(Scratch& s, size_t n) const {
@@ -155,8 +182,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
         std::memcpy(&s.q[t * nh * D], row, nh * D * sizeof(float));
         for (size_t h = 0; h < nkv; ++h) {
           const size_t slot = layer_cache + (h * max_context_ + pos) * D;
-          std::memcpy(&seq.kv->k[slot], row + (nh + h) * D, D * sizeof(float));
-          std::memcpy(&seq.kv->v[slot], row + (nh + nkv + h) * D, D * sizeof(float));
+          seq.kv->store(slot, row + (nh + h) * D, row + (nh + nkv + h) * D, D);
         }
       }
     }
@@ -164,8 +190,9 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   const auto attention_args = [&](const SequenceRows& seq, size_t row0) {
     kernels::AttentionArgs a;
     a.q = &s.q[row0 * nh * D];
-    a.k_cache = &seq.kv->k[layer_cache];
-    a.v_cache = &seq.kv->v[layer_cache];
+    a.k_cache = seq.kv->keys(layer_cache);
+    a.v_cache = seq.kv->values(layer_cache);
+    a.kv_dtype = seq.kv->dtype;
     a.out = &s.attn[row0 * nh * D];
     a.n = seq.n;
     a.start = seq.start;
@@ -181,7 +208,8 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   // (bytes, flops) of one sequence's attention, for the profiler.
   const auto attention_cost = [&](const SequenceRows& seq) {
     const double keys = static_cast<double>(seq.start + seq.n);
-    return std::pair{2.0 * 4 * keys * nkv * D, 4.0 * seq.n * keys * nh * D};
+    const double elem = static_cast<double>(kernels::kv_dtype_bytes(seq.kv->dtype));
+    return std::pair{2.0 * elem * keys * nkv * D, 4.0 * seq.n * keys * nh * D};
   };
   if (s.batch && seqs.size() > 1) {
     // A decode batch runs its sequences side by side, one per thread: each

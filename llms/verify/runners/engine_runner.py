@@ -28,6 +28,7 @@ BINDING = "edgellm_py"
 # one this list does not know yet, is judged as a reduced-precision path unless the binding
 # says otherwise: a wrong guess then costs sharpness, never a false fail.
 FP32_ISAS = ("scalar", "avx2")
+FP32_NAMES = ("f32", "fp32", "float32")
 FULL_PRECISION_WEIGHTS = ("checkpoint", "bf16", "f16", "f32", "gguf-exact")
 
 
@@ -155,10 +156,11 @@ def precision_of(py: ModuleType, session: Any, isa: str, model: Path) -> tuple[s
     """(what the report shows, the calibrated lens' tier) for the path this session runs.
 
     The tier is ``fp32`` only when activations are known to stay fp32 (the binding's
-    ``activation_dtype``, else a known fp32 ISA) and the weights are the checkpoint's own
-    (the session's ``weight_format`` absent or unquantized, not a .gguf file); otherwise
-    ``reduced``. ``requantized`` (weights HF never saw) is for the caller to say:
-    --precision requantized.
+    ``activation_dtype``, else a known fp32 ISA), the KV cache holds them in fp32 (the
+    session's ``kv_cache_dtype``; absent: fp32, the only cache before it existed) and the
+    weights are the checkpoint's own (the session's ``weight_format`` absent or unquantized,
+    not a .gguf file); otherwise ``reduced``. ``requantized`` (weights HF never saw) is for
+    the caller to say: --precision requantized.
     """
     activations = _declared(session, "activation_dtype") or _declared(py, "activation_dtype")
     if activations is None:
@@ -170,6 +172,9 @@ def precision_of(py: ModuleType, session: Any, isa: str, model: Path) -> tuple[s
         # HF loads the GGUF's dequantized values exactly (fp32 beside the file): the
         # engine's fp32-activation path multiplies the same weights as the truth.
         weights = "gguf-exact"
-    path = f"isa {isa}, activations {activations}, weights {weights}"
-    exact = activations in ("f32", "fp32", "float32") and weights in FULL_PRECISION_WEIGHTS
+    kv_cache = _declared(session, "kv_cache_dtype") or "fp32"
+    path = f"isa {isa}, activations {activations}, kv cache {kv_cache}, weights {weights}"
+    exact = (
+        activations in FP32_NAMES and kv_cache in FP32_NAMES and weights in FULL_PRECISION_WEIGHTS
+    )
     return path, "fp32" if exact else "reduced"
