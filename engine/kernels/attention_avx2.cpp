@@ -14,8 +14,6 @@
 // the same and decode streams half the bytes.
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
-#include <vector>
 
 #include "kernels/avx2.h"
 #include "kernels/vec_avx2.h"
@@ -106,100 +104,66 @@ constexpr PvFn<T> kPv[9] = {nullptr,
                             accumulate_pv<T, 7>,
                             accumulate_pv<T, 8>};
 
-// Updates the online softmax of the tile's rows (query tokens [t0, t1) of kv
-// head `kvh`; row = (t - t0) * group + g) with keys [p0, p1), whose K and V
-// rows start at k and v. s is [kMaxBlockKeys] scratch.
-template <typename T>
-void attend_block(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t t0, size_t t1,
-                  size_t p0, size_t p1, const T* k, const T* v, float* s, float* m, float* l,
-                  float* o) {
-  const size_t hd = a.head_dim, group = plan.group;
-  for (size_t t = t0; t < t1; ++t) {
-    const size_t pos = a.start + t;
-    // This row's keys within the block: [j0, j1) relative to p0.
-    const size_t r_lo = std::max(p0, first_key(a, pos)), r_hi = std::min(p1, pos + 1);
-    if (r_lo >= r_hi) continue;
-    const size_t j0 = r_lo - p0, j1 = r_hi - p0;
-    // Vector range over s, widened to whole vectors; lanes outside [j0, j1) are -inf.
-    const size_t v0 = j0 / 8 * 8, v1 = std::min((j1 + 7) / 8 * 8, kMaxBlockKeys);
-    for (size_t g = 0; g < group; ++g) {
-      const size_t h = kvh * group + g, row = (t - t0) * group + g;
-      const float* q = a.q + (t * a.n_heads + h) * hd;
-      dot_keys(q, k + j0 * hd, j1 - j0, hd, s + j0);
-      const __m256 scale = _mm256_set1_ps(a.scale);
-      for (size_t j = v0; j < v1; j += 8) {  // lanes outside [j0, j1) are masked below
-        __m256 x = _mm256_mul_ps(_mm256_load_ps(s + j), scale);
-        if (a.softcap > 0.0f) {
-          const __m256 cap = _mm256_set1_ps(a.softcap);
-          x = _mm256_mul_ps(cap, tanh_ps(_mm256_div_ps(x, cap)));
-        }
-        _mm256_store_ps(s + j, x);
-      }
-      for (size_t j = v0; j < j0; ++j) s[j] = -INFINITY;
-      for (size_t j = j1; j < v1; ++j) s[j] = -INFINITY;
-      __m256 vmax = _mm256_set1_ps(-INFINITY);
-      for (size_t j = v0; j < v1; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(s + j));
-      const float m_old = m[row];
-      const float m_new = std::max(m_old, hmax(vmax));
-      // m_old = -inf on a row's first block: alpha = 0 scales the zero o.
-      const float alpha = std::exp(m_old - m_new);
-      const __m256 vm = _mm256_set1_ps(m_new);
-      __m256 vsum = _mm256_setzero_ps();
-      for (size_t j = v0; j < v1; j += 8) {
-        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_load_ps(s + j), vm));  // -inf -> 0
-        _mm256_store_ps(s + j, e);
-        vsum = _mm256_add_ps(vsum, e);
-      }
-      l[row] = l[row] * alpha + hsum(vsum);
-      m[row] = m_new;
-      float* o_row = o + row * hd;
-      for (size_t d = 0; d < hd; d += 64) {
-        const size_t nv = std::min<size_t>(8, (hd - d) / 8);
-        kPv<T>[nv](o_row + d, alpha, s + j0, v + j0 * hd + d, j1 - j0, hd);
-      }
-    }
-  }
-}
-
-// n cache elements (n % 8 == 0) as fp32.
-void widen(const uint16_t* x, size_t n, float* out) {
-  for (size_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, load8(x + i));
-}
-
 // Runs the online softmax for query tokens [t0, t1) of kv head `kvh` over keys
 // [kb, ke), updating per-row state m[rows], l[rows], o[rows][hd] (row =
 // (t - t0) * group + g). The caller initialises the state.
 template <typename T>
 void attend_tile(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t t0, size_t t1,
                  size_t kb, size_t ke, float* m, float* l, float* o) {
-  const size_t hd = a.head_dim;
+  const size_t hd = a.head_dim, group = plan.group;
   const T* k_base = static_cast<const T*>(a.k_cache) + kvh * a.cache_stride * hd;
   const T* v_base = static_cast<const T*>(a.v_cache) + kvh * a.cache_stride * hd;
   // Keys any row of the tile sees: rows are ordered by position.
   const size_t lo = std::max(kb, first_key(a, a.start + t0));
   const size_t hi = std::min(ke, a.start + t1);
   alignas(32) float s[kMaxBlockKeys];
-  // A bf16 block read by several rows (the group's query heads, the tile's
-  // tokens) is widened once into fp32 scratch (L1): widening in each row's
-  // loads repeats its shuffles once per row, and they, not the halved bytes,
-  // then bound decode.
-  const bool widen_once = std::is_same_v<T, uint16_t> && (t1 - t0) * plan.group > 1;
-  thread_local std::vector<float> kw, vw;
-  if (widen_once && kw.size() < plan.block * hd) {
-    kw.resize(plan.block * hd);
-    vw.resize(plan.block * hd);
-  }
   for (size_t p0 = lo; p0 < hi; p0 += plan.block) {
     const size_t p1 = std::min(hi, p0 + plan.block);
-    if constexpr (std::is_same_v<T, uint16_t>) {
-      if (widen_once) {
-        widen(k_base + p0 * hd, (p1 - p0) * hd, kw.data());
-        widen(v_base + p0 * hd, (p1 - p0) * hd, vw.data());
-        attend_block<float>(a, plan, kvh, t0, t1, p0, p1, kw.data(), vw.data(), s, m, l, o);
-        continue;
+    for (size_t t = t0; t < t1; ++t) {
+      const size_t pos = a.start + t;
+      // This row's keys within the block: [j0, j1) relative to p0.
+      const size_t r_lo = std::max(p0, first_key(a, pos)), r_hi = std::min(p1, pos + 1);
+      if (r_lo >= r_hi) continue;
+      const size_t j0 = r_lo - p0, j1 = r_hi - p0;
+      // Vector range over s, widened to whole vectors; lanes outside [j0, j1) are -inf.
+      const size_t v0 = j0 / 8 * 8, v1 = std::min((j1 + 7) / 8 * 8, kMaxBlockKeys);
+      for (size_t g = 0; g < group; ++g) {
+        const size_t h = kvh * group + g, row = (t - t0) * group + g;
+        const float* q = a.q + (t * a.n_heads + h) * hd;
+        dot_keys(q, k_base + r_lo * hd, j1 - j0, hd, s + j0);
+        const __m256 scale = _mm256_set1_ps(a.scale);
+        for (size_t j = v0; j < v1; j += 8) {  // lanes outside [j0, j1) are masked below
+          __m256 x = _mm256_mul_ps(_mm256_load_ps(s + j), scale);
+          if (a.softcap > 0.0f) {
+            const __m256 cap = _mm256_set1_ps(a.softcap);
+            x = _mm256_mul_ps(cap, tanh_ps(_mm256_div_ps(x, cap)));
+          }
+          _mm256_store_ps(s + j, x);
+        }
+        for (size_t j = v0; j < j0; ++j) s[j] = -INFINITY;
+        for (size_t j = j1; j < v1; ++j) s[j] = -INFINITY;
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        for (size_t j = v0; j < v1; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(s + j));
+        const float m_old = m[row];
+        const float m_new = std::max(m_old, hmax(vmax));
+        // m_old = -inf on a row's first block: alpha = 0 scales the zero o.
+        const float alpha = std::exp(m_old - m_new);
+        const __m256 vm = _mm256_set1_ps(m_new);
+        __m256 vsum = _mm256_setzero_ps();
+        for (size_t j = v0; j < v1; j += 8) {
+          const __m256 e = exp_ps(_mm256_sub_ps(_mm256_load_ps(s + j), vm));  // -inf -> 0
+          _mm256_store_ps(s + j, e);
+          vsum = _mm256_add_ps(vsum, e);
+        }
+        l[row] = l[row] * alpha + hsum(vsum);
+        m[row] = m_new;
+        float* o_row = o + row * hd;
+        for (size_t d = 0; d < hd; d += 64) {
+          const size_t nv = std::min<size_t>(8, (hd - d) / 8);
+          kPv<T>[nv](o_row + d, alpha, s + j0, v_base + r_lo * hd + d, j1 - j0, hd);
+        }
       }
     }
-    attend_block<T>(a, plan, kvh, t0, t1, p0, p1, k_base + p0 * hd, v_base + p0 * hd, s, m, l, o);
   }
 }
 
