@@ -119,6 +119,17 @@ void attend_tile(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t t0
   alignas(32) float s[kMaxBlockKeys];
   for (size_t p0 = lo; p0 < hi; p0 += plan.block) {
     const size_t p1 = std::min(hi, p0 + plan.block);
+    // Prefetch the next block's K and V while this one computes: the hardware
+    // prefetcher alone leaves DRAM idle during a block's arithmetic.
+    if (p1 < hi) {
+      const char* next_k = reinterpret_cast<const char*>(k_base + p1 * hd);
+      const char* next_v = reinterpret_cast<const char*>(v_base + p1 * hd);
+      const size_t bytes = (std::min(hi, p1 + plan.block) - p1) * hd * sizeof(T);
+      for (size_t b = 0; b < bytes; b += 64) {
+        _mm_prefetch(next_k + b, _MM_HINT_T0);
+        _mm_prefetch(next_v + b, _MM_HINT_T0);
+      }
+    }
     for (size_t t = t0; t < t1; ++t) {
       const size_t pos = a.start + t;
       // This row's keys within the block: [j0, j1) relative to p0.
