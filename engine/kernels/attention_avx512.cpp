@@ -9,7 +9,7 @@
 // with keys in the lanes: S[rows][keys] += q[row][d] * Kt[d][keys], broadcast
 // and FMA only, no horizontal sums. P.V keeps head dims in the lanes:
 // o[row][d] += p[row][j] * V[j][d]. All arithmetic is fp32; a bf16 cache
-// (KvDtype) is widened to fp32 in the transpose and in the V loads.
+// (KvDtype) is widened to fp32 in the K transpose and once per V block.
 //
 // Decode (n small) has too few rows per kv head to pay for the transpose; the
 // dispatcher sends it to the AVX2 kernel, which splits keys across threads.
@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "edgellm/bf16.h"
@@ -80,8 +81,8 @@ inline float widen(uint16_t x) {
 
 // o_r[d0 .. d0 + 16 * NV) = o_r * alpha_r + sum_j p_r[j] v_j for NR rows (o
 // rows hd apart, p rows kBlock apart), keys [0, count).
-template <typename T, int NR, int NV>
-void pv(float* o, const float* alpha, const float* p, const T* v, size_t count, size_t hd) {
+template <int NR, int NV>
+void pv(float* o, const float* alpha, const float* p, const float* v, size_t count, size_t hd) {
   __m512 acc[NR][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) {
@@ -93,7 +94,7 @@ void pv(float* o, const float* alpha, const float* p, const T* v, size_t count, 
   for (size_t j = 0; j < count; ++j) {
     __m512 vj[NV];
 #pragma GCC unroll 4
-    for (int i = 0; i < NV; ++i) vj[i] = load16(v + j * hd + 16 * i);
+    for (int i = 0; i < NV; ++i) vj[i] = _mm512_loadu_ps(v + j * hd + 16 * i);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * kBlock + j]);
@@ -107,17 +108,16 @@ void pv(float* o, const float* alpha, const float* p, const T* v, size_t count, 
     for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + r * hd + 16 * i, acc[r][i]);
 }
 
-template <typename T>
-using PvFn = void (*)(float*, const float*, const float*, const T*, size_t, size_t);
-template <typename T, int NR>
-constexpr PvFn<T> kPvByWidth[5] = {nullptr, pv<T, NR, 1>, pv<T, NR, 2>, pv<T, NR, 3>, pv<T, NR, 4>};
-template <typename T>
-constexpr const PvFn<T>* kPv[kPvRows + 1] = {nullptr, kPvByWidth<T, 1>, kPvByWidth<T, 2>,
-                                             kPvByWidth<T, 3>, kPvByWidth<T, 4>};
+using PvFn = void (*)(float*, const float*, const float*, const float*, size_t, size_t);
+template <int NR>
+constexpr PvFn kPvByWidth[5] = {nullptr, pv<NR, 1>, pv<NR, 2>, pv<NR, 3>, pv<NR, 4>};
+constexpr const PvFn* kPv[kPvRows + 1] = {nullptr, kPvByWidth<1>, kPvByWidth<2>, kPvByWidth<3>,
+                                          kPvByWidth<4>};
 
 // Per-thread scratch of one tile: Kt, S, and the softmax state.
 struct TileState {
   float* kt;     // [hd][kBlock]
+  float* vw;     // [kBlock][hd]: a bf16 V block widened to fp32
   float* s;      // [rows][kBlock]
   float* o;      // [rows][hd]
   float* m;      // [rows]
@@ -187,12 +187,21 @@ void attend_tile(const AttentionArgs& a, size_t group, size_t kvh, size_t t0, si
       st.alpha[r] = alpha;
     }
     // o = o * alpha + P V over the block's keys, 64 head dims at a time.
-    const T* v = v_base + p0 * hd;
+    // A bf16 V block is widened once for all the tile's rows (~32), not in
+    // each row group's loads.
+    const float* v;
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      const uint16_t* src = v_base + p0 * hd;
+      for (size_t i = 0; i < count * hd; i += 16) _mm512_store_ps(st.vw + i, load16(src + i));
+      v = st.vw;
+    } else {
+      v = v_base + p0 * hd;
+    }
     for (size_t r = 0; r < rows; r += kPvRows) {
       const size_t nr = std::min<size_t>(kPvRows, rows - r);
       for (size_t d = 0; d < hd; d += 64) {
         const size_t nv = std::min<size_t>(4, (hd - d) / 16);
-        kPv<T>[nr][nv](st.o + r * hd + d, st.alpha + r, st.s + r * kBlock, v + d, count, hd);
+        kPv[nr][nv](st.o + r * hd + d, st.alpha + r, st.s + r * kBlock, v + d, count, hd);
       }
     }
   }
@@ -219,13 +228,15 @@ void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
     const size_t kvh = item % a.n_kv_heads, qt = q_tiles - 1 - item / a.n_kv_heads;
     const size_t t0 = qt * tile_tokens, t1 = std::min(a.n, t0 + tile_tokens);
     const size_t rows = (t1 - t0) * group;
-    float* base = scratch(hd * kBlock + max_rows * (kBlock + hd + 3));
-    const TileState st{base,
-                       base + hd * kBlock,
-                       base + hd * kBlock + max_rows * kBlock,
-                       base + hd * kBlock + max_rows * (kBlock + hd),
-                       base + hd * kBlock + max_rows * (kBlock + hd + 1),
-                       base + hd * kBlock + max_rows * (kBlock + hd + 2)};
+    float* kt = scratch(2 * hd * kBlock + max_rows * (kBlock + hd + 3));
+    float* rest = kt + 2 * hd * kBlock;
+    const TileState st{kt,
+                       kt + hd * kBlock,
+                       rest,
+                       rest + max_rows * kBlock,
+                       rest + max_rows * (kBlock + hd),
+                       rest + max_rows * (kBlock + hd + 1),
+                       rest + max_rows * (kBlock + hd + 2)};
     std::fill(st.o, st.o + rows * hd, 0.0f);
     std::fill(st.m, st.m + rows, -INFINITY);
     std::fill(st.l, st.l + rows, 0.0f);
