@@ -149,8 +149,9 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   const size_t qkv_width = (nh + 2 * nkv) * D;
   {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t)
+    for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.x[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
+    });
   }
   {
     Profiler::Scope z(prof_, Zone::qkv_proj, static_cast<double>(L.qkv.byte_size()),
@@ -159,22 +160,23 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   }
   if (c_.qk_norm) {
     Profiler::Scope z(prof_, Zone::qk_norm);
-    for (size_t t = 0; t < n; ++t) {
+    for_tokens(n, [&](size_t t) {
       float* row = &s.qkv[t * qkv_width];
       for (size_t h = 0; h < nh; ++h)
         kernels::rmsnorm(row + h * D, L.q_norm.data(), D, c_.rms_norm_eps, row + h * D);
       for (size_t h = 0; h < nkv; ++h)
         kernels::rmsnorm(row + (nh + h) * D, L.k_norm.data(), D, c_.rms_norm_eps,
                          row + (nh + h) * D);
-    }
+    });
   }
   const size_t layer_cache = l * nkv * max_context_ * D;
   {
     Profiler::Scope z(prof_, Zone::rope);
     const RopeTable& rope = *layer_rope_[l];
-    size_t t = 0;
+    size_t row0 = 0;  // the sequence's first row of the batch
     for (const SequenceRows& seq : seqs) {
-      for (size_t pos = seq.start; pos < seq.start + seq.n; ++pos, ++t) {
+      for_tokens(seq.n, [&](size_t i) {
+        const size_t t = row0 + i, pos = seq.start + i;
         float* row = &s.qkv[t * qkv_width];
         const float* cos = &rope.cos[pos * D / 2];
         const float* sin = &rope.sin[pos * D / 2];
@@ -184,7 +186,8 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
           const size_t slot = layer_cache + (h * max_context_ + pos) * D;
           seq.kv->store(slot, row + (nh + h) * D, row + (nh + nkv + h) * D, D);
         }
-      }
+      });
+      row0 += seq.n;
     }
   }
   const auto attention_args = [&](const SequenceRows& seq, size_t row0) {
@@ -242,11 +245,12 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   }
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t)
+    for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.proj[t * H], L.post_attn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H]);
+    });
   }
   Profiler::Scope z(prof_, Zone::residual);
-  kernels::add(s.x.data(), s.proj.data(), n * H);
+  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H); });
 }
 
 void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
@@ -254,8 +258,9 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   const size_t H = c_.hidden_size, I = c_.intermediate_size;
   {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t)
+    for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.x[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
+    });
   }
   {
     Profiler::Scope z(prof_, Zone::gate_up_proj, static_cast<double>(L.gate_up.byte_size()),
@@ -264,13 +269,13 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   }
   {
     Profiler::Scope z(prof_, Zone::activation);
-    for (size_t t = 0; t < n; ++t) {
+    for_tokens(n, [&](size_t t) {
       const float* gate = &s.gate_up[t * 2 * I];
       if (c_.hidden_act == Activation::silu)
         kernels::silu_mul(gate, gate + I, I, &s.act[t * I]);
       else
         kernels::gelu_tanh_mul(gate, gate + I, I, &s.act[t * I]);
-    }
+    });
   }
   {
     Profiler::Scope z(prof_, Zone::down_proj, static_cast<double>(L.down.byte_size()),
@@ -279,11 +284,12 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   }
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t)
+    for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.proj[t * H], L.post_ffn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H]);
+    });
   }
   Profiler::Scope z(prof_, Zone::residual);
-  kernels::add(s.x.data(), s.proj.data(), n * H);
+  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H); });
 }
 
 void Transformer::forward(KvCache& kv, Scratch& s, const int32_t* tokens, size_t n, size_t start,

@@ -92,6 +92,20 @@ class Transformer {
               const Scratch& s) const;
   void attention_block(size_t layer, Scratch& s, std::span<const SequenceRows> seqs, size_t n);
   void mlp_block(size_t layer, Scratch& s, size_t n);
+  // fn(t) for each of n tokens: split across the pool for a prefill, inline for
+  // the few rows of a decode step (a dispatch costs more than their work). Each
+  // token's arithmetic is the same either way.
+  template <typename Fn>
+  void for_tokens(size_t n, Fn&& fn) {
+    if (n < kParallelTokens) {
+      for (size_t t = 0; t < n; ++t) fn(t);
+      return;
+    }
+    pool_.parallel_chunks(n, [&](size_t t0, size_t t1) {
+      for (size_t t = t0; t < t1; ++t) fn(t);
+    });
+  }
+  static constexpr size_t kParallelTokens = 8;
 
   const ModelConfig& c_;
   ModelWeights weights_;
