@@ -64,7 +64,8 @@ def time_ours(model_dir: Path, reps: int, model: Path | None = None, weights: st
     out: dict = {
         "weight_bytes": session.weight_bytes,
         "lm_head_params": session.vocab_size * session.hidden_size,
-        "precision": edgellm_py.precision_path(),
+        # EDGELLM_KV_CACHE reaches the workers through the environment.
+        "precision": f"{edgellm_py.precision_path()}, KV cache {session.kv_cache_dtype}",
     }
     for n in PROMPT_LENGTHS:
         ids = prompt_ids(model_dir, n)
