@@ -114,8 +114,13 @@ fuzz: build-fuzz
 	  echo "[fuzz] $$name: $$(grep -h number_of_executed_units $$work.log | tr -s ' ' | cut -d' ' -f2) runs in $(FUZZ_SECONDS) s, no finding"; \
 	done
 
+# SmolLM2 and Gemma 3 at 32..4096 tokens, then the Llama-3.2-1B fixture (made on first use,
+# 2.5 GB) at 32..2048 with its weights also quantized at setup (q8_0), each beside HF bf16.
+BENCH_1B := --model models/llama32-1b-fixture --lengths 32,128,512,2048 --decode-after 32,512 --weights q8_0
 bench: build fetch
-	$(PY) bench/run_bench.py
+	$(PY) bench/run_bench.py --reps $(BENCH_REPS)
+	@$(MAKE) --no-print-directory -C llms/llama32_1b fixture
+	flock -x /tmp/edgellm-cpu.lock $(PY) bench/run_bench.py $(BENCH_1B) --reps $(BENCH_REPS) --no-hf-float32
 
 # llama.cpp as a peer, built natively (its own venv: the project's .venv stays free of it), on
 # each model's own GGUF file, beside ours (bf16 and GGUF) and HF bf16 in the same run.

@@ -137,6 +137,53 @@ double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t h
   return median_time(21, [&] { attention(a, pool); });
 }
 
+// Decode attention at `start` keys over `layers` caches (one per layer, as a
+// model streams them from DRAM) of the given dtype: (us per layer, GB/s of K/V read).
+std::pair<double, double> bench_decode_attention(size_t start, size_t heads, size_t kv, size_t hd,
+                                                 size_t layers, KvDtype dtype, ThreadPool& pool) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const size_t stride = start + 1, elems = kv * stride * hd;
+  std::vector<float> q(heads * hd), out(q.size());
+  for (auto& e : q) e = dist(rng);
+  std::vector<std::vector<float>> k32(layers), v32(layers);
+  std::vector<std::vector<uint16_t>> k16(layers), v16(layers);
+  for (size_t l = 0; l < layers; ++l) {
+    for (auto* c : {&k32[l], &v32[l]}) {
+      c->resize(elems);
+      for (auto& e : *c) e = dist(rng);
+    }
+    if (dtype == KvDtype::bf16) {
+      for (auto [src, dst] : {std::pair{&k32[l], &k16[l]}, std::pair{&v32[l], &v16[l]}}) {
+        dst->resize(elems);
+        for (size_t i = 0; i < elems; ++i) (*dst)[i] = float_to_bf16((*src)[i]);
+        src->clear();
+        src->shrink_to_fit();
+      }
+    }
+  }
+  AttentionArgs a;
+  a.q = q.data();
+  a.out = out.data();
+  a.n = 1;
+  a.start = start;
+  a.n_heads = heads;
+  a.n_kv_heads = kv;
+  a.head_dim = hd;
+  a.cache_stride = stride;
+  a.kv_dtype = dtype;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const double t = median_time(7, [&] {
+    for (size_t l = 0; l < layers; ++l) {
+      a.k_cache = dtype == KvDtype::bf16 ? static_cast<const void*>(k16[l].data()) : k32[l].data();
+      a.v_cache = dtype == KvDtype::bf16 ? static_cast<const void*>(v16[l].data()) : v32[l].data();
+      attention(a, pool);
+    }
+  });
+  const double bytes = 2.0 * layers * elems * kv_dtype_bytes(dtype);
+  return {t / layers * 1e6, bytes / t / 1e9};
+}
+
 // Per-op cost of the pool. "empty": two trivial items (the caller may well
 // run both before the worker looks). "rendezvous": each of two items waits
 // until the other has started, so both threads must take part: the round
@@ -172,20 +219,50 @@ void bench_pool(ThreadPool& pool) {
 
 }  // namespace
 
+void attention_benches(ThreadPool& pool, bool with_bandwidth) {
+  std::printf("attn  decode smollm2 (9/3 x 64) at 1024 keys: %.1f us\n",
+              bench_attention(1, 1023, 9, 3, 64, pool) * 1e6);
+  std::printf("attn  decode gemma3 (4/1 x 256) at 1024 keys: %.1f us\n",
+              bench_attention(1, 1023, 4, 1, 256, pool) * 1e6);
+  if (with_bandwidth)
+    std::printf("read bandwidth %.1f GB/s\n", measure_roofline(pool.size()).read_gb_per_s);
+  // 30 layers stream from DRAM as decode does; one layer (3-6 MB) stays in
+  // cache, which shows the kernel's arithmetic bound.
+  for (size_t layers : {30, 1}) {
+    for (KvDtype d : {KvDtype::fp32, KvDtype::bf16}) {
+      const auto [us, gbs] = bench_decode_attention(4095, 9, 3, 64, layers, d, pool);
+      std::printf(
+          "attn  decode smollm2 (9/3 x 64) at 4096 keys, %s cache, %s: %.1f us/layer, "
+          "%.1f GB/s\n",
+          std::string(kv_dtype_name(d)).c_str(),
+          layers > 1 ? "30 layers from DRAM" : "1 layer from cache", us, gbs);
+    }
+  }
+  const double tp = bench_attention(128, 0, 9, 3, 64, pool);
+  std::printf("attn  prefill smollm2 128 tokens: %.1f us (%.1f GFLOP/s causal)\n", tp * 1e6,
+              4.0 * 9 * 64 * (128.0 * 129 / 2) / tp / 1e9);
+}
+
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false;
+  bool quick = false, attention_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
       threads = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--quick") == 0)
       quick = true;
+    else if (std::strcmp(argv[i], "--attention") == 0)
+      attention_only = true;
     else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads N] [--quick]\n");
+      std::fprintf(stderr, "usage: kernel_bench [--threads N] [--quick] [--attention]\n");
       return 2;
     }
   }
   ThreadPool pool(threads);
+  if (attention_only) {
+    attention_benches(pool, true);
+    return 0;
+  }
   ThreadPool one(1);
   const Isa isa = active_isa();
   std::printf("isa %s, prefill GEMM activations %s, %d threads\n",
@@ -270,12 +347,6 @@ int main(int argc, char** argv) {
         100.0 * v.gbytes / bw_big, g.gflops, 100.0 * g.gflops / peak);
   }
 
-  std::printf("attn  decode smollm2 (9/3 x 64) at 1024 keys: %.1f us\n",
-              bench_attention(1, 1023, 9, 3, 64, pool) * 1e6);
-  std::printf("attn  decode gemma3 (4/1 x 256) at 1024 keys: %.1f us\n",
-              bench_attention(1, 1023, 4, 1, 256, pool) * 1e6);
-  const double tp = bench_attention(128, 0, 9, 3, 64, pool);
-  std::printf("attn  prefill smollm2 128 tokens: %.1f us (%.1f GFLOP/s causal)\n", tp * 1e6,
-              4.0 * 9 * 64 * (128.0 * 129 / 2) / tp / 1e9);
+  attention_benches(pool, false);
   return 0;
 }

@@ -7,6 +7,7 @@ the active ISA tier's matmul peak) is measured in the same run and the tables
 report ratios to it and to each peer. One section per model.
 
     .venv/bin/python bench/run_bench.py [--model DIR ...] [--reps 5] [--out docs/benchmarks.md]
+        [--lengths 32,128,512] [--decode-after 32,512] [--weights q8_0 ...]
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ PROMPT_LENGTHS = (32, 128, 512, 2048, 4096)
 DECODE_AFTER = (32, 512, 4096)
 DECODE_STEPS = 32
 THREADS = 2
-MAX_CONTEXT = max(PROMPT_LENGTHS) + DECODE_STEPS
 DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 PEER_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 
@@ -48,16 +48,24 @@ def prompt_ids(model_dir: Path, n: int) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def time_ours(model_dir: Path, reps: int, model: Path | None = None) -> dict:
-    """Our engine on model_dir, or on `model` (its GGUF) with model_dir's tokenizer."""
+def max_context() -> int:
+    return max(PROMPT_LENGTHS) + DECODE_STEPS
+
+
+def time_ours(model_dir: Path, reps: int, model: Path | None = None, weights: str = "") -> dict:
+    """Our engine on model_dir, or on `model` (its GGUF) with model_dir's tokenizer;
+    `weights` q8_0|q4_0 quantizes the checkpoint at setup."""
     import edgellm_py
 
     session = edgellm_py.Session()
-    session.setup(str(model or model_dir), threads=THREADS, max_context=MAX_CONTEXT)
+    session.setup(
+        str(model or model_dir), threads=THREADS, max_context=max_context(), weights=weights
+    )
     out: dict = {
         "weight_bytes": session.weight_bytes,
         "lm_head_params": session.vocab_size * session.hidden_size,
-        "precision": edgellm_py.precision_path(),
+        # EDGELLM_KV_CACHE reaches the workers through the environment.
+        "precision": f"{edgellm_py.precision_path()}, KV cache {session.kv_cache_dtype}",
     }
     for n in PROMPT_LENGTHS:
         ids = prompt_ids(model_dir, n)
@@ -131,7 +139,7 @@ def time_llamacpp(gguf: Path, model_dir: Path, reps: int) -> dict:
 
     llama_module.llama_cpp.llama_model_default_params = without_extra_bufts
     llm = llama_cpp.Llama(
-        model_path=str(gguf), n_ctx=MAX_CONTEXT, n_threads=THREADS, n_batch=512, verbose=False
+        model_path=str(gguf), n_ctx=max_context(), n_threads=THREADS, n_batch=512, verbose=False
     )
     import numpy as np
 
@@ -170,17 +178,28 @@ def gguf_deployment(model_dir: Path) -> Path:
     return exact if exact.is_file() else model_dir / "model.gguf"
 
 
+def peak_rss_mb() -> float:
+    """This process's own peak RSS: VmHWM belongs to its address space, while ru_maxrss
+    survives fork + exec and would report the parent's (the roofline's buffers) as ours."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def worker(args: argparse.Namespace) -> int:
     model_dir = Path(args.model)
     if args.worker == "ours":
         res = time_ours(model_dir, args.reps)
     elif args.worker == "ours-gguf":
         res = time_ours(model_dir, args.reps, gguf_deployment(model_dir))
+    elif args.worker.startswith("ours-"):  # ours-q8_0: quantized at setup
+        res = time_ours(model_dir, args.reps, weights=args.worker.removeprefix("ours-"))
     elif args.worker.startswith("hf-"):
         res = time_hf(model_dir, args.reps, args.worker.removeprefix("hf-"))
     else:
         res = time_llamacpp(Path(args.gguf[-1]), model_dir, args.reps)
-    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    res["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(res))
     return 0
 
@@ -199,6 +218,10 @@ def run_worker(
         model,
         "--reps",
         str(args.reps),
+        "--lengths",
+        ",".join(map(str, PROMPT_LENGTHS)),
+        "--decode-after",
+        ",".join(map(str, DECODE_AFTER)),
     ]
     if gguf:
         cmd += ["--gguf", str(gguf)]
@@ -211,7 +234,21 @@ def run_worker(
     return None
 
 
+def lengths(text: str) -> tuple[int, ...]:
+    """'32,128,512' -> (32, 128, 512), each a positive token count."""
+    try:
+        values = tuple(sorted({int(v) for v in text.split(",")}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token counts: {text!r}"
+        ) from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"token counts must be positive: {text!r}")
+    return values
+
+
 def main() -> int:
+    global PROMPT_LENGTHS, DECODE_AFTER  # --lengths / --decode-after, in workers too
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model",
@@ -232,8 +269,30 @@ def main() -> int:
         help="python with llama_cpp installed (default: .venv-peers from `make bench-peers`)",
     )
     parser.add_argument("--no-hf", action="store_true", help="skip the HF rows")
+    parser.add_argument(
+        "--lengths",
+        type=lengths,
+        default=PROMPT_LENGTHS,
+        help="prompt lengths timed (comma-separated; must include 512; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--decode-after",
+        type=lengths,
+        default=DECODE_AFTER,
+        help="prompt lengths decode is timed after (must include 32 and 512)",
+    )
+    parser.add_argument(
+        "--weights",
+        action="append",
+        default=[],
+        choices=("q8_0", "q4_0"),
+        help="also time our engine with the checkpoint quantized at setup (repeatable)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    PROMPT_LENGTHS, DECODE_AFTER = args.lengths, args.decode_after
+    if 512 not in PROMPT_LENGTHS or not {32, 512} <= set(DECODE_AFTER):
+        parser.error("--lengths must include 512 and --decode-after 32 and 512 (the ratios)")
     if args.worker:
         args.model = args.model[-1]
         return worker(args)
@@ -258,6 +317,9 @@ def main() -> int:
         if gguf_deployment(Path(m)).exists():  # the GGUF deployment (quantized blocks)
             if (res := run_worker("ours-gguf", m, args)) is not None:
                 rows["ours gguf"] = res
+        for w in args.weights:
+            if (res := run_worker(f"ours-{w}", m, args)) is not None:
+                rows[f"ours {w}"] = res
         for spec in args.gguf:
             label, _, path = spec.partition("=")
             if (res := run_worker("llamacpp", m, args, Path(path))) is not None:
@@ -334,11 +396,15 @@ def render(
         flops512 = 2 * layer_params * 512 + 2 * ours["lm_head_params"]
         gflops512 = flops512 / (ours["ttft_512"] / 1e3) / 1e9
         long_short = ours[f"tps_{DECODE_AFTER[-1]}"] / ours["tps_512"]
+        at_long = (
+            f"decode at {DECODE_AFTER[-1]} runs at {100 * long_short:.0f}% of its speed at 512; "
+            if DECODE_AFTER[-1] > 512
+            else ""
+        )
         lines += [
             "",
             f"Ours vs roofline: decode after 32 tokens {100 * ours['tps_32'] / roof_tps:.0f}% "
-            f"of the bandwidth roofline; decode at {DECODE_AFTER[-1]} runs at "
-            f"{100 * long_short:.0f}% of its speed at 512; "
+            f"of the bandwidth roofline; {at_long}"
             f"prefill-512 {gflops512:.1f} GFLOP/s over the whole prefill = "
             f"{100 * gflops512 / peak:.0f}% of the matmul peak (counts the weight matmuls' "
             "flops only, over the whole TTFT including attention: a lower bound for the "
@@ -346,6 +412,17 @@ def render(
         ]
     if "ours gguf" in rows:
         lines += render_gguf(rows, read_bw)
+    for name, q in rows.items():
+        if ours and name.startswith("ours q"):
+            lines.append(
+                f"\n`{name}` (the checkpoint quantized at setup, `--weights "
+                f"{name.removeprefix('ours ')}`): decode {q['tps_32']:.1f} tok/s = "
+                f"{q['tps_32'] / ours['tps_32']:.2f}x the bf16 deployment, "
+                f"{100 * q['tps_32'] / (read_bw * 1e9 / q['weight_bytes']):.0f}% of the roofline "
+                f"for its {q['weight_bytes'] / 1e6:.0f} MB per token; TTFT 512 "
+                f"{ours['ttft_512'] / q['ttft_512']:.2f}x bf16's; peak RSS "
+                f"{q['peak_rss_mb']:.0f} MB."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -368,7 +445,9 @@ def render_gguf(rows: dict[str, dict], read_bw: float) -> list[str]:
     for name, r in rows.items():
         if name.startswith("llama.cpp"):
             lines.append(
-                f"vs {name}: decode {q['tps_32'] / r['tps_32']:.2f}x, TTFT 32/128/512 "
+                f"vs {name}: decode {q['tps_32'] / r['tps_32']:.2f}x, TTFT "
+                + "/".join(map(str, PROMPT_LENGTHS))
+                + " "
                 + "/".join(f"{r[f'ttft_{n}'] / q[f'ttft_{n}']:.2f}x" for n in PROMPT_LENGTHS)
                 + "."
             )

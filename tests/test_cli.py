@@ -59,6 +59,16 @@ def test_json_figures(smollm2_bin: Path) -> None:
     assert j["decode_steps"] == 5 and j["tokens_per_s"] > 0 and j["ttft_ms"] > 0
 
 
+def test_kv_cache_dtype_is_an_option_and_reported(smollm2_bin: Path) -> None:
+    fp32 = as_json(smollm2_bin, "--n-tokens", "6", "--max-context", "256")
+    bf16 = as_json(smollm2_bin, "--n-tokens", "6", "--max-context", "256", "--kv-cache", "bf16")
+    assert fp32["kv_cache_dtype"] == "fp32" and bf16["kv_cache_dtype"] == "bf16"
+    assert bf16["kv_cache_bytes"] * 2 == fp32["kv_cache_bytes"] > 0
+    assert bf16["answer"].startswith("The capital of France")
+    proc = run(smollm2_bin, "--n-tokens", "2", "--max-context", "256", "--kv-cache", "bf16")
+    assert "KV cache:         bf16, 5.9 MB for 256 positions" in proc.stderr, proc.stderr
+
+
 def test_tps_over_all_n_tokens_with_ignore_eos(smollm2_bin: Path) -> None:
     """The default answer ends at EOS after a few tokens; --ignore-eos still times them all."""
     stopped = as_json(smollm2_bin, "--n-tokens", "30")

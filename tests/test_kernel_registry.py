@@ -108,3 +108,21 @@ def test_activation_dtype_names_what_the_prefill_gemm_computes() -> None:
             assert activation_dtype_with(isa, precision)[0] == dtype, (isa, precision)
     dtype, err = activation_dtype_with("", "fp16")
     assert dtype == "f32" and "unknown EDGELLM_GEMM_PRECISION=fp16" in err, err
+
+
+def test_a_bf16_kv_cache_is_judged_at_the_reduced_tier(smollm2_checkpoint: Path) -> None:
+    # The calibrated gate's fp32 tier (1e-5 x the floor) holds only for a path whose K/V
+    # stay fp32; a bf16 cache rounds them, so the session says so and the tier follows.
+    from verify.runners.engine_runner import precision_of
+
+    tiers = {}
+    for kv_cache in ("", "bf16"):
+        session = edgellm_py.Session()
+        session.setup(str(smollm2_checkpoint), threads=1, max_context=64, kv_cache=kv_cache)
+        path, tiers[kv_cache] = precision_of(
+            edgellm_py, session, edgellm_py.active_isa(), smollm2_checkpoint
+        )
+        assert f"kv cache {session.kv_cache_dtype}" in path, path
+    assert tiers["bf16"] == "reduced"
+    if edgellm_py.activation_dtype() == "f32":
+        assert tiers[""] == "fp32"

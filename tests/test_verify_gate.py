@@ -69,6 +69,27 @@ def test_smollm2_passes_the_gate(
     assert len(list(tmp_path.glob("*.md"))) == 1
 
 
+def test_weights_quantized_at_setup_are_judged_as_requantized(
+    smollm2_checkpoint: Path, engine_binding: Any, tmp_path: Path
+) -> None:
+    """--weights q8_0 (make verify WEIGHTS=q8_0) runs the gate on the weights quantized at
+    setup: the report names them, the calibrated lens only reports (HF never saw them), the
+    token lenses still gate, and the KL shows the quantization really ran."""
+    proc = run_verify(
+        *("--prompts", "topk_token", "--model", "instruct", "--max-prompts", "1"),
+        *("--weights", "q8_0", "--report-dir", str(tmp_path)),
+    )
+    report = report_of(proc, tmp_path)
+    assert report["meta"]["precision_tier"] == "requantized", report["meta"]
+    assert "weights q8_0 (quantized at setup)" in report["meta"]["precision_path"]
+    (p,) = report["prompts"]
+    assert p["gating"] == ["tokenizer", "non-finite", "first-divergence", "teacher-forced"]
+    assert not p["calibrated"]["gating"] and p["calibrated"]["tier"] == "requantized"
+    # The unquantized engine sits at ~1e-8 x the floor; 8-bit weights are visible above it.
+    assert p["calibrated"]["ratio_mean"] > 1e-3, p["calibrated"]
+    assert proc.returncode == (1 if report["verdict"] == "fail" else 0), proc.stderr
+
+
 def test_spec_gate_is_the_seeds_gate(
     smollm2_checkpoint: Path, engine_binding: Any, tmp_path: Path
 ) -> None:

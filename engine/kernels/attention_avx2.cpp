@@ -8,6 +8,10 @@
 // serves group x tokens rows. Prefill has many tiles; decode (n == 1) has one
 // tile per kv head, too few for the pool, so its keys are split and the
 // partial (m, l, o) combined afterwards (flash-decoding).
+//
+// The cache is fp32 or bf16 (KvDtype): bf16 elements widen to fp32 in
+// registers as they are loaded (a 16-bit shift, exact), so the arithmetic is
+// the same and decode streams half the bytes.
 #include <algorithm>
 #include <cmath>
 
@@ -36,67 +40,96 @@ inline size_t first_key(const AttentionArgs& a, size_t pos) {
   return (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
 }
 
-// scores[j] = q . k_j for j in [0, count), keys `hd` floats apart.
-void dot_keys(const float* q, const float* k, size_t count, size_t hd, float* scores) {
+// Eight cache elements as fp32.
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// scores[j] = q . k_j for j in [0, count), keys `hd` elements apart.
+template <typename T>
+void dot_keys(const float* q, const T* k, size_t count, size_t hd, float* scores) {
   size_t j = 0;
   for (; j + 8 <= count; j += 8) {
     // The unroll pragmas keep the accumulator arrays in registers.
     __m256 acc[8];
 #pragma GCC unroll 8
     for (auto& v : acc) v = _mm256_setzero_ps();
-    const float* kj = k + j * hd;
+    const T* kj = k + j * hd;
     for (size_t d = 0; d < hd; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
 #pragma GCC unroll 8
-      for (size_t u = 0; u < 8; ++u)
-        acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + u * hd + d), acc[u]);
+      for (size_t u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, load8(kj + u * hd + d), acc[u]);
     }
     _mm256_storeu_ps(scores + j, hsum8(acc));
   }
   for (; j < count; ++j) {
     __m256 acc = _mm256_setzero_ps();
     for (size_t d = 0; d < hd; d += 8)
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + j * hd + d), acc);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k + j * hd + d), acc);
     scores[j] = hsum(acc);
   }
 }
 
 // o[0 .. 8*NV) = o * alpha + sum_j p[j] * v_j[0 .. 8*NV), v rows `hd` apart.
-template <int NV>
-void accumulate_pv(float* o, float alpha, const float* p, const float* v, size_t count, size_t hd) {
+template <typename T, int NV>
+void accumulate_pv(float* o, float alpha, const float* p, const T* v, size_t count, size_t hd) {
   __m256 acc[NV];
   const __m256 va = _mm256_set1_ps(alpha);
 #pragma GCC unroll 8
   for (int i = 0; i < NV; ++i) acc[i] = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * i), va);
   for (size_t j = 0; j < count; ++j) {
     const __m256 pj = _mm256_broadcast_ss(p + j);
-    const float* vj = v + j * hd;
+    const T* vj = v + j * hd;
 #pragma GCC unroll 8
-    for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+    for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(pj, load8(vj + 8 * i), acc[i]);
   }
 #pragma GCC unroll 8
   for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
 }
 
-using PvFn = void (*)(float*, float, const float*, const float*, size_t, size_t);
-constexpr PvFn kPv[9] = {nullptr,          accumulate_pv<1>, accumulate_pv<2>,
-                         accumulate_pv<3>, accumulate_pv<4>, accumulate_pv<5>,
-                         accumulate_pv<6>, accumulate_pv<7>, accumulate_pv<8>};
+template <typename T>
+using PvFn = void (*)(float*, float, const float*, const T*, size_t, size_t);
+template <typename T>
+constexpr PvFn<T> kPv[9] = {nullptr,
+                            accumulate_pv<T, 1>,
+                            accumulate_pv<T, 2>,
+                            accumulate_pv<T, 3>,
+                            accumulate_pv<T, 4>,
+                            accumulate_pv<T, 5>,
+                            accumulate_pv<T, 6>,
+                            accumulate_pv<T, 7>,
+                            accumulate_pv<T, 8>};
 
 // Runs the online softmax for query tokens [t0, t1) of kv head `kvh` over keys
 // [kb, ke), updating per-row state m[rows], l[rows], o[rows][hd] (row =
 // (t - t0) * group + g). The caller initialises the state.
+template <typename T>
 void attend_tile(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t t0, size_t t1,
                  size_t kb, size_t ke, float* m, float* l, float* o) {
   const size_t hd = a.head_dim, group = plan.group;
-  const float* k_base = a.k_cache + kvh * a.cache_stride * hd;
-  const float* v_base = a.v_cache + kvh * a.cache_stride * hd;
+  const T* k_base = static_cast<const T*>(a.k_cache) + kvh * a.cache_stride * hd;
+  const T* v_base = static_cast<const T*>(a.v_cache) + kvh * a.cache_stride * hd;
   // Keys any row of the tile sees: rows are ordered by position.
   const size_t lo = std::max(kb, first_key(a, a.start + t0));
   const size_t hi = std::min(ke, a.start + t1);
   alignas(32) float s[kMaxBlockKeys];
   for (size_t p0 = lo; p0 < hi; p0 += plan.block) {
     const size_t p1 = std::min(hi, p0 + plan.block);
+    // Prefetch the next block's K and V while this one computes: the hardware
+    // prefetcher alone leaves DRAM idle during a block's arithmetic.
+    if (p1 < hi) {
+      const char* next_k = reinterpret_cast<const char*>(k_base + p1 * hd);
+      const char* next_v = reinterpret_cast<const char*>(v_base + p1 * hd);
+      const size_t bytes = (std::min(hi, p1 + plan.block) - p1) * hd * sizeof(T);
+      for (size_t b = 0; b < bytes; b += 64) {
+        _mm_prefetch(next_k + b, _MM_HINT_T0);
+        _mm_prefetch(next_v + b, _MM_HINT_T0);
+      }
+    }
     for (size_t t = t0; t < t1; ++t) {
       const size_t pos = a.start + t;
       // This row's keys within the block: [j0, j1) relative to p0.
@@ -138,7 +171,7 @@ void attend_tile(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t t0
         float* o_row = o + row * hd;
         for (size_t d = 0; d < hd; d += 64) {
           const size_t nv = std::min<size_t>(8, (hd - d) / 8);
-          kPv[nv](o_row + d, alpha, s + j0, v_base + r_lo * hd + d, j1 - j0, hd);
+          kPv<T>[nv](o_row + d, alpha, s + j0, v_base + r_lo * hd + d, j1 - j0, hd);
         }
       }
     }
@@ -194,7 +227,10 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     std::fill(o, o + rows * hd, 0.0f);
     std::fill(m, m + rows, -INFINITY);
     std::fill(l, l + rows, 0.0f);
-    attend_tile(a, plan, kvh, t0, t1, kb, ke, m, l, o);
+    if (a.kv_dtype == KvDtype::bf16)
+      attend_tile<uint16_t>(a, plan, kvh, t0, t1, kb, ke, m, l, o);
+    else
+      attend_tile<float>(a, plan, kvh, t0, t1, kb, ke, m, l, o);
     if (plan.splits > 1) return;
     for (size_t t = t0; t < t1; ++t) {
       for (size_t g = 0; g < plan.group; ++g) {

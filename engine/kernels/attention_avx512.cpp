@@ -4,11 +4,14 @@
 //
 // Work item = (kv head, tile of query tokens); a tile's rows are its tokens x
 // the query heads of the kv head's group, so each K/V block is read once for
-// ~32 rows. Per block of kBlock keys the K block is transposed once into
-// Kt[head_dim][kBlock] (L1), so that scores become a register-tiled product
+// ~32 rows. Every block of kBlock keys is transposed once per call into
+// Kt[head_dim][kBlock] (before the tiles run: a tile re-transposing its blocks
+// cost as much as its scores), so that scores become a register-tiled product
 // with keys in the lanes: S[rows][keys] += q[row][d] * Kt[d][keys], broadcast
 // and FMA only, no horizontal sums. P.V keeps head dims in the lanes:
-// o[row][d] += p[row][j] * V[j][d]. All arithmetic is fp32.
+// o[row][d] += p[row][j] * V[j][d]. All arithmetic is fp32; a bf16 cache
+// (KvDtype) is widened to fp32 in the same once-per-call pass that transposes
+// K, and V once per call beside it, so the tiles run the fp32 code unchanged.
 //
 // Decode (n small) has too few rows per kv head to pay for the transpose; the
 // dispatcher sends it to the AVX2 kernel, which splits keys across threads.
@@ -19,6 +22,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "edgellm/bf16.h"
 #include "kernels/avx512.h"
 #include "kernels/vec_avx512.h"
 
@@ -42,7 +46,7 @@ void scores(const float* const* q, const float* kt, size_t hd, float* s) {
 #pragma GCC unroll 6
   for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (size_t d = 0; d < hd; ++d) {
-    const __m512 k0 = _mm512_load_ps(kt + d * kBlock), k1 = _mm512_load_ps(kt + d * kBlock + 16);
+    const __m512 k0 = _mm512_loadu_ps(kt + d * kBlock), k1 = _mm512_loadu_ps(kt + d * kBlock + 16);
 #pragma GCC unroll 6
     for (int r = 0; r < NR; ++r) {
       const __m512 qv = _mm512_set1_ps(q[r][d]);
@@ -96,21 +100,23 @@ constexpr PvFn kPvByWidth[5] = {nullptr, pv<NR, 1>, pv<NR, 2>, pv<NR, 3>, pv<NR,
 constexpr const PvFn* kPv[kPvRows + 1] = {nullptr, kPvByWidth<1>, kPvByWidth<2>, kPvByWidth<3>,
                                           kPvByWidth<4>};
 
-// Per-thread scratch of one tile: Kt, S, and the softmax state.
+// Per-thread scratch of one tile: S, the output and the softmax state; Kt is
+// the call's transposed K blocks of this kv head, shared by every tile, and v
+// its values ([keys][hd]: the cache's own, or a bf16 cache's widened copy).
 struct TileState {
-  float* kt;     // [hd][kBlock]
-  float* s;      // [rows][kBlock]
-  float* o;      // [rows][hd]
-  float* m;      // [rows]
-  float* l;      // [rows]
-  float* alpha;  // [rows]
+  const float* kt;  // [blocks][hd][kBlock]
+  const float* v;   // [keys][hd]
+  float* s;         // [rows][kBlock]
+  float* o;         // [rows][hd]
+  float* m;         // [rows]
+  float* l;         // [rows]
+  float* alpha;     // [rows]
 };
 
 void attend_tile(const AttentionArgs& a, size_t group, size_t kvh, size_t t0, size_t t1,
                  const TileState& st) {
   const size_t hd = a.head_dim, rows = (t1 - t0) * group;
-  const float* k_base = a.k_cache + kvh * a.cache_stride * hd;
-  const float* v_base = a.v_cache + kvh * a.cache_stride * hd;
+  const float* v_base = st.v;
   const float* q_rows[kTileRows * 8];
   for (size_t r = 0; r < rows; ++r) {
     const size_t t = t0 + r / group, h = kvh * group + r % group;
@@ -120,13 +126,10 @@ void attend_tile(const AttentionArgs& a, size_t group, size_t kvh, size_t t0, si
   const size_t lo = first_key(a, a.start + t0), hi = a.start + t1;
   for (size_t p0 = lo / kBlock * kBlock; p0 < hi; p0 += kBlock) {
     const size_t count = std::min(kBlock, hi - p0);
-    // Transpose the K block; lanes past `count` are zero (masked below).
-    for (size_t d = 0; d < hd; ++d)
-      for (size_t j = 0; j < kBlock; ++j)
-        st.kt[d * kBlock + j] = j < count ? k_base[(p0 + j) * hd + d] : 0.0f;
+    const float* kt = st.kt + (p0 / kBlock) * hd * kBlock;
     for (size_t r = 0; r < rows; r += kScoreRows) {
       const size_t nr = std::min<size_t>(kScoreRows, rows - r);
-      kScores[nr](q_rows + r, st.kt, hd, st.s + r * kBlock);
+      kScores[nr](q_rows + r, kt, hd, st.s + r * kBlock);
     }
     // Softmax update per row: scale, softcap, causal/window mask, online max.
     for (size_t r = 0; r < rows; ++r) {
@@ -188,9 +191,65 @@ float* scratch(size_t floats) {
 
 }  // namespace
 
+// A cache element as fp32 (bf16 widens exactly: a 16-bit shift).
+inline float widen(float x) {
+  return x;
+}
+inline float widen(uint16_t x) {
+  return bf16_to_float(x);
+}
+
+// Kt blocks of keys [0, keys) for every kv head: [kv head][block][hd][kBlock],
+// lanes past the last key zero (masked in the softmax).
+template <typename T>
+void transpose_keys(const AttentionArgs& a, size_t keys, float* kt, ThreadPool& pool) {
+  const size_t hd = a.head_dim, blocks = (keys + kBlock - 1) / kBlock;
+  pool.parallel_for(a.n_kv_heads * blocks, [&](size_t item) {
+    const size_t kvh = item / blocks, p0 = (item % blocks) * kBlock;
+    const size_t count = std::min(kBlock, keys - p0);
+    const T* k = static_cast<const T*>(a.k_cache) + (kvh * a.cache_stride + p0) * hd;
+    float* out = kt + item * hd * kBlock;
+    for (size_t d = 0; d < hd; ++d)
+      for (size_t j = 0; j < kBlock; ++j)
+        out[d * kBlock + j] = j < count ? widen(k[j * hd + d]) : 0.0f;
+  });
+}
+
+// A bf16 cache's values of keys [0, keys) as fp32: [kv head][keys][hd].
+void widen_values(const AttentionArgs& a, size_t keys, float* out, ThreadPool& pool) {
+  const size_t hd = a.head_dim, blocks = (keys + kBlock - 1) / kBlock;
+  pool.parallel_for(a.n_kv_heads * blocks, [&](size_t item) {
+    const size_t kvh = item / blocks, p0 = (item % blocks) * kBlock;
+    const size_t n = (std::min(kBlock, keys - p0)) * hd;  // hd % 16 == 0
+    const auto* v = static_cast<const uint16_t*>(a.v_cache) + (kvh * a.cache_stride + p0) * hd;
+    float* o = out + (kvh * keys + p0) * hd;
+    for (size_t i = 0; i < n; i += 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i));
+      _mm512_storeu_ps(o + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    }
+  });
+}
+
 void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
   if (a.n == 0 || a.n_heads == 0) return;
   const size_t hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
+  // Keys any query sees are below start + n; the caller's buffer, read by all.
+  const size_t keys = a.start + a.n, blocks = (keys + kBlock - 1) / kBlock;
+  thread_local std::vector<float> kt_buf, v_buf;
+  kt_buf.resize(a.n_kv_heads * blocks * hd * kBlock);
+  const float* kt_all = kt_buf.data();
+  const float* v_all = nullptr;
+  size_t v_stride = a.cache_stride;  // keys between two kv heads' values
+  if (a.kv_dtype == KvDtype::bf16) {
+    transpose_keys<uint16_t>(a, keys, kt_buf.data(), pool);
+    v_buf.resize(a.n_kv_heads * keys * hd);
+    widen_values(a, keys, v_buf.data(), pool);
+    v_all = v_buf.data();
+    v_stride = keys;
+  } else {
+    transpose_keys<float>(a, keys, kt_buf.data(), pool);
+    v_all = static_cast<const float*>(a.v_cache);
+  }
   const size_t tile_tokens = std::max<size_t>(1, kTileRows / group);
   const size_t q_tiles = (a.n + tile_tokens - 1) / tile_tokens;
   const size_t max_rows = tile_tokens * group;
@@ -199,13 +258,14 @@ void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
     const size_t kvh = item % a.n_kv_heads, qt = q_tiles - 1 - item / a.n_kv_heads;
     const size_t t0 = qt * tile_tokens, t1 = std::min(a.n, t0 + tile_tokens);
     const size_t rows = (t1 - t0) * group;
-    float* base = scratch(hd * kBlock + max_rows * (kBlock + hd + 3));
-    const TileState st{base,
-                       base + hd * kBlock,
-                       base + hd * kBlock + max_rows * kBlock,
-                       base + hd * kBlock + max_rows * (kBlock + hd),
-                       base + hd * kBlock + max_rows * (kBlock + hd + 1),
-                       base + hd * kBlock + max_rows * (kBlock + hd + 2)};
+    float* base = scratch(max_rows * (kBlock + hd + 3));
+    const TileState st{kt_all + kvh * blocks * hd * kBlock,
+                       v_all + kvh * v_stride * hd,
+                       base,
+                       base + max_rows * kBlock,
+                       base + max_rows * (kBlock + hd),
+                       base + max_rows * (kBlock + hd + 1),
+                       base + max_rows * (kBlock + hd + 2)};
     std::fill(st.o, st.o + rows * hd, 0.0f);
     std::fill(st.m, st.m + rows, -INFINITY);
     std::fill(st.l, st.l + rows, 0.0f);

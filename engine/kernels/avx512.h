@@ -34,6 +34,12 @@ void unpack_row(const PackedMatrix& w, size_t r, float* out);
 }  // namespace vnni
 
 namespace avx512 {
+// Element-wise kernels (elementwise_avx512.cpp), the avx2 formulas in 16 lanes.
+void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y);
+void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin);
+void silu_mul(const float* gate, const float* up, size_t n, float* out);
+void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
+void add(float* acc, const float* x, size_t n);
 // n == 1: fp32 GEMV; n > 1: vdpbf16ps GEMM on x rounded to bf16, or an fp32
 // FMA GEMM when gemm_precision() is fp32.
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);

@@ -4,7 +4,7 @@
 // A new ISA adds an enum value, a file of kernels, a row in
 // registered_kernels() and a case where it has a kernel. Tiers are ordered, so
 // a kernel without a path of its own on a tier runs its best lower one
-// (e.g. rmsnorm runs avx2 on avx512).
+// (e.g. top_k runs avx2 on avx512).
 //
 // This file is compiled without ISA flags, so it runs on any x86-64 (and
 // other architectures) and must not use SIMD intrinsics itself.
@@ -120,6 +120,15 @@ std::string_view gemm_activation_dtype() {
   return active_isa() == Isa::amx ? "bf16x2" : "f32";  // avx512 runs bf16x2 as fp32
 }
 
+std::string_view kv_dtype_name(KvDtype d) {
+  return d == KvDtype::bf16 ? "bf16" : "fp32";
+}
+std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
+  for (KvDtype d : {KvDtype::fp32, KvDtype::bf16})
+    if (kv_dtype_name(d) == name) return d;
+  return std::nullopt;
+}
+
 std::string_view isa_name(Isa isa) {
   switch (isa) {
     case Isa::scalar:
@@ -165,13 +174,16 @@ const std::vector<KernelInfo>& registered_kernels() {
        "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel",
        all},
       {"matmul_i8",
-       {S, A2, A5},
-       "W int8 + fp32 scale per 32 or 16 (GGUF Q8_0/Q5_0/Q6_K repacked), x/y fp32 (default)",
+       {S, A2, A5, AMX},
+       "W int8 + fp32 scale per 32 or 16 (GGUF Q8_0/Q5_0/Q6_K repacked), x/y fp32 (default); amx "
+       "(n >= 16): panels unpacked to bf16 per call, x as 3 exact bf16 parts, C tiles per group "
+       "scaled in fp32",
        "rows any, cols % 32 == 0, any n",
        "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_u4",
-       {S, A2, A5},
-       "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default)",
+       {S, A2, A5, AMX},
+       "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default); "
+       "amx (n >= 16) as matmul_i8",
        "rows any, cols % 32 == 0, any n",
        "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_i8_int8x",
@@ -188,15 +200,15 @@ const std::vector<KernelInfo>& registered_kernels() {
        "EDGELLM_QUANT_PRECISION=int8)"},
       {"attention",
        {S, A2, A5},
-       "q, K/V cache, out fp32",
+       "q, out fp32; K/V cache fp32, or bf16 widened to fp32 on load (EDGELLM_KV_CACHE=bf16)",
        "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
        "(prefill, n >= 16): head_dim % 16 == 0",
        all},
-      {"rmsnorm", {S, A2}, "fp32 (sum of squares in double)", "any dim; in place allowed", all},
-      {"rope", {S, A2}, "fp32", "any n_heads, even head_dim (HF rotate_half)", all},
-      {"silu_mul", {S, A2}, "fp32", "any n; in place allowed", "smollm2_135m, llama32_1b"},
-      {"gelu_tanh_mul", {S, A2}, "fp32", "any n; in place allowed", "gemma3_270m"},
-      {"add", {S, A2}, "fp32", "any n", all},
+      {"rmsnorm", {S, A2, A5}, "fp32 (sum of squares in double)", "any dim; in place allowed", all},
+      {"rope", {S, A2, A5}, "fp32", "any n_heads, even head_dim (HF rotate_half)", all},
+      {"silu_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "smollm2_135m, llama32_1b"},
+      {"gelu_tanh_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "gemma3_270m"},
+      {"add", {S, A2, A5}, "fp32", "any n", all},
       {"top_k", {S, A2}, "fp32 in, int32 indices", "any n, k; NaN ranks last", all},
   };
   return kernels;
@@ -280,26 +292,31 @@ void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, Thre
 }
 
 void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y) {
+  if (at_least(Isa::avx512)) return avx512::rmsnorm(x, weight, dim, eps, y);
   if (at_least(Isa::avx2)) return avx2::rmsnorm(x, weight, dim, eps, y);
   ref::rmsnorm(x, weight, dim, eps, y);
 }
 
 void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin) {
+  if (at_least(Isa::avx512)) return avx512::rope(x, n_heads, head_dim, cos, sin);
   if (at_least(Isa::avx2)) return avx2::rope(x, n_heads, head_dim, cos, sin);
   ref::rope(x, n_heads, head_dim, cos, sin);
 }
 
 void silu_mul(const float* gate, const float* up, size_t n, float* out) {
+  if (at_least(Isa::avx512)) return avx512::silu_mul(gate, up, n, out);
   if (at_least(Isa::avx2)) return avx2::silu_mul(gate, up, n, out);
   ref::silu_mul(gate, up, n, out);
 }
 
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out) {
+  if (at_least(Isa::avx512)) return avx512::gelu_tanh_mul(gate, up, n, out);
   if (at_least(Isa::avx2)) return avx2::gelu_tanh_mul(gate, up, n, out);
   ref::gelu_tanh_mul(gate, up, n, out);
 }
 
 void add(float* acc, const float* x, size_t n) {
+  if (at_least(Isa::avx512)) return avx512::add(acc, x, n);
   if (at_least(Isa::avx2)) return avx2::add(acc, x, n);
   ref::add(acc, x, n);
 }

@@ -106,14 +106,27 @@ void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
 // acc += x
 void add(float* acc, const float* x, size_t n);
 
+// Element type of the KV cache (EDGELLM_KV_CACHE=fp32|bf16). bf16 halves the
+// cache's memory and the bytes decode attention streams; K and V are rounded
+// to bf16 (nearest even) when written and widened to fp32 when read, so all
+// attention arithmetic stays fp32.
+enum class KvDtype { fp32, bf16 };
+std::string_view kv_dtype_name(KvDtype d);  // "fp32" | "bf16"
+std::optional<KvDtype> parse_kv_dtype(std::string_view name);
+inline size_t kv_dtype_bytes(KvDtype d) {
+  return d == KvDtype::bf16 ? 2 : 4;
+}
+
 // Causal multi-head attention with grouped KV heads, for `n` query tokens at
 // positions [start, start + n). The cache holds positions [0, start + n):
-// k_cache/v_cache are [n_kv_heads][cache_stride][head_dim]. q and out are
-// [n][n_heads][head_dim]. window > 0 keeps only keys with q_pos - k_pos < window.
+// k_cache/v_cache are [n_kv_heads][cache_stride][head_dim] of kv_dtype (float
+// or bf16 bits as uint16_t). q and out are [n][n_heads][head_dim] fp32.
+// window > 0 keeps only keys with q_pos - k_pos < window.
 struct AttentionArgs {
   const float* q = nullptr;
-  const float* k_cache = nullptr;
-  const float* v_cache = nullptr;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  KvDtype kv_dtype = KvDtype::fp32;
   float* out = nullptr;
   size_t n = 0, start = 0;
   size_t n_heads = 0, n_kv_heads = 0, head_dim = 0;

@@ -142,6 +142,15 @@ void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t 
                      size_t r1);
 }  // namespace avx512
 
+// Prefill on AMX-BF16 tiles (quant_amx.cpp), fp32 activations split into 3
+// exact bf16 parts; only where detect_isa() == Isa::amx. The whole matrix, all
+// n tokens, no bias. quant_matmul takes it at n >= kMinQuantTokens on the amx
+// tier at fp32 precision.
+namespace amx {
+inline constexpr size_t kMinQuantTokens = 16;
+void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+}  // namespace amx
+
 // The AVX2 kernels with AVX-VNNI dot products; only where has_avxvnni().
 namespace avxvnni {
 void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,

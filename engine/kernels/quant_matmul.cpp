@@ -210,6 +210,10 @@ void run_segments(const QuantMatrix& w, const Acts& acts, float* y, Fn rows_fn, 
 }
 
 void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  // Prefill on AMX tiles: the per-group tile sums beat the fp32 row kernel
+  // once the 16-token A tiles are full.
+  if (active_isa() == Isa::amx && n >= amx::kMinQuantTokens)
+    return amx::quant_matmul_fp32(w, x, n, y, pool);
   thread_local std::vector<float> sums;
   sums.resize(n * (w.cols / 32));
   block_sums(x, n, w.cols, sums.data());

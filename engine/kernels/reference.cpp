@@ -58,7 +58,18 @@ void add(float* acc, const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
-void attention(const AttentionArgs& a) {
+namespace {
+
+// A cache element widened to fp32: bf16 is exact in fp32.
+inline float widen(float x) {
+  return x;
+}
+inline float widen(uint16_t x) {
+  return bf16_to_float(x);
+}
+
+template <typename T>
+void attention_of(const AttentionArgs& a) {
   const size_t group = a.n_heads / a.n_kv_heads;
   std::vector<float> scores(a.start + a.n);
   for (size_t t = 0; t < a.n; ++t) {
@@ -67,12 +78,12 @@ void attention(const AttentionArgs& a) {
     for (size_t h = 0; h < a.n_heads; ++h) {
       const float* q = a.q + (t * a.n_heads + h) * a.head_dim;
       const size_t kvh = h / group;
-      const float* k = a.k_cache + kvh * a.cache_stride * a.head_dim;
-      const float* v = a.v_cache + kvh * a.cache_stride * a.head_dim;
+      const T* k = static_cast<const T*>(a.k_cache) + kvh * a.cache_stride * a.head_dim;
+      const T* v = static_cast<const T*>(a.v_cache) + kvh * a.cache_stride * a.head_dim;
       float max_score = -INFINITY;
       for (size_t p = first; p <= pos; ++p) {
         float s = 0.0f;
-        for (size_t d = 0; d < a.head_dim; ++d) s += q[d] * k[p * a.head_dim + d];
+        for (size_t d = 0; d < a.head_dim; ++d) s += q[d] * widen(k[p * a.head_dim + d]);
         s *= a.scale;
         if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
         scores[p] = s;
@@ -84,10 +95,19 @@ void attention(const AttentionArgs& a) {
       std::fill(o, o + a.head_dim, 0.0f);
       for (size_t p = first; p <= pos; ++p) {
         const float w = scores[p] / sum;
-        for (size_t d = 0; d < a.head_dim; ++d) o[d] += w * v[p * a.head_dim + d];
+        for (size_t d = 0; d < a.head_dim; ++d) o[d] += w * widen(v[p * a.head_dim + d]);
       }
     }
   }
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a) {
+  if (a.kv_dtype == KvDtype::bf16)
+    attention_of<uint16_t>(a);
+  else
+    attention_of<float>(a);
 }
 
 void top_k(const float* x, size_t n, size_t k, int32_t* out_indices) {

@@ -227,17 +227,18 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def(
           "setup",
           [](edgellm::Session& s, const std::filesystem::path& dir, int threads, int max_context,
-             bool profile, const std::string& weights) {
+             bool profile, const std::string& weights, const std::string& kv_cache) {
             edgellm::SessionOptions o;
             o.threads = threads;
             o.max_context = max_context;
             o.profile = profile;
             o.weights = weights;
+            o.kv_cache = kv_cache;
             nb::gil_scoped_release release;
             s.setup(dir, o);
           },
           "model_dir"_a, "threads"_a = 0, "max_context"_a = edgellm::SessionOptions{}.max_context,
-          "profile"_a = false, "weights"_a = "")
+          "profile"_a = false, "weights"_a = "", "kv_cache"_a = "")
       .def(
           "prefill",
           [](edgellm::Session& s, const std::vector<int32_t>& tokens, int start_pos) {
@@ -285,6 +286,10 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
                    nb::rv_policy::reference_internal)
       .def_prop_ro("max_context", &edgellm::Session::max_context)
       .def_prop_ro("weight_bytes", &edgellm::Session::weight_bytes)
+      .def_prop_ro("kv_cache_dtype", &edgellm::Session::kv_cache_dtype,
+                   "the KV cache's element type, fp32 or bf16 (the gate's precision tier reads "
+                   "it)")
+      .def_prop_ro("kv_cache_bytes", &edgellm::Session::kv_cache_bytes)
       .def_prop_ro("vocab_size", [](const edgellm::Session& s) { return s.config().vocab_size; })
       .def_prop_ro("num_layers", [](const edgellm::Session& s) { return s.config().num_layers; })
       .def_prop_ro("hidden_size", [](const edgellm::Session& s) { return s.config().hidden_size; })
@@ -356,21 +361,25 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def(nb::init<>())
       .def(
           "setup",
-          [](edgellm::Model& self, const std::filesystem::path& dir, int threads, int max_context) {
+          [](edgellm::Model& self, const std::filesystem::path& dir, int threads, int max_context,
+             const std::string& kv_cache) {
             edgellm::SessionOptions o;
             o.threads = threads;
             o.max_context = max_context;
+            o.kv_cache = kv_cache;
             nb::gil_scoped_release release;
             self.setup(dir, o);
           },
-          "model_dir"_a, "threads"_a = 0, "max_context"_a = 4096,
+          "model_dir"_a, "threads"_a = 0, "max_context"_a = 4096, "kv_cache"_a = "",
           "Loads and validates a checkpoint directory, packs the weights, starts the threads. "
-          "max_context is the KV cache size of each Context.")
+          "max_context is the KV cache size of each Context; kv_cache its element type (fp32 "
+          "or bf16; \"\": EDGELLM_KV_CACHE, else fp32).")
       .def_prop_ro("ready", &edgellm::Model::ready)
       .def_prop_ro("tokenizer", &edgellm::Model::tokenizer, nb::rv_policy::reference_internal)
       .def_prop_ro("chat_template", &edgellm::Model::chat_template,
                    nb::rv_policy::reference_internal)
       .def_prop_ro("max_context", &edgellm::Model::max_context)
+      .def_prop_ro("kv_cache_dtype", &edgellm::Model::kv_cache_dtype)
       .def_prop_ro("vocab_size", [](const edgellm::Model& s) { return s.config().vocab_size; })
       .def_prop_ro("eos_token_ids",
                    [](const edgellm::Model& s) { return s.config().eos_token_ids; });

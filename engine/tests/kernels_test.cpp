@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
@@ -456,18 +457,38 @@ TEST(KernelMatmulLayout, LayoutPicksKernel) {
 struct AttnCase {
   size_t n_heads, n_kv_heads, head_dim, n, start, window;
   float softcap;
+  KvDtype kv = KvDtype::fp32;
 };
 
 std::string describe(const AttnCase& c) {
-  return "heads=" + std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) +
-         " hd=" + std::to_string(c.head_dim) + " n=" + std::to_string(c.n) +
-         " start=" + std::to_string(c.start) + " window=" + std::to_string(c.window) +
-         " softcap=" + std::to_string(c.softcap);
+  return std::string(kv_dtype_name(c.kv)) + " cache heads=" + std::to_string(c.n_heads) + "/" +
+         std::to_string(c.n_kv_heads) + " hd=" + std::to_string(c.head_dim) +
+         " n=" + std::to_string(c.n) + " start=" + std::to_string(c.start) +
+         " window=" + std::to_string(c.window) + " softcap=" + std::to_string(c.softcap);
 }
 
 class KernelAttention : public TierTest {};
 INSTANTIATE_TEST_SUITE_P(Tiers, KernelAttention, ::testing::ValuesIn(tiers_of("attention")),
                          tier_name);
+
+// A bf16 KV cache: values rounded to nearest even (as the forward pass writes
+// them), starting one element past the allocation (odd addresses).
+class Bf16Cache {
+ public:
+  explicit Bf16Cache(const OddBuffer& x) : buf_(x.size() + 1) {
+    for (size_t i = 0; i < x.size(); ++i) buf_[i + 1] = float_to_bf16(x[i]);
+  }
+  const uint16_t* data() const { return buf_.data() + 1; }
+  // The same values widened to fp32: what every path must compute with.
+  OddBuffer widened() const {
+    OddBuffer w(buf_.size() - 1);
+    for (size_t i = 0; i + 1 < buf_.size(); ++i) w[i] = bf16_to_float(buf_[i + 1]);
+    return w;
+  }
+
+ private:
+  std::vector<uint16_t> buf_;
+};
 
 bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& pool) {
   const size_t keys = c.start + c.n;
@@ -475,10 +496,13 @@ bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& 
   const OddBuffer q = random_buffer(c.n * c.n_heads * c.head_dim, rng, -2.0f, 2.0f);
   const OddBuffer k = random_buffer(c.n_kv_heads * stride * c.head_dim, rng, -2.0f, 2.0f);
   const OddBuffer v = random_buffer(c.n_kv_heads * stride * c.head_dim, rng);
+  const Bf16Cache k16(k), v16(v);
+  const bool bf16 = c.kv == KvDtype::bf16;
   AttentionArgs a;
   a.q = q.data();
-  a.k_cache = k.data();
-  a.v_cache = v.data();
+  a.k_cache = bf16 ? static_cast<const void*>(k16.data()) : k.data();
+  a.v_cache = bf16 ? static_cast<const void*>(v16.data()) : v.data();
+  a.kv_dtype = c.kv;
   a.n = c.n;
   a.start = c.start;
   a.n_heads = c.n_heads;
@@ -508,6 +532,24 @@ bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& 
       return false;
     }
   }
+  if (!bf16) return true;
+  // Widening is exact, so the tier on the bf16 cache must give the very bits
+  // it gives on an fp32 cache holding the widened values.
+  const OddBuffer kw = k16.widened(), vw = v16.widened();
+  AttentionArgs w = a;
+  w.k_cache = kw.data();
+  w.v_cache = vw.data();
+  w.kv_dtype = KvDtype::fp32;
+  OddBuffer same(want.size(), std::nanf(""));
+  w.out = same.data();
+  attention(w, pool);
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::memcmp(&got[i], &same[i], sizeof(float)) != 0) {
+      ADD_FAILURE() << isa_name(isa) << " " << describe(c) << " at " << i << ": bf16 cache gave "
+                    << got[i] << ", its fp32 widening " << same[i];
+      return false;
+    }
+  }
   return true;
 }
 
@@ -515,14 +557,16 @@ TEST_P(KernelAttention, Sweep) {
   const Isa isa = GetParam();
   std::mt19937 rng(7);
   const size_t heads[][2] = {{9, 3}, {4, 1}, {2, 2}, {8, 2}};
-  for (const auto& h : heads) {
-    for (size_t hd : {8, 24, 64, 256}) {
-      for (size_t n : {1, 2, 3, 5, 8, 9, 17, 33, 40}) {
-        for (size_t start : {0, 1, 7, 130}) {
-          for (size_t window : {0, 4, 100}) {
-            const float softcap = (n + start) % 2 ? 0.0f : 1.5f;
-            ASSERT_TRUE(check_attention(isa, {h[0], h[1], hd, n, start, window, softcap}, rng,
-                                        test_pool()));
+  for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
+    for (const auto& h : heads) {
+      for (size_t hd : {8, 24, 64, 80, 128, 256}) {
+        for (size_t n : {1, 2, 3, 5, 8, 9, 17, 33, 40}) {
+          for (size_t start : {0, 1, 7, 130}) {
+            for (size_t window : {0, 4, 100}) {
+              const float softcap = (n + start) % 2 ? 0.0f : 1.5f;
+              ASSERT_TRUE(check_attention(isa, {h[0], h[1], hd, n, start, window, softcap, kv}, rng,
+                                          test_pool()));
+            }
           }
         }
       }
@@ -541,9 +585,12 @@ TEST_P(KernelAttention, LongContexts) {
       {32, 8, 64, 1, 777, 0, 30.0f}, {9, 3, 64, 70, 0, 0, 0.0f},    {4, 1, 256, 100, 300, 64, 0.0f},
       {8, 2, 64, 3, 600, 0, 0.0f},
   };
-  for (const AttnCase& c : cases) {
-    EXPECT_TRUE(check_attention(isa, c, rng, pool2));
-    EXPECT_TRUE(check_attention(isa, c, rng, test_pool()));
+  for (AttnCase c : cases) {
+    for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
+      c.kv = kv;
+      EXPECT_TRUE(check_attention(isa, c, rng, pool2));
+      EXPECT_TRUE(check_attention(isa, c, rng, test_pool()));
+    }
   }
 }
 
@@ -552,7 +599,51 @@ TEST_P(KernelAttention, OddHeadDim) {
   const Isa isa = GetParam();
   std::mt19937 rng(9);
   for (size_t hd : {2, 6, 12, 66})
-    EXPECT_TRUE(check_attention(isa, {4, 2, hd, 5, 3, 0, 0.0f}, rng, test_pool()));
+    for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16})
+      EXPECT_TRUE(check_attention(isa, {4, 2, hd, 5, 3, 0, 0.0f, kv}, rng, test_pool()));
+}
+
+// The reference's widening: on a bf16 cache it computes exactly what it
+// computes on the fp32 cache holding the widened values, and those differ
+// from the unrounded cache (so the bf16 tests above see real rounding).
+TEST(KernelAttentionReference, Bf16CacheWidensExactly) {
+  std::mt19937 rng(10);
+  const size_t heads = 4, kv_heads = 2, hd = 24, n = 3, start = 9, stride = 14;
+  const OddBuffer q = random_buffer(n * heads * hd, rng, -2.0f, 2.0f);
+  const OddBuffer k = random_buffer(kv_heads * stride * hd, rng, -2.0f, 2.0f);
+  const OddBuffer v = random_buffer(kv_heads * stride * hd, rng);
+  const Bf16Cache k16(k), v16(v);
+  const OddBuffer kw = k16.widened(), vw = v16.widened();
+  AttentionArgs a;
+  a.q = q.data();
+  a.n = n;
+  a.start = start;
+  a.n_heads = heads;
+  a.n_kv_heads = kv_heads;
+  a.head_dim = hd;
+  a.cache_stride = stride;
+  a.scale = 0.2f;
+  std::vector<float> on_bf16(n * heads * hd), on_widened(on_bf16.size()), on_fp32(on_bf16.size());
+  a.k_cache = k16.data();
+  a.v_cache = v16.data();
+  a.kv_dtype = KvDtype::bf16;
+  a.out = on_bf16.data();
+  ref::attention(a);
+  a.k_cache = kw.data();
+  a.v_cache = vw.data();
+  a.kv_dtype = KvDtype::fp32;
+  a.out = on_widened.data();
+  ref::attention(a);
+  a.k_cache = k.data();
+  a.v_cache = v.data();
+  a.out = on_fp32.data();
+  ref::attention(a);
+  EXPECT_EQ(0, std::memcmp(on_bf16.data(), on_widened.data(), on_bf16.size() * sizeof(float)));
+  double diff = 0;
+  for (size_t i = 0; i < on_bf16.size(); ++i)
+    diff = std::max(diff, static_cast<double>(std::fabs(on_bf16[i] - on_fp32[i])));
+  EXPECT_GT(diff, 1e-5) << "bf16 rounding should move the output";
+  EXPECT_LT(diff, 2e-2) << "but only by bf16's 2^-9 relative error";
 }
 
 // --- element-wise -------------------------------------------------------------

@@ -403,5 +403,71 @@ TEST(QuantTest, QuantizeRowsRoundTrips) {
   EXPECT_ANY_THROW(quantize_rows(BlockFormat::q8_0, x.data(), 1, 33));
 }
 
+// The AMX prefill GEMM (n >= 16 on the amx tier) against the scalar fp32
+// reference: every format, rows not a multiple of the 16-row panel or the
+// 32-row block, token counts not a multiple of the 32-token block, and a
+// matrix of several segments (q, k and v in different formats).
+TEST(QuantTest, AmxPrefillMatchesTheReference) {
+  if (detect_isa() != Isa::amx) GTEST_SKIP() << "no AMX tile state on this CPU: not run";
+  std::mt19937 rng(23);
+  ThreadPool pool(2);
+  PrecisionScope precision(QuantPrecision::fp32);
+  IsaScope scope(Isa::amx);
+  auto check = [&](const QuantMatrix& w, size_t n, const std::string& what) {
+    SCOPED_TRACE(what + " rows " + std::to_string(w.rows) + " cols " + std::to_string(w.cols) +
+                 " n " + std::to_string(n));
+    const auto x = random_x(n * w.cols, rng);
+    std::vector<float> sums(n * w.cols / 32);
+    block_sums(x.data(), n, w.cols, sums.data());
+    const Fp32Acts acts{.x = x.data(), .block_sum = sums.data(), .n = n, .cols = w.cols};
+    std::vector<float> want(n * w.rows, NAN);
+    size_t base = 0;
+    for (const QuantSegment& s : w.segments) {
+      ref::quant_rows_fp32(s, acts, want.data() + base, w.rows, 0, s.rows);
+      base += s.rows;
+    }
+    const auto mag = abs_products(w, x, n);
+    std::vector<float> got(n * w.rows, NAN), via(n * w.rows, NAN);
+    amx::quant_matmul_fp32(w, x.data(), n, got.data(), pool);
+    quant_matmul(w, x.data(), n, via.data(), nullptr, pool);  // the dispatch takes it too
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], fp32_tol(mag[i], w.cols)) << "at " << i;
+      ASSERT_EQ(via[i], got[i]) << "dispatch at " << i;
+    }
+  };
+  for (BlockFormat f : kFormats) {
+    const size_t unit = block_elems(f);
+    for (size_t rows : {5, 17, 45}) {
+      for (size_t cols : {unit, 3 * unit}) {
+        const QuantMatrix w = random_matrix(f, rows, cols, rng);
+        for (size_t n : {16, 17, 33, 100}) check(w, n, std::string(block_format_name(f)));
+      }
+    }
+  }
+  // --weights q8_0 / q4_0: rows quantized at setup.
+  for (BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_0}) {
+    QuantMatrix w;
+    const auto src = random_x(37 * 96, rng);
+    append_segment(w, quantize_rows(f, src.data(), 37, 96));
+    for (size_t n : {17, 33}) check(w, n, "quantize_rows " + std::string(block_format_name(f)));
+  }
+  // Several segments of different layouts and group sizes in one matrix.
+  QuantMatrix mixed;
+  for (auto [f, rows] : {std::pair{BlockFormat::q4_k, size_t{40}},
+                         {BlockFormat::q6_k, 19},
+                         {BlockFormat::q5_0, 7},
+                         {BlockFormat::q4_1, 33}}) {
+    const auto blocks = random_blocks(f, rows, 512, rng);
+    append_segment(mixed, repack_gguf(f, blocks.data(), rows, 512));
+  }
+  for (size_t n : {17, 100}) check(mixed, n, "mixed segments");
+  // Long rows (the 1B fixture's down projection with --weights): several
+  // panel chunks per thread and several token blocks, an odd last chunk.
+  for (BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_1}) {
+    const QuantMatrix w = random_matrix(f, 150, 8192, rng);
+    check(w, 40, "long rows " + std::string(block_format_name(f)));
+  }
+}
+
 }  // namespace
 }  // namespace edgellm::kernels

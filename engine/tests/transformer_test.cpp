@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "edgellm/bf16.h"
 #include "edgellm/config.h"
 #include "edgellm/error.h"
 #include "edgellm/session.h"
@@ -61,19 +63,55 @@ TEST_P(DecodeMatchesPrefill, AtEveryPosition) {
   Checkpoint ckpt = Checkpoint::open(m.dir);
   ThreadPool pool(2);
   Profiler prof;
-  Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof);
-  const std::vector<int32_t> tokens = {5, 17, 3,  96, 42, 8,
-                                       0, 61, 23, 77, 11};  // longer than the window
-  std::vector<float> logits(static_cast<size_t>(m.config.vocab_size));
-  KvCache kv = model.new_kv_cache();
+  // Both cache dtypes: decode and prefill read the same rounded K/V.
+  for (kernels::KvDtype kv_dtype : {kernels::KvDtype::fp32, kernels::KvDtype::bf16}) {
+    Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof, kv_dtype);
+    const std::vector<int32_t> tokens = {5, 17, 3,  96, 42, 8,
+                                         0, 61, 23, 77, 11};  // longer than the window
+    std::vector<float> logits(static_cast<size_t>(m.config.vocab_size));
+    KvCache kv = model.new_kv_cache();
+    Scratch scratch;
+    model.forward(kv, scratch, tokens.data(), 3, 0, logits.data(), nullptr);
+    for (size_t pos = 3; pos < tokens.size(); ++pos) {
+      model.forward(kv, scratch, &tokens[pos], 1, pos, logits.data(), nullptr);
+      const std::vector<int32_t> prefix(tokens.begin(),
+                                        tokens.begin() + static_cast<std::ptrdiff_t>(pos + 1));
+      expect_close(logits, prefill_logits(model, prefix, m.config.vocab_size),
+                   arch + " " + std::string(kernels::kv_dtype_name(kv_dtype)) + " cache pos " +
+                       std::to_string(pos));
+    }
+  }
+}
+
+// A bf16 cache holds the fp32 cache's K/V rounded to nearest even: exactly so
+// in layer 0 (its K/V depend on the embeddings alone), and within bf16's
+// rounding of the slightly different activations after it.
+TEST_P(DecodeMatchesPrefill, Bf16CacheHoldsRoundedKeysAndValues) {
+  const auto& [arch, extra] = GetParam();
+  TinyModel m = write_tiny(arch, extra);
+  Checkpoint ckpt = Checkpoint::open(m.dir);
+  ThreadPool pool(2);
+  Profiler prof;
+  Transformer f32(m.config, load_weights(ckpt, m.config), 16, pool, prof);
+  Transformer b16(m.config, load_weights(ckpt, m.config), 16, pool, prof, kernels::KvDtype::bf16);
+  EXPECT_EQ(b16.kv_cache_bytes() * 2, f32.kv_cache_bytes());
+  const std::vector<int32_t> tokens = {5, 17, 3, 96, 42, 8, 0};
+  std::vector<float> logits32(static_cast<size_t>(m.config.vocab_size)), logits16(logits32);
+  KvCache kv32 = f32.new_kv_cache(), kv16 = b16.new_kv_cache();
+  ASSERT_TRUE(kv16.k.empty() && kv16.v.empty() && kv32.k16.empty());
   Scratch scratch;
-  model.forward(kv, scratch, tokens.data(), 3, 0, logits.data(), nullptr);
-  for (size_t pos = 3; pos < tokens.size(); ++pos) {
-    model.forward(kv, scratch, &tokens[pos], 1, pos, logits.data(), nullptr);
-    const std::vector<int32_t> prefix(tokens.begin(),
-                                      tokens.begin() + static_cast<std::ptrdiff_t>(pos + 1));
-    expect_close(logits, prefill_logits(model, prefix, m.config.vocab_size),
-                 arch + " pos " + std::to_string(pos));
+  f32.forward(kv32, scratch, tokens.data(), tokens.size(), 0, logits32.data(), nullptr);
+  b16.forward(kv16, scratch, tokens.data(), tokens.size(), 0, logits16.data(), nullptr);
+  const size_t layer = static_cast<size_t>(m.config.num_kv_heads) * 16 * m.config.head_dim;
+  ASSERT_EQ(kv16.k16.size(), kv32.k.size());
+  for (size_t i = 0; i < layer; ++i) {
+    ASSERT_EQ(kv16.k16[i], float_to_bf16(kv32.k[i])) << arch << " key element " << i;
+    ASSERT_EQ(kv16.v16[i], float_to_bf16(kv32.v[i])) << arch << " value element " << i;
+  }
+  for (size_t i = layer; i < kv32.k.size(); ++i) {
+    const float k = kv32.k[i], v = kv32.v[i];
+    EXPECT_NEAR(bf16_to_float(kv16.k16[i]), k, 0.02 * std::max(1.0f, std::fabs(k))) << i;
+    EXPECT_NEAR(bf16_to_float(kv16.v16[i]), v, 0.02 * std::max(1.0f, std::fabs(v))) << i;
   }
 }
 
@@ -85,61 +123,70 @@ TEST_P(DecodeMatchesPrefill, BatchedDecodeIsBitIdenticalToAlone) {
   Checkpoint ckpt = Checkpoint::open(m.dir);
   ThreadPool pool(2);
   Profiler prof;
-  Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof);
-  const size_t vocab = static_cast<size_t>(m.config.vocab_size);
-  const std::vector<std::vector<int32_t>> prompts = {
-      {5, 17, 3}, {96, 42, 8, 0, 61, 23, 77}, {11}, {2, 4, 6, 8, 10}, {90, 1}};
-  const size_t B = prompts.size();
-  std::vector<KvCache> alone, batched;
-  std::vector<std::vector<float>> alone_logits(B, std::vector<float>(vocab)),
-      batch_logits(B, std::vector<float>(vocab));
-  Scratch scratch;
-  for (size_t i = 0; i < B; ++i) {
-    alone.push_back(model.new_kv_cache());
-    batched.push_back(model.new_kv_cache());
-    model.forward(alone[i], scratch, prompts[i].data(), prompts[i].size(), 0,
-                  alone_logits[i].data(), nullptr);
-    model.forward(batched[i], scratch, prompts[i].data(), prompts[i].size(), 0,
-                  batch_logits[i].data(), nullptr);
-  }
-  Scratch batch_scratch;
-  for (int step = 0; step < 8; ++step) {
-    // Sequences leave and join: step s runs the first B - s % 3 of them.
-    const size_t active = B - static_cast<size_t>(step % 3);
-    std::vector<SequenceRows> rows;
-    std::vector<int32_t> tokens;
-    for (size_t i = 0; i < active; ++i) {
-      const size_t pos = prompts[i].size() + static_cast<size_t>(step);
-      const int32_t token = static_cast<int32_t>((7 * i + 13 * step) % vocab);
-      if (pos >= 64) continue;
-      model.forward(alone[i], scratch, &token, 1, pos, alone_logits[i].data(), nullptr);
-      rows.push_back({&batched[i], pos, 1, batch_logits[i].data()});
-      tokens.push_back(token);
+  for (kernels::KvDtype kv_dtype : {kernels::KvDtype::fp32, kernels::KvDtype::bf16}) {
+    Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof, kv_dtype);
+    const size_t vocab = static_cast<size_t>(m.config.vocab_size);
+    const std::vector<std::vector<int32_t>> prompts = {
+        {5, 17, 3}, {96, 42, 8, 0, 61, 23, 77}, {11}, {2, 4, 6, 8, 10}, {90, 1}};
+    const size_t B = prompts.size();
+    std::vector<KvCache> alone, batched;
+    std::vector<std::vector<float>> alone_logits(B, std::vector<float>(vocab)),
+        batch_logits(B, std::vector<float>(vocab));
+    Scratch scratch;
+    for (size_t i = 0; i < B; ++i) {
+      alone.push_back(model.new_kv_cache());
+      batched.push_back(model.new_kv_cache());
+      model.forward(alone[i], scratch, prompts[i].data(), prompts[i].size(), 0,
+                    alone_logits[i].data(), nullptr);
+      model.forward(batched[i], scratch, prompts[i].data(), prompts[i].size(), 0,
+                    batch_logits[i].data(), nullptr);
     }
-    // Not-running sequences catch up alone, so every cache stays complete.
-    for (size_t i = active; i < B; ++i) {
-      const size_t pos = prompts[i].size() + static_cast<size_t>(step);
-      const int32_t token = static_cast<int32_t>((7 * i + 13 * step) % vocab);
-      model.forward(alone[i], scratch, &token, 1, pos, alone_logits[i].data(), nullptr);
-      model.forward(batched[i], scratch, &token, 1, pos, batch_logits[i].data(), nullptr);
+    Scratch batch_scratch;
+    for (int step = 0; step < 8; ++step) {
+      // Sequences leave and join: step s runs the first B - s % 3 of them.
+      const size_t active = B - static_cast<size_t>(step % 3);
+      std::vector<SequenceRows> rows;
+      std::vector<int32_t> tokens;
+      for (size_t i = 0; i < active; ++i) {
+        const size_t pos = prompts[i].size() + static_cast<size_t>(step);
+        const int32_t token = static_cast<int32_t>((7 * i + 13 * step) % vocab);
+        if (pos >= 64) continue;
+        model.forward(alone[i], scratch, &token, 1, pos, alone_logits[i].data(), nullptr);
+        rows.push_back({&batched[i], pos, 1, batch_logits[i].data()});
+        tokens.push_back(token);
+      }
+      // Not-running sequences catch up alone, so every cache stays complete.
+      for (size_t i = active; i < B; ++i) {
+        const size_t pos = prompts[i].size() + static_cast<size_t>(step);
+        const int32_t token = static_cast<int32_t>((7 * i + 13 * step) % vocab);
+        model.forward(alone[i], scratch, &token, 1, pos, alone_logits[i].data(), nullptr);
+        model.forward(batched[i], scratch, &token, 1, pos, batch_logits[i].data(), nullptr);
+      }
+      model.decode_batch(rows, batch_scratch, tokens.data());
+      for (size_t i = 0; i < B; ++i)
+        ASSERT_EQ(
+            0, std::memcmp(alone_logits[i].data(), batch_logits[i].data(), vocab * sizeof(float)))
+            << arch << ": sequence " << i << " step " << step << " differs batched";
     }
-    model.decode_batch(rows, batch_scratch, tokens.data());
-    for (size_t i = 0; i < B; ++i)
-      ASSERT_EQ(0,
-                std::memcmp(alone_logits[i].data(), batch_logits[i].data(), vocab * sizeof(float)))
-          << arch << ": sequence " << i << " step " << step << " differs batched";
   }
 }
 
 // The same promise where attention splits a sequence's keys across threads
 // (>= 256 keys): batched, each sequence's attention runs its split items
 // serially on one thread and must still give the bits of the parallel call.
-TEST(DecodeBatch, BitIdenticalToAloneWithSplitKeys) {
+class DecodeBatchSplitKeys : public ::testing::TestWithParam<kernels::KvDtype> {};
+INSTANTIATE_TEST_SUITE_P(KvDtypes, DecodeBatchSplitKeys,
+                         ::testing::Values(kernels::KvDtype::fp32, kernels::KvDtype::bf16),
+                         [](const auto& info) {
+                           return std::string(kernels::kv_dtype_name(info.param));
+                         });
+
+TEST_P(DecodeBatchSplitKeys, BitIdenticalToAlone) {
   TinyModel m = write_tiny("LlamaForCausalLM", R"(, "max_position_embeddings": 512)");
   Checkpoint ckpt = Checkpoint::open(m.dir);
   ThreadPool pool(2);
   Profiler prof;
-  Transformer model(m.config, load_weights(ckpt, m.config), 512, pool, prof);
+  Transformer model(m.config, load_weights(ckpt, m.config), 512, pool, prof, GetParam());
   const size_t vocab = static_cast<size_t>(m.config.vocab_size);
   const std::vector<size_t> lengths = {300, 420, 260};
   std::vector<KvCache> alone, batched;
@@ -259,6 +306,69 @@ TEST(SessionTest, ThreadCountIsBounded) {
   o.threads = 2;
   s.setup(m.dir, o);
   EXPECT_EQ(s.threads(), 2);
+}
+
+// The KV cache dtype: the option, else EDGELLM_KV_CACHE, else fp32; unknown
+// names are one clear error, and the memory estimate names the dtype.
+TEST(SessionTest, KvCacheDtypeOption) {
+  TinyModel m = write_tiny_session_model();
+  const char* saved = std::getenv("EDGELLM_KV_CACHE");
+  const std::string saved_value = saved ? saved : "";
+  struct Restore {
+    bool had;
+    std::string value;
+    ~Restore() {
+      if (had)
+        ::setenv("EDGELLM_KV_CACHE", value.c_str(), 1);
+      else
+        ::unsetenv("EDGELLM_KV_CACHE");
+    }
+  } restore{saved != nullptr, saved_value};
+  ::unsetenv("EDGELLM_KV_CACHE");
+  const auto setup_error = [&](const SessionOptions& o) -> std::string {
+    Session s;
+    try {
+      s.setup(m.dir, o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  SessionOptions o;
+  o.max_context = 32;
+  Session fp32;
+  fp32.setup(m.dir, o);
+  EXPECT_EQ(fp32.kv_cache_dtype(), "fp32");
+  o.kv_cache = "bf16";
+  Session bf16;
+  bf16.setup(m.dir, o);
+  EXPECT_EQ(bf16.kv_cache_dtype(), "bf16");
+  EXPECT_EQ(bf16.kv_cache_bytes() * 2, fp32.kv_cache_bytes());
+  o.kv_cache = "fp16";
+  EXPECT_EQ(setup_error(o), "--kv-cache fp16: expected fp32 or bf16");
+  o.kv_cache = "";
+  ::setenv("EDGELLM_KV_CACHE", "bf16", 1);
+  Session from_env;
+  from_env.setup(m.dir, o);
+  EXPECT_EQ(from_env.kv_cache_dtype(), "bf16");
+  o.kv_cache = "fp32";  // the option wins over the environment
+  Session option_wins;
+  option_wins.setup(m.dir, o);
+  EXPECT_EQ(option_wins.kv_cache_dtype(), "fp32");
+  o.kv_cache = "";
+  ::setenv("EDGELLM_KV_CACHE", "int8", 1);
+  EXPECT_EQ(setup_error(o), "EDGELLM_KV_CACHE=int8: expected fp32 or bf16");
+  // The memory estimate names the dtype.
+  ::setenv("EDGELLM_KV_CACHE", "bf16", 1);
+  TinyModel huge = write_tiny_session_model(R"(, "max_position_embeddings": 2147483647)");
+  o.max_context = 2147483647;
+  Session s;
+  try {
+    s.setup(huge.dir, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16 KV cache"), std::string::npos) << e.what();
+  }
 }
 
 // Regression: a context of 2^31 positions asked for the memory and died with

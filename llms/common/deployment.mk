@@ -45,7 +45,9 @@ PROMPT_ARG := --prompt "$$EDGELLM_PROMPT"
 endif
 SAMPLING_ARGS := $(if $(TEMPERATURE),--temperature '$(TEMPERATURE)') $(if $(TOP_K),--top-k '$(TOP_K)') \
   $(if $(TOP_P),--top-p '$(TOP_P)') $(if $(SEED),--seed '$(SEED)')
-RUN_ARGS = --model '$(MODEL)' --threads $(THREADS) $(PROMPT_ARG) $(SAMPLING_ARGS) $(ARGS)
+# WEIGHTS=q8_0|q4_0 quantizes the checkpoint's matrices at setup (run, profile, chat, verify).
+WEIGHTS_ARG = $(if $(WEIGHTS),--weights '$(WEIGHTS)')
+RUN_ARGS = --model '$(MODEL)' --threads $(THREADS) $(WEIGHTS_ARG) $(PROMPT_ARG) $(SAMPLING_ARGS) $(ARGS)
 TIMING_ARGS = --n-tokens $(N_TOKENS) $(if $(filter 1,$(IGNORE_EOS)),--ignore-eos)
 
 .PHONY: help compile fetch run profile chat serve verify verify-full diagnosis clean
@@ -63,7 +65,8 @@ help:
 	@echo "  clean        remove the binary"
 	@echo "variables: MODEL=$(MODEL) (a choice of deployment.json or a checkpoint dir), PROMPT,"
 	@echo "  N_TOKENS, THREADS=$(THREADS), TEMPERATURE, TOP_K, TOP_P, SEED,"
-	@echo "  IGNORE_EOS=$(IGNORE_EOS) (1: time all N_TOKENS even past EOS), ARGS (more flags, e.g. --json)"
+	@echo "  IGNORE_EOS=$(IGNORE_EOS) (1: time all N_TOKENS even past EOS), ARGS (more flags, e.g. --json),"
+	@echo "  WEIGHTS=q8_0|q4_0 (quantize the checkpoint at setup; verify reports the requantized tier)"
 
 compile:
 	@$(MAKE) --no-print-directory -C $(REPO_ROOT) build
@@ -88,10 +91,10 @@ serve: compile fetch
 	  --host $(HOST) --port $(PORT) --threads $(THREADS)
 
 verify: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --max-prompts 2 $(VERIFY_ARGS)
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --max-prompts 2 $(WEIGHTS_ARG) $(VERIFY_ARGS)
 
 verify-full: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' $(VERIFY_ARGS)
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' $(WEIGHTS_ARG) $(VERIFY_ARGS)
 
 diagnosis: compile fetch
 	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts single --model '$(MODEL)' $(PROMPT_ARG)

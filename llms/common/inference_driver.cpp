@@ -30,6 +30,7 @@ double ms_since(Clock::time_point t) {
 struct Options {
   std::string model;
   std::string weights;
+  std::string kv_cache;
   std::string prompt;
   int n_tokens = 100;
   int threads = 0;
@@ -101,6 +102,9 @@ void print_figures(const Options& opt, const Figures& f, const Session& session)
   std::fprintf(err, "setup:            %.1f ms (untimed: load, pack, allocate; %d threads, %s)\n",
                f.setup_ms, session.threads(),
                std::string(kernels::isa_name(kernels::active_isa())).c_str());
+  std::fprintf(err, "KV cache:         %s, %.1f MB for %d positions\n",
+               session.kv_cache_dtype().c_str(), session.kv_cache_bytes() / 1e6,
+               session.max_context());
   std::fprintf(err, "TTFT (prefill):   %.1f ms\n", f.ttft_ms);
   std::fprintf(err, "TPS (decode):     %.2f tokens/s over %d decode steps (%.2f ms/token)\n",
                f.tps(), f.decode_steps, f.decode_steps > 0 ? f.decode_ms / f.decode_steps : 0.0);
@@ -132,6 +136,8 @@ void print_json(const Options& opt, const Figures& f, const Session& session,
       {"tokens_per_s", f.tps()},
       {"threads", session.threads()},
       {"isa", std::string(kernels::isa_name(kernels::active_isa()))},
+      {"kv_cache_dtype", session.kv_cache_dtype()},
+      {"kv_cache_bytes", session.kv_cache_bytes()},
       {"temperature", opt.sampling.temperature},
   };
   if (opt.sampling.temperature > 0) j["seed"] = opt.sampling.seed;
@@ -159,6 +165,7 @@ int run(const Deployment& deployment, Options opt) {
   so.max_context = opt.max_context;
   so.profile = opt.profile;
   so.weights = opt.weights;
+  so.kv_cache = opt.kv_cache;
   session.setup(model_dir, so);
   Figures f;
   f.setup_ms = ms_since(setup_start);
@@ -240,6 +247,10 @@ int run_inference_main(const std::string& deployment_name, int argc, char** argv
     app.add_option("--weights", opt.weights,
                    "quantize a bf16 checkpoint's matrices at setup (GGUF files run as stored)")
         ->check(CLI::IsMember({"q8_0", "q4_0"}));
+    app.add_option("--kv-cache", opt.kv_cache,
+                   "KV cache element type: fp32, or bf16 for half its memory and decode bytes "
+                   "(default: EDGELLM_KV_CACHE, else fp32)")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
     app.add_option("--prompt", opt.prompt, "prompt text")->capture_default_str();
     app.add_option("--n-tokens", opt.n_tokens, "tokens to generate")
         ->check(in_range(1))

@@ -66,6 +66,9 @@ void print_profile(Session& session, size_t prompt_tokens, int decode_steps) {
       "weights per token\n",
       roof.read_gb_per_s, roof.fma_gflop_per_s, std::string(roof.peak_tier).c_str(),
       weight_gb * 1e3);
+  std::fprintf(stderr, "KV cache %s, %.1f MB for %d positions (--kv-cache / EDGELLM_KV_CACHE)\n",
+               session.kv_cache_dtype().c_str(), session.kv_cache_bytes() / 1e6,
+               session.max_context());
   if (roof.passes > 1)
     std::fprintf(stderr,
                  "prefill GEMM issues %.0f tile passes per useful flop (x split into bf16 parts): "

@@ -135,11 +135,14 @@ class StandardAdapter:
     def build_config(self, model_dir: Path, choice: str) -> VerifyConfig:
         return load_verify_config(self.deployment, model_dir, choice)
 
-    def build_runner(self, config: VerifyConfig, threads: int = 0) -> Any:
-        """ONE-TIME setup of our engine on the checkpoint (map, pre-pack, KV cache)."""
+    def build_runner(self, config: VerifyConfig, threads: int = 0, weights: str = "") -> Any:
+        """ONE-TIME setup of our engine on the checkpoint (map, pre-pack, KV cache);
+        ``weights`` q8_0|q4_0 quantizes its matrices at setup (empty: as stored)."""
         from verify.runners.engine_runner import EngineRunner  # needs the built binding
 
-        return EngineRunner(config.model_dir, threads=threads, max_context=config.max_context)
+        return EngineRunner(
+            config.model_dir, threads=threads, max_context=config.max_context, weights=weights
+        )
 
 
 def adapter_module(adapter_file: str) -> dict[str, Any]:

@@ -133,6 +133,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=0, help="engine threads (0: all cores)")
     p.add_argument(
+        "--weights",
+        choices=("q8_0", "q4_0"),
+        help="quantize the checkpoint's matrices at setup (weights HF never saw: the "
+        "calibrated lens reports at the requantized tier, the token lenses still gate)",
+    )
+    p.add_argument(
         "--hf-threads",
         type=int,
         default=1,
@@ -349,7 +355,9 @@ def run_capture(ctx: Context, reference: Capture) -> Capture:
     """Our engine through the adapter's runner, teacher-forced on the reference's tokens."""
     check_matches(ctx, reference)
     start = time.monotonic()
-    runner = ctx.adapter.build_runner(ctx.config, threads=ctx.args.threads)
+    # Only a --weights run passes the keyword: adapters written before it keep working.
+    extra = {"weights": ctx.args.weights} if ctx.args.weights else {}
+    runner = ctx.adapter.build_runner(ctx.config, threads=ctx.args.threads, **extra)
     ids = encode_prompts(runner, ctx.prompts, ctx.chat, ctx.n_tokens, ctx.config.max_context)
     capture = capture_side(
         "engine",

@@ -23,6 +23,9 @@ struct SessionOptions {
   // Matrices as stored (""), or a bf16 checkpoint's matrices quantized at
   // setup: "q8_0" or "q4_0" (kernels/quant.h).
   std::string weights;
+  // KV cache element type: "fp32" or "bf16" (half the memory and decode
+  // attention bytes; K/V rounded to bf16). "": EDGELLM_KV_CACHE, else fp32.
+  std::string kv_cache;
 };
 
 // Diagnosis capture from prefill: HF-compatible names in the comments.
@@ -57,7 +60,9 @@ class Model {
   Profiler& profiler() const;
   int max_context() const;
   int threads() const;
-  size_t weight_bytes() const;  // bytes one decode step streams from the weights
+  size_t weight_bytes() const;         // bytes one decode step streams from the weights
+  std::string kv_cache_dtype() const;  // "fp32" | "bf16"
+  size_t kv_cache_bytes() const;       // of each Context's KV cache
 
   struct State;  // opaque (session.cpp)
 
@@ -139,6 +144,8 @@ class Session {
   int max_context() const;
   int threads() const;
   size_t weight_bytes() const;  // bytes one decode step streams from the weights
+  std::string kv_cache_dtype() const { return model_.kv_cache_dtype(); }
+  size_t kv_cache_bytes() const { return model_.kv_cache_bytes(); }
 
   const Model& model() const { return model_; }
   Context& context() { return context_; }

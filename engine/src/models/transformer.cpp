@@ -62,10 +62,11 @@ RopeTable make_rope_table(const ModelConfig& c, float theta, bool scaled, size_t
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int max_context,
-                         ThreadPool& pool, Profiler& profiler)
+                         ThreadPool& pool, Profiler& profiler, kernels::KvDtype kv_dtype)
     : c_(config),
       weights_(std::move(weights)),
       max_context_(static_cast<size_t>(max_context)),
+      kv_dtype_(kv_dtype),
       pool_(pool),
       prof_(profiler) {
   for (const LayerSpec& spec : c_.layers) {
@@ -83,10 +84,36 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
   }
 }
 
+void KvCache::store(size_t offset, const float* key, const float* value, size_t n) {
+  if (dtype == kernels::KvDtype::bf16) {
+    for (size_t i = 0; i < n; ++i) {
+      k16[offset + i] = float_to_bf16(key[i]);
+      v16[offset + i] = float_to_bf16(value[i]);
+    }
+  } else {
+    std::memcpy(&k[offset], key, n * sizeof(float));
+    std::memcpy(&v[offset], value, n * sizeof(float));
+  }
+}
+
 KvCache Transformer::new_kv_cache() const {
   const size_t cache =
       static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim;
-  return KvCache{std::vector<float>(cache, 0.0f), std::vector<float>(cache, 0.0f)};
+  KvCache kv;
+  kv.dtype = kv_dtype_;
+  if (kv_dtype_ == kernels::KvDtype::bf16) {
+    kv.k16.assign(cache, 0);
+    kv.v16.assign(cache, 0);
+  } else {
+    kv.k.assign(cache, 0.0f);
+    kv.v.assign(cache, 0.0f);
+  }
+  return kv;
+}
+
+size_t Transformer::kv_cache_bytes() const {
+  return 2 * static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim *
+         kernels::kv_dtype_bytes(kv_dtype_);
 }
 
 void Transformer::ensure_scratch(Scratch& s, size_t n) const {
@@ -122,8 +149,9 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   const size_t qkv_width = (nh + 2 * nkv) * D;
   {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t)
+    for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.x[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
+    });
   }
   {
     Profiler::Scope z(prof_, Zone::qkv_proj, static_cast<double>(L.qkv.byte_size()),
@@ -132,22 +160,23 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   }
   if (c_.qk_norm) {
     Profiler::Scope z(prof_, Zone::qk_norm);
-    for (size_t t = 0; t < n; ++t) {
+    for_tokens(n, [&](size_t t) {
       float* row = &s.qkv[t * qkv_width];
       for (size_t h = 0; h < nh; ++h)
         kernels::rmsnorm(row + h * D, L.q_norm.data(), D, c_.rms_norm_eps, row + h * D);
       for (size_t h = 0; h < nkv; ++h)
         kernels::rmsnorm(row + (nh + h) * D, L.k_norm.data(), D, c_.rms_norm_eps,
                          row + (nh + h) * D);
-    }
+    });
   }
   const size_t layer_cache = l * nkv * max_context_ * D;
   {
     Profiler::Scope z(prof_, Zone::rope);
     const RopeTable& rope = *layer_rope_[l];
-    size_t t = 0;
+    size_t row0 = 0;  // the sequence's first row of the batch
     for (const SequenceRows& seq : seqs) {
-      for (size_t pos = seq.start; pos < seq.start + seq.n; ++pos, ++t) {
+      for_tokens(seq.n, [&](size_t i) {
+        const size_t t = row0 + i, pos = seq.start + i;
         float* row = &s.qkv[t * qkv_width];
         const float* cos = &rope.cos[pos * D / 2];
         const float* sin = &rope.sin[pos * D / 2];
@@ -155,17 +184,18 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
         std::memcpy(&s.q[t * nh * D], row, nh * D * sizeof(float));
         for (size_t h = 0; h < nkv; ++h) {
           const size_t slot = layer_cache + (h * max_context_ + pos) * D;
-          std::memcpy(&seq.kv->k[slot], row + (nh + h) * D, D * sizeof(float));
-          std::memcpy(&seq.kv->v[slot], row + (nh + nkv + h) * D, D * sizeof(float));
+          seq.kv->store(slot, row + (nh + h) * D, row + (nh + nkv + h) * D, D);
         }
-      }
+      });
+      row0 += seq.n;
     }
   }
   const auto attention_args = [&](const SequenceRows& seq, size_t row0) {
     kernels::AttentionArgs a;
     a.q = &s.q[row0 * nh * D];
-    a.k_cache = &seq.kv->k[layer_cache];
-    a.v_cache = &seq.kv->v[layer_cache];
+    a.k_cache = seq.kv->keys(layer_cache);
+    a.v_cache = seq.kv->values(layer_cache);
+    a.kv_dtype = seq.kv->dtype;
     a.out = &s.attn[row0 * nh * D];
     a.n = seq.n;
     a.start = seq.start;
@@ -181,7 +211,8 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   // (bytes, flops) of one sequence's attention, for the profiler.
   const auto attention_cost = [&](const SequenceRows& seq) {
     const double keys = static_cast<double>(seq.start + seq.n);
-    return std::pair{2.0 * 4 * keys * nkv * D, 4.0 * seq.n * keys * nh * D};
+    const double elem = static_cast<double>(kernels::kv_dtype_bytes(seq.kv->dtype));
+    return std::pair{2.0 * elem * keys * nkv * D, 4.0 * seq.n * keys * nh * D};
   };
   if (s.batch && seqs.size() > 1) {
     // A decode batch runs its sequences side by side, one per thread: each
@@ -214,11 +245,12 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   }
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t)
+    for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.proj[t * H], L.post_attn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H]);
+    });
   }
   Profiler::Scope z(prof_, Zone::residual);
-  kernels::add(s.x.data(), s.proj.data(), n * H);
+  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H); });
 }
 
 void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
@@ -226,8 +258,9 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   const size_t H = c_.hidden_size, I = c_.intermediate_size;
   {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t)
+    for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.x[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
+    });
   }
   {
     Profiler::Scope z(prof_, Zone::gate_up_proj, static_cast<double>(L.gate_up.byte_size()),
@@ -236,13 +269,13 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   }
   {
     Profiler::Scope z(prof_, Zone::activation);
-    for (size_t t = 0; t < n; ++t) {
+    for_tokens(n, [&](size_t t) {
       const float* gate = &s.gate_up[t * 2 * I];
       if (c_.hidden_act == Activation::silu)
         kernels::silu_mul(gate, gate + I, I, &s.act[t * I]);
       else
         kernels::gelu_tanh_mul(gate, gate + I, I, &s.act[t * I]);
-    }
+    });
   }
   {
     Profiler::Scope z(prof_, Zone::down_proj, static_cast<double>(L.down.byte_size()),
@@ -251,11 +284,12 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   }
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
-    for (size_t t = 0; t < n; ++t)
+    for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.proj[t * H], L.post_ffn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H]);
+    });
   }
   Profiler::Scope z(prof_, Zone::residual);
-  kernels::add(s.x.data(), s.proj.data(), n * H);
+  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H); });
 }
 
 void Transformer::forward(KvCache& kv, Scratch& s, const int32_t* tokens, size_t n, size_t start,

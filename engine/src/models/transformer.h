@@ -2,6 +2,7 @@
 // SmolLM2, Qwen2/3, Gemma 3). Family differences are ModelConfig flags.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "edgellm/profile.h"
 #include "edgellm/session.h"
 #include "edgellm/thread_pool.h"
+#include "kernels/kernels.h"
 #include "models/weights.h"
 
 namespace edgellm {
@@ -20,9 +22,25 @@ struct RopeTable {
   std::vector<float> cos, sin;
 };
 
-// One sequence's memory: its keys and values, [layer][kv_head][max_context][head_dim].
+// One sequence's memory: its keys and values, [layer][kv_head][max_context][head_dim],
+// fp32 in k/v or bf16 bits in k16/v16 as `dtype` says (the other pair is empty).
 struct KvCache {
+  kernels::KvDtype dtype = kernels::KvDtype::fp32;
   std::vector<float> k, v;
+  std::vector<uint16_t> k16, v16;
+
+  // The keys / values from element `offset` on, as AttentionArgs takes them.
+  const void* keys(size_t offset) const {
+    return dtype == kernels::KvDtype::bf16 ? static_cast<const void*>(k16.data() + offset)
+                                           : static_cast<const void*>(k.data() + offset);
+  }
+  const void* values(size_t offset) const {
+    return dtype == kernels::KvDtype::bf16 ? static_cast<const void*>(v16.data() + offset)
+                                           : static_cast<const void*>(v.data() + offset);
+  }
+  // Stores `n` elements of one key and one value at element `offset`; bf16
+  // rounds to nearest even.
+  void store(size_t offset, const float* key, const float* value, size_t n);
 };
 
 // Activations of one forward pass, sized for the largest row count seen.
@@ -47,9 +65,12 @@ struct SequenceRows {
 class Transformer {
  public:
   Transformer(const ModelConfig& config, ModelWeights weights, int max_context, ThreadPool& pool,
-              Profiler& profiler);
+              Profiler& profiler, kernels::KvDtype kv_dtype = kernels::KvDtype::fp32);
 
   KvCache new_kv_cache() const;
+  kernels::KvDtype kv_dtype() const { return kv_dtype_; }
+  // Bytes of one sequence's KV cache (new_kv_cache()).
+  size_t kv_cache_bytes() const;
 
   // Runs tokens at positions [start, start + n), appends their K/V to the
   // cache and writes the last position's logits to `logits` ([vocab]).
@@ -71,10 +92,25 @@ class Transformer {
               const Scratch& s) const;
   void attention_block(size_t layer, Scratch& s, std::span<const SequenceRows> seqs, size_t n);
   void mlp_block(size_t layer, Scratch& s, size_t n);
+  // fn(t) for each of n tokens: split across the pool for a prefill, inline for
+  // the few rows of a decode step (a dispatch costs more than their work). Each
+  // token's arithmetic is the same either way.
+  template <typename Fn>
+  void for_tokens(size_t n, Fn&& fn) {
+    if (n < kParallelTokens) {
+      for (size_t t = 0; t < n; ++t) fn(t);
+      return;
+    }
+    pool_.parallel_chunks(n, [&](size_t t0, size_t t1) {
+      for (size_t t = t0; t < t1; ++t) fn(t);
+    });
+  }
+  static constexpr size_t kParallelTokens = 8;
 
   const ModelConfig& c_;
   ModelWeights weights_;
   size_t max_context_;
+  kernels::KvDtype kv_dtype_;
   ThreadPool& pool_;
   Profiler& prof_;
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <optional>
@@ -121,10 +122,11 @@ double available_bytes() {
 // the KV cache, the RoPE tables and the scratch a full-context prefill grows to
 // (models/transformer.cpp allocates exactly these). Doubles, so a 2^31-position
 // request cannot overflow the sum.
-void check_memory(const ModelConfig& c, size_t weight_bytes, int max_context) {
+void check_memory(const ModelConfig& c, size_t weight_bytes, int max_context,
+                  kernels::KvDtype kv_dtype) {
   const double ctx = max_context, L = c.num_layers, H = c.hidden_size, I = c.intermediate_size;
   const double D = c.head_dim, heads = c.num_heads, kv_heads = c.num_kv_heads;
-  const double kv = 2.0 * L * kv_heads * ctx * D * sizeof(float);
+  const double kv = 2.0 * L * kv_heads * ctx * D * static_cast<double>(kv_dtype_bytes(kv_dtype));
   std::set<std::pair<float, bool>> rope_bases;
   for (const LayerSpec& l : c.layers) rope_bases.insert({l.rope_theta, l.rope_scaled});
   const double rope = static_cast<double>(rope_bases.size()) * ctx * D * sizeof(float);
@@ -133,10 +135,26 @@ void check_memory(const ModelConfig& c, size_t weight_bytes, int max_context) {
   const double need = static_cast<double>(weight_bytes) + kv + rope + scratch;
   const double available = available_bytes();
   if (need > available)
-    throw Error("setup needs " + gb_str(need) + " (weights " + gb_str(weight_bytes) +
-                ", KV cache " + gb_str(kv) + " for " + std::to_string(max_context) +
-                " positions, scratch " + gb_str(rope + scratch) + "), " + gb_str(available) +
+    throw Error("setup needs " + gb_str(need) + " (weights " + gb_str(weight_bytes) + ", " +
+                std::string(kernels::kv_dtype_name(kv_dtype)) + " KV cache " + gb_str(kv) +
+                " for " + std::to_string(max_context) + " positions, scratch " +
+                gb_str(rope + scratch) + "), " + gb_str(available) +
                 " available: lower max_context (--max-context)");
+}
+
+// The KV cache dtype: the option, else EDGELLM_KV_CACHE, else fp32 (the
+// calibrated gate's fp32 tier; bf16 is judged at the reduced tier).
+kernels::KvDtype kv_dtype_of(const std::string& option) {
+  if (!option.empty()) {
+    const auto d = kernels::parse_kv_dtype(option);
+    if (!d) throw Error("--kv-cache " + option + ": expected fp32 or bf16");
+    return *d;
+  }
+  const char* env = std::getenv("EDGELLM_KV_CACHE");
+  if (env == nullptr || *env == '\0') return kernels::KvDtype::fp32;
+  const auto d = kernels::parse_kv_dtype(env);
+  if (!d) throw Error(std::string("EDGELLM_KV_CACHE=") + env + ": expected fp32 or bf16");
+  return *d;
 }
 
 // The quantized form of the matrices, if any: the GGUF's blocks or --weights.
@@ -176,6 +194,7 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
   check(options.max_context > 0,
         "max_context must be positive, got " + std::to_string(options.max_context));
   const int threads = checked_threads(options.threads);
+  const kernels::KvDtype kv_dtype = kv_dtype_of(options.kv_cache);
   auto s = std::make_shared<State>();
   s->profiler.enable(options.profile);
   const auto t0 = std::chrono::steady_clock::now();
@@ -198,7 +217,7 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     const Checkpoint checkpoint = Checkpoint::open(model_dir);
     const size_t weight_bytes = check_weights(checkpoint, s->config);
     s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
-    check_memory(s->config, weight_bytes, s->max_context);
+    check_memory(s->config, weight_bytes, s->max_context, kv_dtype);
     step = "starting the worker threads";
     s->pool = std::make_unique<ThreadPool>(threads);
     step = "reading the GGUF file";
@@ -209,7 +228,7 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
         load_weights(checkpoint, s->config, s->pool->size(), quant ? &*quant : nullptr);
     step = "building the RoPE tables for " + std::to_string(s->max_context) + " positions";
     s->model = std::make_unique<Transformer>(s->config, std::move(weights), s->max_context,
-                                             *s->pool, s->profiler);
+                                             *s->pool, s->profiler, kv_dtype);
   } catch (const std::bad_alloc&) {
     throw Error("out of memory while " + step);
   } catch (const std::length_error&) {
@@ -254,6 +273,12 @@ int Model::threads() const {
 }
 size_t Model::weight_bytes() const {
   return ready_model(state_).model->decode_bytes();
+}
+std::string Model::kv_cache_dtype() const {
+  return std::string(kernels::kv_dtype_name(ready_model(state_).model->kv_dtype()));
+}
+size_t Model::kv_cache_bytes() const {
+  return ready_model(state_).model->kv_cache_bytes();
 }
 
 Context::Context(const Model& model) : state_(std::make_unique<State>()) {

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   std::string model = "smollm2-135m-instruct";
   ServerOptions so;
   int threads = 0, max_context = 2048;
+  std::string kv_cache;
   double drain_seconds = 10;
   CLI::App app{"edgellm_server: OpenAI-compatible HTTP server with continuous batching"};
   app.add_option("--model", model, "checkpoint directory, or its name in the model store")
@@ -31,6 +32,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-context", max_context, "KV cache positions per sequence")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--kv-cache", kv_cache,
+                 "KV cache element type: fp32, or bf16 for half its memory (default: "
+                 "EDGELLM_KV_CACHE, else fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--parallel", so.scheduler.max_batch, "sequences decoded together")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
@@ -80,6 +85,7 @@ int main(int argc, char** argv) {
     SessionOptions mo;
     mo.threads = threads;
     mo.max_context = max_context;
+    mo.kv_cache = kv_cache;
     m.setup(dir, mo);
     so.drain = std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
     Server server(m, so);

@@ -28,6 +28,7 @@ BINDING = "edgellm_py"
 # one this list does not know yet, is judged as a reduced-precision path unless the binding
 # says otherwise: a wrong guess then costs sharpness, never a false fail.
 FP32_ISAS = ("scalar", "avx2")
+FP32_NAMES = ("f32", "fp32", "float32")
 FULL_PRECISION_WEIGHTS = ("checkpoint", "bf16", "f16", "f32", "gguf-exact")
 
 
@@ -48,7 +49,11 @@ class EngineRunner:
     name = "edgellm"
 
     def __init__(
-        self, model_dir: str | Path, threads: int = 0, max_context: int | None = None
+        self,
+        model_dir: str | Path,
+        threads: int = 0,
+        max_context: int | None = None,
+        weights: str = "",
     ) -> None:
         self._py = import_binding()
         self.model_dir = Path(model_dir)
@@ -58,13 +63,14 @@ class EngineRunner:
             str(self.model_dir),
             threads=threads,
             max_context=self._py.DEFAULT_MAX_CONTEXT if max_context is None else max_context,
+            weights=weights,
         )
         self.max_context = int(self.session.max_context)
         self.eos_token_ids = tuple(int(i) for i in self.session.eos_token_ids)
         self.num_layers = int(self.session.num_layers)
         self.isa = str(self._py.active_isa())
         self.precision_path, self.precision_tier = precision_of(
-            self._py, self.session, self.isa, self.model_dir
+            self._py, self.session, self.isa, self.model_dir, weights
         )
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -151,14 +157,17 @@ def _exact_reference(checkpoint: Path) -> bool:
     return isinstance(cfg, dict) and cfg.get("torch_dtype") == "float32"
 
 
-def precision_of(py: ModuleType, session: Any, isa: str, model: Path) -> tuple[str, str]:
+def precision_of(
+    py: ModuleType, session: Any, isa: str, model: Path, quantized_at_setup: str = ""
+) -> tuple[str, str]:
     """(what the report shows, the calibrated lens' tier) for the path this session runs.
 
     The tier is ``fp32`` only when activations are known to stay fp32 (the binding's
-    ``activation_dtype``, else a known fp32 ISA) and the weights are the checkpoint's own
-    (the session's ``weight_format`` absent or unquantized, not a .gguf file); otherwise
-    ``reduced``. ``requantized`` (weights HF never saw) is for the caller to say:
-    --precision requantized.
+    ``activation_dtype``, else a known fp32 ISA), the KV cache holds them in fp32 (the
+    session's ``kv_cache_dtype``; absent: fp32, the only cache before it existed) and the
+    weights are the checkpoint's own (the session's ``weight_format`` absent or unquantized,
+    not a .gguf file); otherwise ``reduced``. Weights quantized at setup (``--weights q8_0``)
+    are weights HF never saw: ``requantized``, where the calibrated lens only reports.
     """
     activations = _declared(session, "activation_dtype") or _declared(py, "activation_dtype")
     if activations is None:
@@ -170,6 +179,13 @@ def precision_of(py: ModuleType, session: Any, isa: str, model: Path) -> tuple[s
         # HF loads the GGUF's dequantized values exactly (fp32 beside the file): the
         # engine's fp32-activation path multiplies the same weights as the truth.
         weights = "gguf-exact"
-    path = f"isa {isa}, activations {activations}, weights {weights}"
-    exact = activations in ("f32", "fp32", "float32") and weights in FULL_PRECISION_WEIGHTS
+    kv_cache = _declared(session, "kv_cache_dtype") or "fp32"
+    if quantized_at_setup:
+        weights = f"{quantized_at_setup} (quantized at setup)"
+        path = f"isa {isa}, activations {activations}, kv cache {kv_cache}, weights {weights}"
+        return path, "requantized"
+    path = f"isa {isa}, activations {activations}, kv cache {kv_cache}, weights {weights}"
+    exact = (
+        activations in FP32_NAMES and kv_cache in FP32_NAMES and weights in FULL_PRECISION_WEIGHTS
+    )
     return path, "fp32" if exact else "reduced"

@@ -1,0 +1,337 @@
+// Quantized prefill GEMM on AMX-BF16 tiles at fp32 activations (kernels/quant.h):
+//   y[t][r] = sum_g scale[r,g] * sum_{j in g} (q[r,j] - zero) x[t,j] + min[r,b] * blocksum[t,b]
+//
+// Exact like matmul_amx.cpp: the integers (q - zero) are exact in bf16 and x is
+// split into 3 bf16 parts (x = hi + mid + lo, avx512::to_bf16_parts), so every
+// product is exact and only the fp32 sums round; the scales and mins are
+// applied in fp32 (AVX-512 FMA), never folded into bf16 weights.
+//
+// The scale changes every group (32 columns, 16 for Q6_K), so each group's
+// 32-token x 32-row block is summed in fresh C tiles (tmm0..3, one K-step of
+// TDPBF16PS per part), stored, and FMA'd into an fp32 accumulator block with
+// the rows' scales (+ min * the tokens' block sums). Four groups' C tiles go to
+// one of two buffer sets, so one set's tile products run while the vector
+// units scale the other, each accumulator loaded and stored once per set.
+//
+// Weights stay quantized in memory: each thread unpacks its 16-row panels of
+// (q - zero) into bf16 VNNI pairs (the B-tile layout of kernels/avx512.h) in its
+// own scratch, a chunk of panels at a time, once per call, and sweeps every
+// token over the chunk (x parts in token blocks that stay in L2).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/avx512.h"
+#include "kernels/quant.h"
+
+namespace edgellm::kernels::amx {
+
+namespace {
+
+constexpr size_t kPanel = 16;                    // rows of a panel (a B tile's N)
+constexpr size_t kChunkBytes = 1024 * 1024;      // unpacked panels per chunk
+constexpr size_t kTokenBlockBytes = 512 * 1024;  // x parts per token block
+constexpr size_t kParts = 3;                     // bf16 parts of fp32 x
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// C tiles 0..3 (16 x 16 fp32), A tiles 4..5 (16 tokens x KG bf16), B tiles
+// 6..7 (KG / 2 column pairs x 16 rows).
+template <int KG>
+const TileConfig& tile_config() {
+  static const TileConfig cfg = [] {
+    TileConfig c;
+    for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+    for (int t = 4; t < 6; ++t) c.rows[t] = 16, c.colsb[t] = KG * 2;
+    for (int t = 6; t < 8; ++t) c.rows[t] = KG / 2, c.colsb[t] = 64;
+    return c;
+  }();
+  return cfg;
+}
+
+// 16 x 16 dwords: r[i] lane j becomes r[j] lane i.
+inline void transpose16(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // u[4G + c], 128-bit lane L: column 4L + c of rows 4G .. 4G + 3.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i p0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+    const __m512i p1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+    const __m512i q0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i q1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+    r[c] = _mm512_shuffle_i32x4(p0, q0, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(p0, q0, 0xdd);
+    r[8 + c] = _mm512_shuffle_i32x4(p1, q1, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xdd);
+  }
+}
+
+// Block b (32 columns) of row r as 32 bf16 (q - zero), element order: as
+// dwords, the 16 column pairs of the VNNI layout. Small integers are exact.
+inline __m512i unpack_block(const QuantSegment& s, size_t r, size_t b) {
+  __m512i lo, hi;
+  if (s.layout == QuantLayout::i8) {
+    const uint8_t* p = s.qs.data() + r * s.cols + b * 32;
+    lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  } else {  // byte j: element j (low nibble), element j + 16 (high nibble)
+    const uint8_t* p = s.qs.data() + r * (s.cols / 2) + b * 16;
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i zero = _mm512_set1_epi32(s.zero);
+    lo = _mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0xf)), zero);
+    hi = _mm512_sub_epi32(_mm512_srli_epi32(v, 4), zero);
+  }
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo));
+}
+
+// Values [i0, i0 + count) of fp32 `f` or IEEE-half `h` (when not null) to
+// out[0], out[kPanel], ...: one row's scales as a panel column (zeros past the
+// segment). Inline: QuantSegment::scale() per value was a call per scale.
+inline void column(const float* f, const uint16_t* h, size_t i0, size_t count, bool have,
+                   float* out) {
+  for (size_t g = 0; g < count; ++g)
+    out[g * kPanel] = !have ? 0.0f : h ? _cvtsh_ss(h[i0 + g]) : f[i0 + g];
+}
+
+// A panel's unpacked weights, scales [group][16] and mins [block][16].
+struct PanelView {
+  const uint16_t* w;
+  const float* scale;
+  const float* min;
+};
+
+// Per-thread scratch: `count` panels of segment s from panel p0 (missing rows
+// are zeros with zero scales).
+struct Scratch {
+  std::vector<uint16_t> w;
+  std::vector<float> scale, min;
+  size_t wstride = 0, sstride = 0, mstride = 0;
+
+  void unpack(const QuantSegment& s, size_t p0, size_t count) {
+    const size_t nb = s.cols / 32, ng = s.cols / s.group;
+    wstride = s.cols * kPanel;
+    sstride = ng * kPanel;
+    mstride = s.has_min ? nb * kPanel : 0;
+    w.resize(count * wstride + 32);
+    scale.resize(count * sstride);
+    min.resize(count * mstride);
+    for (size_t i = 0; i < count; ++i) {
+      const size_t r0 = (p0 + i) * kPanel;
+      uint16_t* dst = wdata() + i * wstride;
+      for (size_t b = 0; b < nb; ++b) {
+        __m512i rows[16];
+        for (size_t n = 0; n < kPanel; ++n)
+          rows[n] = r0 + n < s.rows ? unpack_block(s, r0 + n, b) : _mm512_setzero_si512();
+        transpose16(rows);  // rows[pair] = that column pair of the 16 rows: a B-tile row
+        for (size_t q = 0; q < 16; ++q) _mm512_store_si512(dst + b * 512 + q * 32, rows[q]);
+      }
+      float* sc = scale.data() + i * sstride;
+      float* mn = min.data() + i * mstride;
+      for (size_t n = 0; n < kPanel; ++n) {
+        const bool have = r0 + n < s.rows;
+        column(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, (r0 + n) * ng, ng,
+               have, sc + n);
+        if (s.has_min)
+          column(s.mins.data(), s.half_scales ? s.mins16.data() : nullptr, (r0 + n) * nb, nb, have,
+                 mn + n);
+      }
+    }
+  }
+  uint16_t* wdata() {  // 64-byte aligned for the tile rows
+    const auto addr = reinterpret_cast<uintptr_t>(w.data());
+    return w.data() + ((64 - addr % 64) % 64) / sizeof(uint16_t);
+  }
+  PanelView panel(size_t i) {
+    return {wdata() + i * wstride, scale.data() + i * sstride,
+            mstride ? min.data() + i * mstride : nullptr};
+  }
+};
+
+constexpr size_t kGroupsPerPass = 4;  // C tiles stored per scaling pass
+
+// For groups h0 .. h0 + count: acc[t][0..32) += c[h][t][0..32) * scale[h]
+// (+ blocksum[t][h] * min[h]), two panels, each accumulator loaded and stored
+// once for the `count` groups.
+template <bool kMin>
+inline void scale_into(float* acc, const float* c, const PanelView& p0, const PanelView& p1,
+                       size_t h0, size_t count, const float* bsum, size_t bstride, size_t tokens) {
+  __m512 sc[kGroupsPerPass][2], mn[kGroupsPerPass][2];
+  for (size_t i = 0; i < count; ++i) {
+    sc[i][0] = _mm512_loadu_ps(p0.scale + (h0 + i) * kPanel);
+    sc[i][1] = _mm512_loadu_ps(p1.scale + (h0 + i) * kPanel);
+    if constexpr (kMin) {
+      mn[i][0] = _mm512_loadu_ps(p0.min + (h0 + i) * kPanel);
+      mn[i][1] = _mm512_loadu_ps(p1.min + (h0 + i) * kPanel);
+    }
+  }
+  for (size_t t = 0; t < tokens; ++t) {
+    for (size_t half = 0; half < 2; ++half) {
+      const size_t o = t * 32 + half * 16;
+      __m512 a = _mm512_load_ps(acc + o);
+      for (size_t i = 0; i < count; ++i) {
+        a = _mm512_fmadd_ps(_mm512_load_ps(c + i * 32 * 32 + o), sc[i][half], a);
+        if constexpr (kMin)
+          a = _mm512_fmadd_ps(_mm512_set1_ps(bsum[t * bstride + h0 + i]), mn[i][half], a);
+      }
+      _mm512_store_ps(acc + o, a);
+    }
+  }
+}
+
+// One 32-token x 32-row block of y over all groups. `a` points at the block's
+// first token in part 0 (parts `plane` elements apart, rows `cols` apart);
+// bsum at the block's first token's block sums (nb per token).
+template <int KG, bool kMin>
+void block_32x32(const uint16_t* a, size_t cols, size_t plane, const PanelView& p0,
+                 const PanelView& p1, const float* bsum, float* y, size_t ldy, size_t tokens,
+                 size_t rows) {
+  constexpr size_t G = kGroupsPerPass;
+  alignas(64) float acc[32 * 32];
+  alignas(64) float c[2][G][32 * 32];  // two sets of G groups' tiles: 32 KiB, in L1
+  std::memset(acc, 0, sizeof(acc));
+  const size_t lda = cols * sizeof(uint16_t), a_lower = 16 * cols, ng = cols / KG;
+  const size_t nb = cols / 32;
+  for (size_t g0 = 0;; g0 += G) {
+    const size_t set = (g0 / G) & 1;
+    for (size_t g = g0; g < std::min(ng, g0 + G); ++g) {
+      const size_t k = g * KG;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      _tile_loadd(6, p0.w + k * kPanel, 64);  // pairs k/2.. of the panel, 64 bytes each
+      _tile_loadd(7, p1.w + k * kPanel, 64);
+#pragma GCC unroll 3
+      for (size_t p = 0; p < kParts; ++p) {
+        const uint16_t* ap = a + p * plane + k;
+        _tile_loadd(4, ap, lda);
+        _tile_loadd(5, ap + a_lower, lda);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      float* cb = c[set][g - g0];
+      _tile_stored(0, cb, 32 * sizeof(float));
+      _tile_stored(1, cb + 16, 32 * sizeof(float));
+      _tile_stored(2, cb + 16 * 32, 32 * sizeof(float));
+      _tile_stored(3, cb + 16 * 32 + 16, 32 * sizeof(float));
+    }
+    if (g0 > 0) {  // the previous set, while this set's tile products run
+      const size_t h0 = g0 - G;
+      scale_into<kMin>(acc, c[set ^ 1][0], p0, p1, h0, G, bsum, nb, tokens);
+    }
+    if (g0 + G >= ng) {  // this set is the last: scale it too
+      scale_into<kMin>(acc, c[set][0], p0, p1, g0, ng - g0, bsum, nb, tokens);
+      break;
+    }
+  }
+  for (size_t t = 0; t < tokens; ++t) std::memcpy(y + t * ldy, acc + t * 32, rows * sizeof(float));
+}
+
+struct Call {
+  const uint16_t* xb;  // kParts planes of n_pad x cols bf16
+  const float* block_sum;
+  size_t n, n_pad;
+};
+
+// Panels [p0, p1) of segment s (p0 even) for every token.
+template <int KG, bool kMin>
+void segment_panels(const QuantSegment& s, const Call& call, float* y, size_t ldy, size_t p0,
+                    size_t p1, Scratch& scratch) {
+  _tile_loadconfig(&tile_config<KG>());
+  const size_t cols = s.cols, nb = cols / 32, plane = call.n_pad * cols;
+  const size_t panel_bytes = cols * kPanel * sizeof(uint16_t);
+  const size_t chunk = std::max<size_t>(2, kChunkBytes / panel_bytes / 2 * 2);
+  const size_t tblock = std::max<size_t>(32, kTokenBlockBytes / (kParts * cols * 2) / 32 * 32);
+  for (size_t c0 = p0; c0 < p1; c0 += chunk) {
+    const size_t c1 = std::min(p1, c0 + chunk);
+    scratch.unpack(s, c0, (c1 - c0 + 1) / 2 * 2);  // an odd last panel gets a zero partner
+    for (size_t t0 = 0; t0 < call.n; t0 += tblock) {
+      const size_t t1 = std::min(call.n, t0 + tblock);
+      for (size_t p = c0; p < c1; p += 2) {
+        const PanelView v0 = scratch.panel(p - c0), v1 = scratch.panel(p - c0 + 1);
+        const size_t r0 = p * kPanel, rows = std::min<size_t>(2 * kPanel, s.rows - r0);
+        for (size_t t = t0; t < t1; t += 32)
+          block_32x32<KG, kMin>(call.xb + t * cols, cols, plane, v0, v1,
+                                kMin ? call.block_sum + t * nb : nullptr, y + t * ldy + r0, ldy,
+                                std::min<size_t>(32, call.n - t), rows);
+      }
+    }
+  }
+  _tile_release();
+}
+
+void run_segment(const QuantSegment& s, const Call& call, float* y, size_t ldy, size_t p0,
+                 size_t p1) {
+  thread_local Scratch scratch;
+  if (s.group == 16)
+    segment_panels<16, false>(s, call, y, ldy, p0, p1, scratch);
+  else if (s.has_min)
+    segment_panels<32, true>(s, call, y, ldy, p0, p1, scratch);
+  else
+    segment_panels<32, false>(s, call, y, ldy, p0, p1, scratch);
+}
+
+}  // namespace
+
+void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  const size_t cols = w.cols, n_pad = (n + 31) / 32 * 32, nb = cols / 32;
+  uint16_t* xb = avx512::bf16_scratch(kParts * n_pad * cols);
+  avx512::to_bf16_parts(x, n, cols, n_pad, cols, kParts, xb, pool);
+  // Block sums only for mins, vectorised and split over the pool: the scalar
+  // block_sums() is a serial add chain, ~0.5 ms at 512 x 576 (a fifth of a GEMM).
+  thread_local std::vector<float> sums;
+  const bool mins = std::any_of(w.segments.begin(), w.segments.end(),
+                                [](const QuantSegment& s) { return s.has_min; });
+  if (mins) {
+    sums.resize(n * nb);
+    float* out = sums.data();  // this thread's buffer, written by the workers
+    pool.parallel_chunks(n, [&](size_t t0, size_t t1) {
+      for (size_t i = t0 * nb; i < t1 * nb; ++i)
+        out[i] = _mm512_reduce_add_ps(
+            _mm512_add_ps(_mm512_loadu_ps(x + i * 32), _mm512_loadu_ps(x + i * 32 + 16)));
+    });
+  }
+  const Call call{.xb = xb, .block_sum = mins ? sums.data() : nullptr, .n = n, .n_pad = n_pad};
+  // Work items: pairs of panels over all segments (32 rows each, the block).
+  std::vector<size_t> first_pair;  // per segment, then the total
+  size_t pairs = 0;
+  for (const QuantSegment& s : w.segments) {
+    first_pair.push_back(pairs);
+    pairs += (s.rows + 2 * kPanel - 1) / (2 * kPanel);
+  }
+  pool.parallel_chunks(pairs, [&](size_t q0, size_t q1) {
+    size_t base = 0;  // first row of the segment
+    for (size_t i = 0; i < w.segments.size(); ++i) {
+      const QuantSegment& s = w.segments[i];
+      const size_t s_pairs = (s.rows + 2 * kPanel - 1) / (2 * kPanel);
+      const size_t lo = std::max(q0, first_pair[i]), hi = std::min(q1, first_pair[i] + s_pairs);
+      if (lo < hi)
+        run_segment(s, call, y + base, w.rows, 2 * (lo - first_pair[i]),
+                    std::min((s.rows + kPanel - 1) / kPanel, 2 * (hi - first_pair[i])));
+      base += s.rows;
+    }
+  });
+}
+
+}  // namespace edgellm::kernels::amx
