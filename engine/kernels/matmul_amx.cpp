@@ -26,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/amx_tiles.h"
 #include "kernels/avx512.h"
 
 namespace edgellm::kernels::amx {
@@ -37,16 +38,6 @@ using vnni::kPanelRows;
 
 constexpr size_t kTokenTile = 16;  // rows of an A / C tile
 constexpr size_t kBlockBytes = 512 * 1024;
-
-// The LDTILECFG memory operand (64 bytes), palette 1.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64);
 
 TileConfig make_config() {
   TileConfig cfg;

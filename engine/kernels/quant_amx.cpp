@@ -24,6 +24,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/amx_tiles.h"
 #include "kernels/avx512.h"
 #include "kernels/quant.h"
 
@@ -35,15 +36,6 @@ constexpr size_t kPanel = 16;                    // rows of a panel (a B tile's 
 constexpr size_t kChunkBytes = 1024 * 1024;      // unpacked panels per chunk
 constexpr size_t kTokenBlockBytes = 512 * 1024;  // x parts per token block
 constexpr size_t kParts = 3;                     // bf16 parts of fp32 x
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64);
 
 // C tiles 0..3 (16 x 16 fp32), A tiles 4..5 (16 tokens x KG bf16), B tiles
 // 6..7 (KG / 2 column pairs x 16 rows).

@@ -1,0 +1,20 @@
+// The AMX tile configuration shared by the *_amx.cpp kernels. Plain data: any
+// file may include it; loading it (_tile_loadconfig) needs the amx flags.
+#pragma once
+
+#include <cstdint>
+
+namespace edgellm::kernels::amx {
+
+// The LDTILECFG memory operand (64 bytes), palette 1: per tile its rows and
+// bytes per row.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+}  // namespace edgellm::kernels::amx
