@@ -75,6 +75,9 @@ QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size
 // Quantizes fp32 rows (cols % 32 == 0) into GGUF blocks of q8_0 or q4_0, with
 // ggml's reference rounding, then repacks them (--weights q8_0|q4_0).
 QuantSegment quantize_rows(BlockFormat f, const float* x, size_t rows, size_t cols);
+// The same rounding into GGUF blocks at `out` (rows * cols / 32 blocks), for
+// callers that quantize a large matrix a few rows at a time.
+void quantize_blocks(BlockFormat f, const float* x, size_t rows, size_t cols, uint8_t* out);
 
 // Appends a segment's rows below the matrix's (same cols).
 void append_segment(QuantMatrix& m, QuantSegment s);

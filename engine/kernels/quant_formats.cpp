@@ -233,16 +233,15 @@ QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size
   return s;
 }
 
-QuantSegment quantize_rows(BlockFormat f, const float* x, size_t rows, size_t cols) {
+void quantize_blocks(BlockFormat f, const float* x, size_t rows, size_t cols, uint8_t* out) {
   check(f == BlockFormat::q8_0 || f == BlockFormat::q4_0,
         "quantizing at setup supports q8_0 and q4_0, not " + std::string(block_format_name(f)));
   check(cols % 32 == 0,
         "quantizing at setup needs rows of a multiple of 32 elements, got " + std::to_string(cols));
   const size_t nb = cols / 32, bb = block_bytes(f);
-  std::vector<uint8_t> blocks(rows * nb * bb);
   for (size_t i = 0; i < rows * nb; ++i) {
     const float* v = x + i * 32;
-    uint8_t* blk = blocks.data() + i * bb;
+    uint8_t* blk = out + i * bb;
     if (f == BlockFormat::q8_0) {  // ggml quantize_row_q8_0_ref
       float amax = 0.0f;
       for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
@@ -268,6 +267,11 @@ QuantSegment quantize_rows(BlockFormat f, const float* x, size_t rows, size_t co
       }
     }
   }
+}
+
+QuantSegment quantize_rows(BlockFormat f, const float* x, size_t rows, size_t cols) {
+  std::vector<uint8_t> blocks(rows * (cols / 32) * block_bytes(f));
+  quantize_blocks(f, x, rows, cols, blocks.data());
   return repack_gguf(f, blocks.data(), rows, cols);
 }
 

@@ -1,5 +1,6 @@
 #include "models/weights.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -68,17 +69,21 @@ float element(const TensorView& t, size_t i) {
 // Appends a tensor's values as bf16 (the engine's weight dtype), rejecting
 // non-finite values: safetensors has no checksum, and a flipped exponent bit
 // in a corrupted file usually shows up as inf/NaN.
-void append_bf16(const TensorView& t, std::vector<uint16_t>& out) {
-  const size_t n = static_cast<size_t>(t.numel());
+// Elements [first, first + n) of the tensor.
+void append_bf16(const TensorView& t, size_t first, size_t n, std::vector<uint16_t>& out) {
   const size_t base = out.size();
   out.resize(base + n);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = first + k;
     const float v = element(t, i);
     if (!std::isfinite(v))  // not check(): the message must not be built per element
       throw Error(t.file + ": tensor '" + t.name + "' holds a non-finite value at index " +
                   std::to_string(i) + " (corrupt file?)");
-    out[base + i] = t.dtype == DType::bf16 ? load<uint16_t>(t, i) : float_to_bf16(v);
+    out[base + k] = t.dtype == DType::bf16 ? load<uint16_t>(t, i) : float_to_bf16(v);
   }
+}
+void append_bf16(const TensorView& t, std::vector<uint16_t>& out) {
+  append_bf16(t, 0, static_cast<size_t>(t.numel()), out);
 }
 
 std::vector<float> to_float(const TensorView& t, float add) {
@@ -111,11 +116,25 @@ std::shared_ptr<const kernels::QuantMatrix> pack_quant(
                                    g.row_order.empty() ? nullptr : g.row_order.data()));
       release_mapped_pages(g.blocks, g.nbytes);  // peak memory: the repacked copy only
     } else if (quant->quantize && cols % 32 == 0) {
+      // The checkpoint's values as the bf16 path holds them, quantized a slice of
+      // rows at a time: setup's peak is then the blocks and their repacked copy,
+      // not an fp32 copy of the whole matrix (1 GB for a 128k x 2048 embedding).
+      const kernels::BlockFormat f = *quant->quantize;
+      const size_t row_bytes = cols / 32 * kernels::block_bytes(f);
+      std::vector<uint8_t> blocks(rows * row_bytes);
       std::vector<uint16_t> bf16;
-      append_bf16(*t, bf16);
-      std::vector<float> f(bf16.size());
-      for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_float(bf16[i]);
-      kernels::append_segment(*m, kernels::quantize_rows(*quant->quantize, f.data(), rows, cols));
+      std::vector<float> x;
+      constexpr size_t kSliceElems = size_t{1} << 20;
+      const size_t slice = std::max<size_t>(1, kSliceElems / cols);
+      for (size_t r0 = 0; r0 < rows; r0 += slice) {
+        const size_t n = std::min(slice, rows - r0);
+        bf16.clear();
+        append_bf16(*t, r0 * cols, n * cols, bf16);
+        x.resize(bf16.size());
+        for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(bf16[i]);
+        kernels::quantize_blocks(f, x.data(), n, cols, blocks.data() + r0 * row_bytes);
+      }
+      kernels::append_segment(*m, kernels::repack_gguf(f, blocks.data(), rows, cols));
     } else {
       check(m->segments.empty(), "checkpoint: tensor '" + t->name +
                                      "' has no quantized form but the tensors fused with it do");
