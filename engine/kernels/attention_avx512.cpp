@@ -189,8 +189,6 @@ float* scratch(size_t floats) {
   return buf.data() + ((64 - addr % 64) % 64) / sizeof(float);
 }
 
-}  // namespace
-
 // A cache element as fp32 (bf16 widens exactly: a 16-bit shift).
 inline float widen(float x) {
   return x;
@@ -229,6 +227,8 @@ void widen_values(const AttentionArgs& a, size_t keys, float* out, ThreadPool& p
     }
   });
 }
+
+}  // namespace
 
 void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
   if (a.n == 0 || a.n_heads == 0) return;
