@@ -59,6 +59,9 @@ void to_bf16_parts(const float* x, size_t n, size_t cols, size_t n_pad, size_t c
 inline constexpr size_t kMinPrefillTokens = 16;
 inline constexpr size_t kMaxGroup = 256;
 void attention_prefill(const AttentionArgs& args, ThreadPool& pool);
+// Decode attention (n < kMinPrefillTokens; keys split across threads at long
+// context); needs head_dim % 16 == 0.
+void attention_decode(const AttentionArgs& args, ThreadPool& pool);
 }  // namespace avx512
 
 namespace amx {

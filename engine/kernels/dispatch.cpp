@@ -202,7 +202,7 @@ const std::vector<KernelInfo>& registered_kernels() {
        {S, A2, A5},
        "q, out fp32; K/V cache fp32, or bf16 widened to fp32 on load (EDGELLM_KV_CACHE=bf16)",
        "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
-       "(prefill, n >= 16): head_dim % 16 == 0",
+       "(prefill, n >= 16; decode, n < 16, keys split across threads): head_dim % 16 == 0",
        all},
       {"rmsnorm", {S, A2, A5}, "fp32 (sum of squares in double)", "any dim; in place allowed", all},
       {"rope", {S, A2, A5}, "fp32", "any n_heads, even head_dim (HF rotate_half)", all},
@@ -323,10 +323,12 @@ void add(float* acc, const float* x, size_t n) {
 
 void attention(const AttentionArgs& args, ThreadPool& pool) {
   // The AVX2 path works on whole vectors of head_dim; others take the reference.
-  // Prefill on avx512; decode (few rows per kv head) splits keys on avx2.
+  // avx512: prefill (n >= 16) and decode (n < 16, keys split across threads).
   if (at_least(Isa::avx512) && args.n >= avx512::kMinPrefillTokens && args.head_dim % 16 == 0 &&
       args.n_heads <= avx512::kMaxGroup * args.n_kv_heads)
     return avx512::attention_prefill(args, pool);
+  if (at_least(Isa::avx512) && args.n < avx512::kMinPrefillTokens && args.head_dim % 16 == 0)
+    return avx512::attention_decode(args, pool);
   if (at_least(Isa::avx2) && args.head_dim % 8 == 0) return avx2::attention(args, pool);
   ref::attention(args);
 }

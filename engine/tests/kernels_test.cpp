@@ -458,6 +458,9 @@ struct AttnCase {
   size_t n_heads, n_kv_heads, head_dim, n, start, window;
   float softcap;
   KvDtype kv = KvDtype::fp32;
+  // Fill the cache positions no row may see (before the first row's window,
+  // past the last key) with NaN: a kernel that reads them into a sum fails.
+  bool poison = false;
 };
 
 std::string describe(const AttnCase& c) {
@@ -494,8 +497,19 @@ bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& 
   const size_t keys = c.start + c.n;
   const size_t stride = keys + 3;  // the cache is longer than what is filled
   const OddBuffer q = random_buffer(c.n * c.n_heads * c.head_dim, rng, -2.0f, 2.0f);
-  const OddBuffer k = random_buffer(c.n_kv_heads * stride * c.head_dim, rng, -2.0f, 2.0f);
-  const OddBuffer v = random_buffer(c.n_kv_heads * stride * c.head_dim, rng);
+  OddBuffer k = random_buffer(c.n_kv_heads * stride * c.head_dim, rng, -2.0f, 2.0f);
+  OddBuffer v = random_buffer(c.n_kv_heads * stride * c.head_dim, rng);
+  if (c.poison) {
+    const size_t first = c.window > 0 && c.start + 1 > c.window ? c.start + 1 - c.window : 0;
+    for (size_t h = 0; h < c.n_kv_heads; ++h) {
+      for (size_t p = 0; p < stride; ++p) {
+        if (p >= first && p < keys) continue;
+        for (size_t d = 0; d < c.head_dim; ++d)
+          k[(h * stride + p) * c.head_dim + d] = v[(h * stride + p) * c.head_dim + d] =
+              std::nanf("");
+      }
+    }
+  }
   const Bf16Cache k16(k), v16(v);
   const bool bf16 = c.kv == KvDtype::bf16;
   AttentionArgs a;
@@ -590,6 +604,34 @@ TEST_P(KernelAttention, LongContexts) {
       c.kv = kv;
       EXPECT_TRUE(check_attention(isa, c, rng, pool2));
       EXPECT_TRUE(check_attention(isa, c, rng, test_pool()));
+    }
+  }
+}
+
+// Decode shapes (n < 16, the avx512 decode kernel's range): long caches whose
+// keys split across 2 and 3 threads, odd head counts, groups of 1 to 10 heads
+// (the kernel shares V loads across 4 rows at a time), head_dim not a multiple
+// of 64, windows, softcap, both cache dtypes, and NaN in every cache position
+// outside the rows' keys.
+TEST_P(KernelAttention, DecodeSplitsKeys) {
+  const Isa isa = GetParam();
+  std::mt19937 rng(11);
+  ThreadPool pool2(2), pool3(3);
+  // {n_heads, n_kv_heads, head_dim}
+  const size_t shapes[][3] = {{15, 5, 16}, {7, 7, 80}, {5, 1, 48}, {12, 2, 256}, {10, 1, 64}};
+  size_t i = 0;
+  for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
+    for (const auto& h : shapes) {
+      for (size_t n : {1, 3, 15}) {
+        for (size_t start : {129, 1000, 2333}) {
+          for (size_t window : {0, 1500}) {
+            const float softcap = (n + start) % 2 ? 0.0f : 20.0f;
+            const AttnCase c{h[0], h[1], h[2], n, start, window, softcap, kv, true};
+            ThreadPool& pool = ++i % 2 ? pool2 : pool3;
+            ASSERT_TRUE(check_attention(isa, c, rng, pool)) << pool.size() << " threads";
+          }
+        }
+      }
     }
   }
 }
