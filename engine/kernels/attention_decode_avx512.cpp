@@ -36,16 +36,11 @@ constexpr size_t kMinSplitKeys = 128;
 // Rows whose P.V shares one V load; 4 rows x 4 vectors of head_dim = 16
 // accumulators, leaving registers for the V vectors.
 constexpr size_t kPvRows = 4;
-// Bytes ahead of the current key that each stream prefetches: enough lines in
-// flight to cover DRAM latency at one core's share of the bandwidth.
-#ifndef EDGELLM_DECODE_PF_AHEAD
-#define EDGELLM_DECODE_PF_AHEAD 4096
-#endif
-#ifndef EDGELLM_DECODE_PF_HINT
-#define EDGELLM_DECODE_PF_HINT _MM_HINT_T0
-#endif
-constexpr size_t kPrefetchAhead = EDGELLM_DECODE_PF_AHEAD;
-constexpr auto kPrefetchHint = EDGELLM_DECODE_PF_HINT;
+// Bytes ahead of the current key that each stream prefetches, to L1: 16 to
+// 64 keys at head_dim 64. Measured on the 4096-key smollm2 shape, 2 threads:
+// 4 KiB took fp32 from 17 to 21 GB/s and bf16 from 13 to 16 GB/s over no
+// prefetch; 2 and 8 KiB were each worse for one of the dtypes.
+constexpr size_t kPrefetchAhead = 4096;
 
 // Per-thread buffer with internal linkage: no inline function of this file
 // may be merged by the linker with an AVX2 build of the same name.
@@ -107,7 +102,7 @@ inline __m512 transpose_sum16(const __m512* acc) {
 
 // Prefetches the line at p + kPrefetchAhead.
 inline void prefetch_ahead(const void* p) {
-  _mm_prefetch(static_cast<const char*>(p) + kPrefetchAhead, kPrefetchHint);
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
 }
 
 // scores[j] = q . k_j for j in [0, count), keys `hd` elements apart; with
@@ -185,7 +180,7 @@ constexpr const PvFn<T>* kPv[kPvRows + 1] = {nullptr, kPvRow<T, 1>, kPvRow<T, 2>
 
 // Issues prefetches for the bytes [from, to) of a stream, one per line.
 inline void prefetch_range(const char* base, size_t from, size_t to) {
-  for (size_t b = from / 64 * 64; b < to; b += 64) _mm_prefetch(base + b, kPrefetchHint);
+  for (size_t b = from / 64 * 64; b < to; b += 64) _mm_prefetch(base + b, _MM_HINT_T0);
 }
 
 struct Plan {
