@@ -36,10 +36,12 @@ constexpr size_t kMinSplitKeys = 128;
 // Rows whose P.V shares one V load; 4 rows x 4 vectors of head_dim = 16
 // accumulators, leaving registers for the V vectors.
 constexpr size_t kPvRows = 4;
-// Bytes ahead of the current key that each stream prefetches, to L1: 16 to
-// 64 keys at head_dim 64. Measured on the 4096-key smollm2 shape, 2 threads:
-// 4 KiB took fp32 from 17 to 21 GB/s and bf16 from 13 to 16 GB/s over no
-// prefetch; 2 and 8 KiB were each worse for one of the dtypes.
+// Bytes ahead of the current key that each stream prefetches (16 to 32 keys
+// at head_dim 64). Measured on the 4096-key smollm2 shape from DRAM: 4 KiB
+// took 2 threads from 17 to 21 GB/s (fp32) and 13 to 16 GB/s (bf16) over no
+// prefetch; 2 and 8 KiB were each worse for one dtype. Into L2 (T1) rather
+// than L1: one core's L1 has few miss buffers, and on one thread T1 took
+// bf16 from ~7 to ~8 GB/s, fp32 unchanged.
 constexpr size_t kPrefetchAhead = 4096;
 
 // Per-thread buffer with internal linkage: no inline function of this file
@@ -100,9 +102,9 @@ inline __m512 transpose_sum16(const __m512* acc) {
                        _mm512_shuffle_f32x4(l3[0], l3[1], 0xdd));
 }
 
-// Prefetches the line at p + kPrefetchAhead.
+// Prefetches the line at p + kPrefetchAhead into L2.
 inline void prefetch_ahead(const void* p) {
-  _mm_prefetch(static_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T1);
 }
 
 // scores[j] = q . k_j for j in [0, count), keys `hd` elements apart; with
@@ -116,14 +118,15 @@ void dot_keys(const float* q, const T* k, size_t count, size_t hd, bool prefetch
 #pragma GCC unroll 16
     for (auto& v : acc) v = _mm512_setzero_ps();
     const T* kj = k + j * hd;
-    if (prefetch)
-      for (size_t b = 0; b < 16 * hd * sizeof(T); b += 64)
-        prefetch_ahead(reinterpret_cast<const char*>(kj) + b);
     for (size_t d = 0; d < hd; d += 16) {
+      // 1/(hd/16) of the 16 keys' bytes per step: requests spread between the FMAs.
+      if (prefetch)
+#pragma GCC unroll 16
+        for (size_t b = 0; b < 256 * sizeof(T); b += 64)
+          prefetch_ahead(reinterpret_cast<const char*>(kj) + d * 16 * sizeof(T) + b);
       const __m512 qv = _mm512_loadu_ps(q + d);
 #pragma GCC unroll 16
-      for (size_t u = 0; u < 16; ++u)
-        acc[u] = _mm512_fmadd_ps(qv, load16(kj + u * hd + d), acc[u]);
+      for (size_t u = 0; u < 16; ++u) acc[u] = _mm512_fmadd_ps(qv, load16(kj + u * hd + d), acc[u]);
     }
     _mm512_storeu_ps(scores + j, transpose_sum16(acc));
   }
@@ -146,13 +149,15 @@ void accumulate_pv(float* o, const float* alpha, const float* p, size_t ps, cons
   for (int r = 0; r < R; ++r) {
     const __m512 va = _mm512_set1_ps(alpha[r]);
 #pragma GCC unroll 4
-    for (int i = 0; i < NV; ++i) acc[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o + r * hd + 16 * i), va);
+    for (int i = 0; i < NV; ++i)
+      acc[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o + r * hd + 16 * i), va);
   }
   for (size_t j = 0; j < count; ++j) {
     const T* vj = v + j * hd;
     if (prefetch)  // one request per 64-byte line of the slice
 #pragma GCC unroll 4
-      for (int i = 0; i < NV; i += static_cast<int>(64 / (16 * sizeof(T)))) prefetch_ahead(vj + 16 * i);
+      for (int i = 0; i < NV; i += static_cast<int>(64 / (16 * sizeof(T))))
+        prefetch_ahead(vj + 16 * i);
     __m512 vv[NV];
 #pragma GCC unroll 4
     for (int i = 0; i < NV; ++i) vv[i] = load16(vj + 16 * i);
