@@ -224,6 +224,9 @@ void attention_benches(ThreadPool& pool, bool with_bandwidth) {
               bench_attention(1, 1023, 9, 3, 64, pool) * 1e6);
   std::printf("attn  decode gemma3 (4/1 x 256) at 1024 keys: %.1f us\n",
               bench_attention(1, 1023, 4, 1, 256, pool) * 1e6);
+  // A few tokens at once (batched server, speculative verification).
+  std::printf("attn  decode smollm2 (9/3 x 64), 4 tokens at 1024 keys: %.1f us\n",
+              bench_attention(4, 1020, 9, 3, 64, pool) * 1e6);
   if (with_bandwidth)
     std::printf("read bandwidth %.1f GB/s\n", measure_roofline(pool.size()).read_gb_per_s);
   // 30 layers stream from DRAM as decode does; one layer (3-6 MB) stays in
