@@ -109,8 +109,12 @@ inline void prefetch_ahead(const void* p) {
 
 // scores[j] = q . k_j for j in [0, count), keys `hd` elements apart; with
 // `prefetch`, the K bytes kPrefetchAhead past each 16 keys are requested.
-template <typename T>
-void dot_keys(const float* q, const T* k, size_t count, size_t hd, bool prefetch, float* scores) {
+// kHd > 0: head_dim known at compile time, so the 16 key rows are constant
+// offsets from one pointer (a runtime stride needs 16 pointers, and spills).
+template <typename T, size_t kHd>
+void dot_keys_hd(const float* q, const T* k, size_t count, size_t hd_arg, bool prefetch,
+                 float* scores) {
+  const size_t hd = kHd > 0 ? kHd : hd_arg;
   size_t j = 0;
   for (; j + 16 <= count; j += 16) {
     // The unroll pragmas keep the accumulator array in registers.
@@ -138,6 +142,20 @@ void dot_keys(const float* q, const T* k, size_t count, size_t hd, bool prefetch
   }
 }
 
+template <typename T>
+void dot_keys(const float* q, const T* k, size_t count, size_t hd, bool prefetch, float* scores) {
+  switch (hd) {
+    case 64:
+      return dot_keys_hd<T, 64>(q, k, count, hd, prefetch, scores);
+    case 128:
+      return dot_keys_hd<T, 128>(q, k, count, hd, prefetch, scores);
+    case 256:
+      return dot_keys_hd<T, 256>(q, k, count, hd, prefetch, scores);
+    default:
+      return dot_keys_hd<T, 0>(q, k, count, hd, prefetch, scores);
+  }
+}
+
 // For each of R rows: o_r[0 .. 16*NV) = o_r * alpha_r + sum_j p_r[j] v_j,
 // rows of o `hd` apart, rows of p `ps` apart, v rows `hd` apart; with
 // `prefetch`, the V bytes kPrefetchAhead past each row's slice are requested.
@@ -160,7 +178,12 @@ void accumulate_pv(float* o, const float* alpha, const float* p, size_t ps, cons
         prefetch_ahead(vj + 16 * i);
     __m512 vv[NV];
 #pragma GCC unroll 4
-    for (int i = 0; i < NV; ++i) vv[i] = load16(vj + 16 * i);
+    for (int i = 0; i < NV; ++i) {
+      vv[i] = load16(vj + 16 * i);
+      // Keep v in a register: folded into each row's FMA it is loaded R times,
+      // and the load ports, not the FMAs, would set the pace.
+      if constexpr (R > 1) asm("" : "+v"(vv[i]));
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m512 pj = _mm512_set1_ps(p[r * ps + j]);
