@@ -248,7 +248,7 @@ void attention_benches(ThreadPool& pool, bool with_bandwidth) {
   }
   for (KvDtype d : {KvDtype::fp32, KvDtype::bf16}) {
     const std::string cache = std::string(kv_dtype_name(d)) + " cache";
-    for (size_t n : {128, 1024}) {
+    for (size_t n : {128, 256, 512, 1024}) {
       const double tp = bench_attention(n, 0, 9, 3, 64, pool, d);
       std::printf("attn  prefill smollm2 %zu tokens, %s: %.1f us (%.1f GFLOP/s causal)\n", n,
                   cache.c_str(), tp * 1e6, 4.0 * 9 * 64 * (n * (n + 1.0) / 2) / tp / 1e9);
