@@ -41,18 +41,9 @@ namespace edgellm::kernels::amx {
 
 namespace {
 using avx512::kSoftmaxBlock;
-constexpr size_t kRows = 32;  // query rows per work item: two A tiles
+constexpr size_t kRows = 32;  // query rows per work item: two 16-row tile halves
 constexpr size_t kKeys = kSoftmaxBlock;
-static_assert(kKeys == 32, "a key block is two 16-key B tiles of S, one 32-key K step of P V");
-
-TileConfig make_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {  // all eight tiles: 16 rows x 64 bytes
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  return cfg;
-}
+static_assert(kKeys == 32, "a key block: two 16-key A tiles of S^T, one K step of V^T P^T");
 
 inline __m512 widen(__m256i bf16) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
@@ -416,7 +407,7 @@ void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
                          : lay_out_kv<float>(a, keys, parts, kbuf, vbuf, pool);
   const size_t tile_tokens = kRows / group;
   const size_t q_tiles = (a.n + tile_tokens - 1) / tile_tokens;
-  static const TileConfig cfg = make_config();
+  static const TileConfig cfg = uniform_tile_config();
   pool.parallel_for(a.n_kv_heads * q_tiles, [&](size_t item) {
     // One kv head at a time (its K and V^T stay in L2 across its tiles),
     // latest tiles (most keys) first, for load balance.

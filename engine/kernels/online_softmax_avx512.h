@@ -1,6 +1,7 @@
-// One row's step of the flash-attention online softmax over a block of 32
-// scores, shared by the avx512 and amx prefill kernels. Include ONLY from
-// files compiled with the avx512 flags.
+// The flash-attention online softmax of the AVX-512 prefill kernel: one row's
+// step over a block of 32 scores; the block size and the window's first key
+// are shared with the amx kernel (whose softmax runs across rows instead).
+// Include ONLY from files compiled with the avx512 flags.
 #pragma once
 
 #include <immintrin.h>
