@@ -581,9 +581,18 @@ TEST_P(KernelAttention, LongContexts) {
   std::mt19937 rng(8);
   ThreadPool pool2(2);
   const AttnCase cases[] = {
-      {9, 3, 64, 1, 1000, 0, 0.0f},  {4, 1, 256, 1, 2047, 0, 0.0f}, {4, 1, 256, 1, 2047, 512, 0.0f},
-      {32, 8, 64, 1, 777, 0, 30.0f}, {9, 3, 64, 70, 0, 0, 0.0f},    {4, 1, 256, 100, 300, 64, 0.0f},
+      {9, 3, 64, 1, 1000, 0, 0.0f},
+      {4, 1, 256, 1, 2047, 0, 0.0f},
+      {4, 1, 256, 1, 2047, 512, 0.0f},
+      {32, 8, 64, 1, 777, 0, 30.0f},
+      {9, 3, 64, 70, 0, 0, 0.0f},
+      {4, 1, 256, 100, 300, 64, 0.0f},
       {8, 2, 64, 3, 600, 0, 0.0f},
+      // Wide groups: amx rows of 6 tokens x 5 heads, of 1 token x 32 heads; 64 per kv
+      // head is past amx's limit (avx512 takes it).
+      {10, 2, 64, 50, 20, 0, 0.0f},
+      {32, 1, 64, 20, 40, 16, 0.0f},
+      {64, 1, 64, 17, 5, 0, 0.0f},
   };
   for (AttnCase c : cases) {
     for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
