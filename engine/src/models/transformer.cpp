@@ -208,11 +208,18 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     a.softcap = c_.attn_logit_softcap;
     return a;
   };
-  // (bytes, flops) of one sequence's attention, for the profiler.
+  // (bytes, flops) of one sequence's attention, for the profiler: the keys
+  // each query sees (causal, within the window), not the full square.
   const auto attention_cost = [&](const SequenceRows& seq) {
     const double keys = static_cast<double>(seq.start + seq.n);
     const double elem = static_cast<double>(kernels::kv_dtype_bytes(seq.kv->dtype));
-    return std::pair{2.0 * elem * keys * nkv * D, 4.0 * seq.n * keys * nh * D};
+    const size_t window = static_cast<size_t>(c_.layers[l].sliding_window);
+    double seen = 0.0;
+    for (size_t t = 0; t < seq.n; ++t) {
+      const size_t visible = seq.start + t + 1;
+      seen += static_cast<double>(window > 0 ? std::min(window, visible) : visible);
+    }
+    return std::pair{2.0 * elem * keys * nkv * D, 4.0 * seen * nh * D};
   };
   if (s.batch && seqs.size() > 1) {
     // A decode batch runs its sequences side by side, one per thread: each
