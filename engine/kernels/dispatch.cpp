@@ -336,6 +336,15 @@ void attention(const AttentionArgs& args, ThreadPool& pool) {
   ref::attention(args);
 }
 
+double attention_flops(const AttentionArgs& args) {
+  double seen = 0.0;
+  for (size_t t = 0; t < args.n; ++t) {
+    const size_t visible = args.start + t + 1;
+    seen += static_cast<double>(args.window > 0 ? std::min(args.window, visible) : visible);
+  }
+  return 4.0 * seen * static_cast<double>(args.n_heads * args.head_dim);
+}
+
 void top_k(const float* x, size_t n, size_t k, int32_t* out_indices) {
   if (at_least(Isa::avx2)) return avx2::top_k(x, n, k, out_indices);
   ref::top_k(x, n, k, out_indices);

@@ -671,6 +671,22 @@ TEST_P(KernelAttention, Fp32ClassError) {
   }
 }
 
+// The profiler's attention flops count the keys each query sees.
+TEST(KernelAttentionFlops, CausalAndWindowed) {
+  AttentionArgs a;
+  a.n_heads = 3;
+  a.head_dim = 8;
+  a.n = 3;
+  a.start = 2;  // queries at positions 2, 3, 4 see 3, 4, 5 keys
+  EXPECT_DOUBLE_EQ(attention_flops(a), 4.0 * (3 + 4 + 5) * 3 * 8);
+  a.window = 4;  // ... and at most 4 of them
+  EXPECT_DOUBLE_EQ(attention_flops(a), 4.0 * (3 + 4 + 4) * 3 * 8);
+  a.start = 0;
+  a.window = 0;
+  a.n = 100;  // a prompt from 0: n (n + 1) / 2 query-key pairs, about half the square
+  EXPECT_DOUBLE_EQ(attention_flops(a), 4.0 * 5050 * 3 * 8);
+}
+
 // The reference's widening: on a bf16 cache it computes exactly what it
 // computes on the fp32 cache holding the widened values, and those differ
 // from the unrounded cache (so the bf16 tests above see real rounding).

@@ -208,18 +208,11 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     a.softcap = c_.attn_logit_softcap;
     return a;
   };
-  // (bytes, flops) of one sequence's attention, for the profiler: the keys
-  // each query sees (causal, within the window), not the full square.
+  // (bytes, flops) of one sequence's attention, for the profiler.
   const auto attention_cost = [&](const SequenceRows& seq) {
     const double keys = static_cast<double>(seq.start + seq.n);
     const double elem = static_cast<double>(kernels::kv_dtype_bytes(seq.kv->dtype));
-    const size_t window = static_cast<size_t>(c_.layers[l].sliding_window);
-    double seen = 0.0;
-    for (size_t t = 0; t < seq.n; ++t) {
-      const size_t visible = seq.start + t + 1;
-      seen += static_cast<double>(window > 0 ? std::min(window, visible) : visible);
-    }
-    return std::pair{2.0 * elem * keys * nkv * D, 4.0 * seen * nh * D};
+    return std::pair{2.0 * elem * keys * nkv * D, kernels::attention_flops(attention_args(seq, 0))};
   };
   if (s.batch && seqs.size() > 1) {
     // A decode batch runs its sequences side by side, one per thread: each
