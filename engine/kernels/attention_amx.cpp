@@ -242,19 +242,38 @@ ItemScratch scratch(size_t parts, size_t hd) {
           base + q_floats + p_floats, base + q_floats + p_floats + kKeys * kRows};
 }
 
+// 2^x, |relative error| ~1e-7 (Cephes exp2f's polynomial on the reduced
+// argument, scaled by vscalefps); x = -inf and x < -150 give 0.
+inline __m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, n);  // exact, |r| <= 1/2
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931472028550421e-1f));
+  return _mm512_scalef_ps(_mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f)), n);
+}
+
 // The online-softmax step of one block for 16 rows (one vector each): S^T
 // column half `st` (rows kRows apart) in, P^T parts out, m/l updated; returns
 // alpha per row. pos/first: each row's position and first visible key; `all`
 // when every key of the block is visible to every row.
 __m512 softmax_half(const AttentionArgs& a, size_t p0, bool all, __m512i pos, __m512i first,
                     float* st, size_t parts, uint16_t* pt, __m512& m, __m512& l) {
-  const __m512 scale = _mm512_set1_ps(a.scale), cap = _mm512_set1_ps(a.softcap);
+  // Scores in log2 units (exp(s) = 2^(s log2 e)): m and the stored x too.
+  constexpr float kLog2e = 1.44269504088896341f;
+  const __m512 scale = _mm512_set1_ps(a.softcap > 0.0f ? a.scale : a.scale * kLog2e);
+  const __m512 cap = _mm512_set1_ps(a.softcap), log2e = _mm512_set1_ps(kLog2e);
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
   __m512 mx = neg_inf;
   __mmask16 keep[kKeys];
   for (size_t j = 0; j < kKeys; ++j) {
     __m512 x = _mm512_mul_ps(_mm512_loadu_ps(st + j * kRows), scale);
-    if (a.softcap > 0.0f) x = _mm512_mul_ps(cap, avx512::tanh_ps(_mm512_div_ps(x, cap)));
+    if (a.softcap > 0.0f)
+      x = _mm512_mul_ps(_mm512_mul_ps(cap, avx512::tanh_ps(_mm512_div_ps(x, cap))), log2e);
     keep[j] = 0xffff;
     if (!all) {
       const __m512i key = _mm512_set1_epi32(static_cast<int>(p0 + j));
@@ -268,15 +287,14 @@ __m512 softmax_half(const AttentionArgs& a, size_t p0, bool all, __m512i pos, __
   // Rows that saw no key yet keep m = -inf and alpha = 1 (O^T and l are 0).
   const __mmask16 seen = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_NEQ_OQ);
   const __m512 alpha =
-      _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), seen, avx512::exp_ps(_mm512_sub_ps(m, m_new)));
+      _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), seen, exp2_ps(_mm512_sub_ps(m, m_new)));
   __m512 sum = _mm512_setzero_ps();
   for (size_t j = 0; j < kKeys; j += 2) {
     // Masked keys get exactly 0, not exp's smallest denormal.
     const __m512 e0 = _mm512_maskz_mov_ps(
-        keep[j] & seen, avx512::exp_ps(_mm512_sub_ps(_mm512_loadu_ps(st + j * kRows), m_new)));
+        keep[j] & seen, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(st + j * kRows), m_new)));
     const __m512 e1 = _mm512_maskz_mov_ps(
-        keep[j + 1] & seen,
-        avx512::exp_ps(_mm512_sub_ps(_mm512_loadu_ps(st + (j + 1) * kRows), m_new)));
+        keep[j + 1] & seen, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(st + (j + 1) * kRows), m_new)));
     sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
     split_pairs(e0, e1, parts, pt + (j / 2) * 2 * kRows, kKeys * kRows);
   }
