@@ -119,8 +119,8 @@ MatmulResult bench_quant(BlockFormat f, size_t n, size_t rows, size_t cols, size
   return {t, 2.0 * n * rows * cols / t / 1e9, ms[0].bytes() / t / 1e9};
 }
 
-double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t hd,
-                       ThreadPool& pool) {
+double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t hd, ThreadPool& pool,
+                       KvDtype dtype = KvDtype::fp32) {
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   const size_t stride = start + n;
@@ -139,6 +139,14 @@ double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t h
   a.head_dim = hd;
   a.cache_stride = stride;
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<uint16_t> k16, v16;
+  if (dtype == KvDtype::bf16) {
+    for (auto [src, dst] : {std::pair{&k, &k16}, std::pair{&v, &v16}})
+      for (float e : *src) dst->push_back(float_to_bf16(e));
+    a.k_cache = k16.data();
+    a.v_cache = v16.data();
+    a.kv_dtype = dtype;
+  }
   return median_time(21, [&] { attention(a, pool); });
 }
 
@@ -243,9 +251,17 @@ void attention_benches(ThreadPool& pool, bool with_bandwidth) {
           layers > 1 ? "30 layers from DRAM" : "1 layer from cache", us, gbs);
     }
   }
-  const double tp = bench_attention(128, 0, 9, 3, 64, pool);
-  std::printf("attn  prefill smollm2 128 tokens: %.1f us (%.1f GFLOP/s causal)\n", tp * 1e6,
-              4.0 * 9 * 64 * (128.0 * 129 / 2) / tp / 1e9);
+  for (KvDtype d : {KvDtype::fp32, KvDtype::bf16}) {
+    const std::string cache = std::string(kv_dtype_name(d)) + " cache";
+    for (size_t n : {128, 256, 512, 1024}) {
+      const double tp = bench_attention(n, 0, 9, 3, 64, pool, d);
+      std::printf("attn  prefill smollm2 %zu tokens, %s: %.1f us (%.1f GFLOP/s causal)\n", n,
+                  cache.c_str(), tp * 1e6, 4.0 * 9 * 64 * (n * (n + 1.0) / 2) / tp / 1e9);
+    }
+    const double tg = bench_attention(512, 0, 4, 1, 256, pool, d);
+    std::printf("attn  prefill gemma3 512 tokens, %s: %.1f us (%.1f GFLOP/s causal)\n",
+                cache.c_str(), tg * 1e6, 4.0 * 4 * 256 * (512 * 513.0 / 2) / tg / 1e9);
+  }
 }
 
 // Prefill GEMMs against the tile/FMA peak. `projections`: the SmolLM2 and

@@ -82,6 +82,11 @@ inline size_t amx_parts(GemmPrecision p) {
   return p == GemmPrecision::fp32 ? 3 : p == GemmPrecision::bf16x2 ? 2 : 1;
 }
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+// Prefill attention with both products on tiles (attention_amx.cpp), operands
+// in amx_parts(gemm_precision()) bf16 parts; n >= avx512::kMinPrefillTokens,
+// head_dim % 32 == 0, at most kMaxAttentionGroup query heads per kv head.
+inline constexpr size_t kMaxAttentionGroup = 32;
+void attention_prefill(const AttentionArgs& args, ThreadPool& pool);
 }  // namespace amx
 
 }  // namespace edgellm::kernels
