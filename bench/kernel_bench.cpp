@@ -51,6 +51,11 @@ double median_time(int reps, Fn&& fn) {
 
 // --- kernels ------------------------------------------------------------------
 
+struct Shape {
+  const char* what;
+  size_t n, rows, cols;
+};
+
 struct MatmulResult {
   double seconds, gflops, gbytes;
 };
@@ -259,9 +264,40 @@ void attention_benches(ThreadPool& pool, bool with_bandwidth) {
   }
 }
 
+// Prefill GEMMs against the tile/FMA peak. `projections`: the SmolLM2 and
+// Llama-3.2-1B prefill projections at 512 and 2048 tokens (kernel_bench --gemm).
+void gemm_benches(Isa isa, ThreadPool& pool, ThreadPool& one, double peak, double peak1, bool quick,
+                  bool projections) {
+  static const Shape mixed[] = {
+      {"gate smollm2", 128, 1536, 576},    {"down smollm2", 128, 576, 1536},
+      {"gate_up smollm2", 128, 3072, 576}, {"gate_up smollm2", 512, 3072, 576},
+      {"qkv smollm2", 512, 960, 576},      {"llama down", 128, 2048, 8192}};
+  static const Shape projs[] = {
+      {"qkv smollm2", 512, 960, 576},        {"o smollm2", 512, 576, 576},
+      {"gate_up smollm2", 512, 3072, 576},   {"down smollm2", 512, 576, 1536},
+      {"qkv smollm2", 2048, 960, 576},       {"o smollm2", 2048, 576, 576},
+      {"gate_up smollm2", 2048, 3072, 576},  {"down smollm2", 2048, 576, 1536},
+      {"qkv llama1b", 512, 3072, 2048},      {"o llama1b", 512, 2048, 2048},
+      {"gate_up llama1b", 512, 16384, 2048}, {"down llama1b", 512, 2048, 8192},
+      {"gate_up llama1b", 2048, 16384, 2048}};
+  const Shape* begin = projections ? projs : mixed;
+  const Shape* end = projections ? std::end(projs) : std::end(mixed);
+  for (const Shape* s = begin; s != end; ++s) {
+    if (quick && s->cols > 4096) continue;
+    const MatmulResult r = bench_matmul(s->n, s->rows, s->cols, isa, pool, quick ? 3 : 7);
+    const MatmulResult r1 = bench_matmul(s->n, s->rows, s->cols, isa, one, quick ? 3 : 7);
+    std::printf(
+        "gemm  %-16s n=%-4zu %5zux%-5zu %8.1f us  %6.1f GFLOP/s (%.0f%% of peak); 1 thread %.1f "
+        "GFLOP/s (%.0f%%)\n",
+        s->what, s->n, s->rows, s->cols, r.seconds * 1e6, r.gflops, 100.0 * r.gflops / peak,
+        r1.gflops, 100.0 * r1.gflops / peak1);
+    std::fflush(stdout);
+  }
+}
+
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, attention_only = false;
+  bool quick = false, attention_only = false, gemm_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
       threads = std::atoi(argv[++i]);
@@ -269,8 +305,10 @@ int main(int argc, char** argv) {
       quick = true;
     else if (std::strcmp(argv[i], "--attention") == 0)
       attention_only = true;
+    else if (std::strcmp(argv[i], "--gemm") == 0)
+      gemm_only = true;
     else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads N] [--quick] [--attention]\n");
+      std::fprintf(stderr, "usage: kernel_bench [--threads N] [--quick] [--attention | --gemm]\n");
       return 2;
     }
   }
@@ -291,7 +329,7 @@ int main(int argc, char** argv) {
   }
 
   const int reps = quick ? 5 : 21;
-  bench_pool(pool);
+  if (!gemm_only) bench_pool(pool);
 
   // The peak of the instruction the GEMM issues at this precision (roofline.h):
   // AVX-512 FMAs for fp32 on avx512; TDPBF16PS on amx at every precision
@@ -301,6 +339,10 @@ int main(int argc, char** argv) {
                peak = edgellm::measure_matmul_peak(pool.size(), peak_isa);
   std::printf("ceiling  %s GEMM peak: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n",
               std::string(isa_name(peak_isa)).c_str(), peak1, peak, pool.size());
+  if (gemm_only) {
+    gemm_benches(isa, pool, one, peak, peak1, quick, true);
+    return 0;
+  }
   const size_t gemv_bytes = 49152ull * 576 * 2;
   const double bw_l = edgellm::measure_read_bandwidth(gemv_bytes, pool.size());
   const double bw_big = edgellm::measure_read_bandwidth(size_t{1} << 30, pool.size());
@@ -308,10 +350,6 @@ int main(int argc, char** argv) {
       "ceiling  read bandwidth: %.1f GB/s over %.0f MB (the GEMV's size), %.1f GB/s over 1 GiB\n",
       bw_l, gemv_bytes / 1e6, bw_big);
 
-  struct Shape {
-    const char* what;
-    size_t n, rows, cols;
-  };
   const Shape gemvs[] = {{"lm_head smollm2", 1, 49152, 576},
                          {"gate_up smollm2", 1, 3072, 576},
                          {"down smollm2", 1, 576, 1536},
@@ -325,19 +363,7 @@ int main(int argc, char** argv) {
   const double cold = bench_gemv_cold(49152, 576, isa, pool, quick ? 6 : 20);
   std::printf("gemv  lm_head smollm2 from DRAM (%d copies): %6.1f GB/s (%.0f%% of 1 GiB read bw)\n",
               quick ? 6 : 20, cold, 100.0 * cold / bw_big);
-  const Shape gemms[] = {{"gate smollm2", 128, 1536, 576},    {"down smollm2", 128, 576, 1536},
-                         {"gate_up smollm2", 128, 3072, 576}, {"gate_up smollm2", 512, 3072, 576},
-                         {"qkv smollm2", 512, 960, 576},      {"llama down", 128, 2048, 8192}};
-  for (const Shape& s : gemms) {
-    if (quick && s.cols > 4096) continue;
-    const MatmulResult r = bench_matmul(s.n, s.rows, s.cols, isa, pool, quick ? 3 : 7);
-    const MatmulResult r1 = bench_matmul(s.n, s.rows, s.cols, isa, one, quick ? 3 : 7);
-    std::printf(
-        "gemm  %-16s n=%zu %5zux%-5zu %8.1f us  %6.1f GFLOP/s (%.0f%% of peak); 1 thread %.1f "
-        "GFLOP/s (%.0f%%)\n",
-        s.what, s.n, s.rows, s.cols, r.seconds * 1e6, r.gflops, 100.0 * r.gflops / peak, r1.gflops,
-        100.0 * r1.gflops / peak1);
-  }
+  gemm_benches(isa, pool, one, peak, peak1, quick, false);
 
   struct QuantShape {
     const char* what;

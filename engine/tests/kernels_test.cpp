@@ -278,6 +278,21 @@ TEST_P(KernelMatmul, ModelShapes) {
   EXPECT_TRUE(check_matmul(isa(), 67, 8192, 1, false, rng, test_pool()));
 }
 
+// The AMX GEMM's blocking edges: several K slices (K > 512, unequal last
+// slice) with partial token and row blocks carried between slices, more
+// panel pairs than one B group, threads split by tokens (>= 2 blocks of 32
+// each) and by panels, and more tokens than one worker's token block.
+TEST_P(KernelMatmul, BlockingEdges) {
+  std::mt19937 rng(8);
+  ThreadPool pool2(2);
+  EXPECT_TRUE(check_matmul(isa(), 50, 1100, 161, true, rng, pool2));  // tokens split, 3 slices
+  EXPECT_TRUE(check_matmul(isa(), 50, 1100, 40, false, rng, pool2));  // panels split, 3 slices
+  EXPECT_TRUE(check_matmul(isa(), 337, 1100, 200, false, rng, test_pool()));  // 2 groups
+  EXPECT_TRUE(check_matmul(isa(), 337, 577, 97, true, rng, test_pool()));     // 2 slices
+  EXPECT_TRUE(check_matmul(isa(), 40, 576, 700, true, rng, pool2));           // 2 token blocks each
+  EXPECT_TRUE(check_matmul(isa(), 47, 64, 128, false, rng, pool2));  // exactly 2 blocks each
+}
+
 TEST_P(KernelMatmul, SingleThreadPool) {
   std::mt19937 rng(4);
   ThreadPool serial(1);
@@ -433,6 +448,39 @@ TEST(KernelMatmulAmxSplit, PartsMatchScalarSplit) {
           ASSERT_EQ(sum, x[t * cols + c]) << t << "," << c;
         }
       }
+  }
+}
+
+// to_bf16_tiles against the scalar split: every element of every part at its
+// tile position, zeros past n and cols, for a column range starting inside x
+// (c0 > 0) and one running past its end.
+TEST(KernelMatmulAmxSplit, TilesMatchScalarSplit) {
+  if (detect_isa() < Isa::avx512)
+    GTEST_SKIP() << "this CPU/OS lacks the avx512 tier (best is " << isa_name(detect_isa()) << ")";
+  std::mt19937 rng(37);
+  std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-90, 90);
+  const size_t n = 45, cols = 101, n_pad = 64;
+  OddBuffer x(n * cols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(mant(rng), expo(rng));
+  for (size_t parts = 1; parts <= 3; ++parts) {
+    for (const auto& [c0, steps] : {std::pair<size_t, size_t>{0, 4}, {32, 3}, {64, 1}}) {
+      std::vector<uint16_t> buf(parts * n_pad * steps * 32 + 32, 0xffff);
+      uint16_t* out = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64 / 2;
+      avx512::to_bf16_tiles(x.data(), n, cols, n_pad, c0, steps, parts, out);
+      for (size_t t = 0; t < n_pad; ++t)
+        for (size_t c = 0; c < steps * 32; ++c) {
+          float rest = t < n && c0 + c < cols ? x[t * cols + c0 + c] : 0.0f;
+          for (size_t p = 0; p < parts; ++p) {
+            const uint16_t want = float_to_bf16(rest);
+            const size_t at = (((t / 32 * steps + c / 32) * parts + p) * 2 + t % 32 / 16) * 512 +
+                              t % 16 * 32 + c % 32;
+            ASSERT_EQ(out[at], want)
+                << "parts=" << parts << " c0=" << c0 << " p=" << p << " t=" << t << " c=" << c;
+            rest -= bf16_to_float(out[at]);
+          }
+        }
+    }
   }
 }
 
