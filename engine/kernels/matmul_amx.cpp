@@ -69,15 +69,6 @@ constexpr size_t kGroupBytes = 256 * 1024;
 // Threads split the tokens when each gets at least this many 32-token blocks.
 constexpr size_t kMinBlocksPerThread = 2;
 
-TileConfig make_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {  // all eight tiles: 16 rows x 64 bytes
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  return cfg;
-}
-
 // One 32-token x 32-row C block over `steps` k-steps of 32 columns, summed
 // over P parts: `a` points at the block's tiles for the first step (2P tiles
 // per step, avx512::to_bf16_tiles), b0 / b1 at the two panels' B tiles for it
@@ -127,7 +118,7 @@ void block_32x32(const uint16_t* a, const uint16_t* b0, const uint16_t* b1, size
 template <int P>
 void gemm_block(const PackedMatrix& w, const float* x, size_t n, const float* bias_pad, float* y,
                 size_t t_begin, size_t t_end, size_t p0, size_t p1) {
-  static const TileConfig cfg = make_config();
+  static const TileConfig cfg = uniform_tile_config();
   _tile_loadconfig(&cfg);
   const size_t kpad = vnni::padded_cols(w.cols), rows = w.rows, steps = kpad / kKBlock;
   const size_t pstride = kpad * kPanelRows;
