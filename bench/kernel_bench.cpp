@@ -51,6 +51,11 @@ double median_time(int reps, Fn&& fn) {
 
 // --- kernels ------------------------------------------------------------------
 
+struct Shape {
+  const char* what;
+  size_t n, rows, cols;
+};
+
 struct MatmulResult {
   double seconds, gflops, gbytes;
 };
@@ -114,8 +119,8 @@ MatmulResult bench_quant(BlockFormat f, size_t n, size_t rows, size_t cols, size
   return {t, 2.0 * n * rows * cols / t / 1e9, ms[0].bytes() / t / 1e9};
 }
 
-double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t hd,
-                       ThreadPool& pool) {
+double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t hd, ThreadPool& pool,
+                       KvDtype dtype = KvDtype::fp32) {
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   const size_t stride = start + n;
@@ -134,6 +139,14 @@ double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t h
   a.head_dim = hd;
   a.cache_stride = stride;
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<uint16_t> k16, v16;
+  if (dtype == KvDtype::bf16) {
+    for (auto [src, dst] : {std::pair{&k, &k16}, std::pair{&v, &v16}})
+      for (float e : *src) dst->push_back(float_to_bf16(e));
+    a.k_cache = k16.data();
+    a.v_cache = v16.data();
+    a.kv_dtype = dtype;
+  }
   return median_time(21, [&] { attention(a, pool); });
 }
 
@@ -241,14 +254,53 @@ void attention_benches(ThreadPool& pool, bool with_bandwidth) {
           layers > 1 ? "30 layers from DRAM" : "1 layer from cache", us, gbs);
     }
   }
-  const double tp = bench_attention(128, 0, 9, 3, 64, pool);
-  std::printf("attn  prefill smollm2 128 tokens: %.1f us (%.1f GFLOP/s causal)\n", tp * 1e6,
-              4.0 * 9 * 64 * (128.0 * 129 / 2) / tp / 1e9);
+  for (KvDtype d : {KvDtype::fp32, KvDtype::bf16}) {
+    const std::string cache = std::string(kv_dtype_name(d)) + " cache";
+    for (size_t n : {128, 256, 512, 1024}) {
+      const double tp = bench_attention(n, 0, 9, 3, 64, pool, d);
+      std::printf("attn  prefill smollm2 %zu tokens, %s: %.1f us (%.1f GFLOP/s causal)\n", n,
+                  cache.c_str(), tp * 1e6, 4.0 * 9 * 64 * (n * (n + 1.0) / 2) / tp / 1e9);
+    }
+    const double tg = bench_attention(512, 0, 4, 1, 256, pool, d);
+    std::printf("attn  prefill gemma3 512 tokens, %s: %.1f us (%.1f GFLOP/s causal)\n",
+                cache.c_str(), tg * 1e6, 4.0 * 4 * 256 * (512 * 513.0 / 2) / tg / 1e9);
+  }
+}
+
+// Prefill GEMMs against the tile/FMA peak. `projections`: the SmolLM2 and
+// Llama-3.2-1B prefill projections at 512 and 2048 tokens (kernel_bench --gemm).
+void gemm_benches(Isa isa, ThreadPool& pool, ThreadPool& one, double peak, double peak1, bool quick,
+                  bool projections) {
+  static const Shape mixed[] = {
+      {"gate smollm2", 128, 1536, 576},    {"down smollm2", 128, 576, 1536},
+      {"gate_up smollm2", 128, 3072, 576}, {"gate_up smollm2", 512, 3072, 576},
+      {"qkv smollm2", 512, 960, 576},      {"llama down", 128, 2048, 8192}};
+  static const Shape projs[] = {
+      {"qkv smollm2", 512, 960, 576},        {"o smollm2", 512, 576, 576},
+      {"gate_up smollm2", 512, 3072, 576},   {"down smollm2", 512, 576, 1536},
+      {"qkv smollm2", 2048, 960, 576},       {"o smollm2", 2048, 576, 576},
+      {"gate_up smollm2", 2048, 3072, 576},  {"down smollm2", 2048, 576, 1536},
+      {"qkv llama1b", 512, 3072, 2048},      {"o llama1b", 512, 2048, 2048},
+      {"gate_up llama1b", 512, 16384, 2048}, {"down llama1b", 512, 2048, 8192},
+      {"gate_up llama1b", 2048, 16384, 2048}};
+  const Shape* begin = projections ? projs : mixed;
+  const Shape* end = projections ? std::end(projs) : std::end(mixed);
+  for (const Shape* s = begin; s != end; ++s) {
+    if (quick && s->cols > 4096) continue;
+    const MatmulResult r = bench_matmul(s->n, s->rows, s->cols, isa, pool, quick ? 3 : 7);
+    const MatmulResult r1 = bench_matmul(s->n, s->rows, s->cols, isa, one, quick ? 3 : 7);
+    std::printf(
+        "gemm  %-16s n=%-4zu %5zux%-5zu %8.1f us  %6.1f GFLOP/s (%.0f%% of peak); 1 thread %.1f "
+        "GFLOP/s (%.0f%%)\n",
+        s->what, s->n, s->rows, s->cols, r.seconds * 1e6, r.gflops, 100.0 * r.gflops / peak,
+        r1.gflops, 100.0 * r1.gflops / peak1);
+    std::fflush(stdout);
+  }
 }
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, attention_only = false;
+  bool quick = false, attention_only = false, gemm_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
       threads = std::atoi(argv[++i]);
@@ -256,8 +308,10 @@ int main(int argc, char** argv) {
       quick = true;
     else if (std::strcmp(argv[i], "--attention") == 0)
       attention_only = true;
+    else if (std::strcmp(argv[i], "--gemm") == 0)
+      gemm_only = true;
     else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads N] [--quick] [--attention]\n");
+      std::fprintf(stderr, "usage: kernel_bench [--threads N] [--quick] [--attention | --gemm]\n");
       return 2;
     }
   }
@@ -278,7 +332,7 @@ int main(int argc, char** argv) {
   }
 
   const int reps = quick ? 5 : 21;
-  bench_pool(pool);
+  if (!gemm_only) bench_pool(pool);
 
   // The peak of the instruction the GEMM issues at this precision (roofline.h):
   // AVX-512 FMAs for fp32 on avx512; TDPBF16PS on amx at every precision
@@ -288,6 +342,10 @@ int main(int argc, char** argv) {
                peak = edgellm::measure_matmul_peak(pool.size(), peak_isa);
   std::printf("ceiling  %s GEMM peak: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n",
               std::string(isa_name(peak_isa)).c_str(), peak1, peak, pool.size());
+  if (gemm_only) {
+    gemm_benches(isa, pool, one, peak, peak1, quick, true);
+    return 0;
+  }
   const size_t gemv_bytes = 49152ull * 576 * 2;
   const double bw_l = edgellm::measure_read_bandwidth(gemv_bytes, pool.size());
   const double bw_big = edgellm::measure_read_bandwidth(size_t{1} << 30, pool.size());
@@ -295,10 +353,6 @@ int main(int argc, char** argv) {
       "ceiling  read bandwidth: %.1f GB/s over %.0f MB (the GEMV's size), %.1f GB/s over 1 GiB\n",
       bw_l, gemv_bytes / 1e6, bw_big);
 
-  struct Shape {
-    const char* what;
-    size_t n, rows, cols;
-  };
   const Shape gemvs[] = {{"lm_head smollm2", 1, 49152, 576},
                          {"gate_up smollm2", 1, 3072, 576},
                          {"down smollm2", 1, 576, 1536},
@@ -312,19 +366,7 @@ int main(int argc, char** argv) {
   const double cold = bench_gemv_cold(49152, 576, isa, pool, quick ? 6 : 20);
   std::printf("gemv  lm_head smollm2 from DRAM (%d copies): %6.1f GB/s (%.0f%% of 1 GiB read bw)\n",
               quick ? 6 : 20, cold, 100.0 * cold / bw_big);
-  const Shape gemms[] = {{"gate smollm2", 128, 1536, 576},    {"down smollm2", 128, 576, 1536},
-                         {"gate_up smollm2", 128, 3072, 576}, {"gate_up smollm2", 512, 3072, 576},
-                         {"qkv smollm2", 512, 960, 576},      {"llama down", 128, 2048, 8192}};
-  for (const Shape& s : gemms) {
-    if (quick && s.cols > 4096) continue;
-    const MatmulResult r = bench_matmul(s.n, s.rows, s.cols, isa, pool, quick ? 3 : 7);
-    const MatmulResult r1 = bench_matmul(s.n, s.rows, s.cols, isa, one, quick ? 3 : 7);
-    std::printf(
-        "gemm  %-16s n=%zu %5zux%-5zu %8.1f us  %6.1f GFLOP/s (%.0f%% of peak); 1 thread %.1f "
-        "GFLOP/s (%.0f%%)\n",
-        s.what, s.n, s.rows, s.cols, r.seconds * 1e6, r.gflops, 100.0 * r.gflops / peak, r1.gflops,
-        100.0 * r1.gflops / peak1);
-  }
+  gemm_benches(isa, pool, one, peak, peak1, quick, false);
 
   struct QuantShape {
     const char* what;

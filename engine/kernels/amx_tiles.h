@@ -17,4 +17,15 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
+// All eight tiles 16 rows x 64 bytes: C tiles of 16 x 16 fp32, A/B tiles of
+// 16 rows x 32 bf16.
+inline TileConfig uniform_tile_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  return cfg;
+}
+
 }  // namespace edgellm::kernels::amx

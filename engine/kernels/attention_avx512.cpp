@@ -24,20 +24,16 @@
 
 #include "edgellm/bf16.h"
 #include "kernels/avx512.h"
-#include "kernels/vec_avx512.h"
+#include "kernels/online_softmax_avx512.h"
 
 namespace edgellm::kernels::avx512 {
 
 namespace {
 
-constexpr size_t kBlock = 32;     // keys per block: two vectors of scores per row
-constexpr size_t kTileRows = 32;  // query rows per tile, about
-constexpr int kScoreRows = 6;     // rows per score register tile (12 accumulators)
-constexpr int kPvRows = 4;        // rows per P.V register tile (16 accumulators)
-
-inline size_t first_key(const AttentionArgs& a, size_t pos) {
-  return (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
-}
+constexpr size_t kBlock = kSoftmaxBlock;  // keys per block: two vectors of scores per row
+constexpr size_t kTileRows = 32;          // query rows per tile, about
+constexpr int kScoreRows = 6;             // rows per score register tile (12 accumulators)
+constexpr int kPvRows = 4;                // rows per P.V register tile (16 accumulators)
 
 // s[r][0..32) = q_r . Kt[:, 0..32) for NR rows; q rows given by pointers.
 template <int NR>
@@ -132,43 +128,9 @@ void attend_tile(const AttentionArgs& a, size_t group, size_t kvh, size_t t0, si
       kScores[nr](q_rows + r, kt, hd, st.s + r * kBlock);
     }
     // Softmax update per row: scale, softcap, causal/window mask, online max.
-    for (size_t r = 0; r < rows; ++r) {
-      float* s = st.s + r * kBlock;
-      const size_t pos = a.start + t0 + r / group;
-      const size_t k_lo = std::max(p0, first_key(a, pos)), k_hi = std::min(p0 + count, pos + 1);
-      st.alpha[r] = 1.0f;
-      if (k_lo >= k_hi) {  // no key of this block for this row: p = 0
-        std::fill(s, s + kBlock, 0.0f);
-        continue;
-      }
-      const __mmask32 keep =
-          static_cast<__mmask32>(((k_hi - p0 == 32 ? 0xffffffffu : (1u << (k_hi - p0)) - 1u)) &
-                                 ~((1u << (k_lo - p0)) - 1u));
-      __m512 x[2];
-      for (int i = 0; i < 2; ++i) {
-        x[i] = _mm512_mul_ps(_mm512_load_ps(s + 16 * i), _mm512_set1_ps(a.scale));
-        if (a.softcap > 0.0f) {
-          const __m512 cap = _mm512_set1_ps(a.softcap);
-          x[i] = _mm512_mul_ps(cap, tanh_ps(_mm512_div_ps(x[i], cap)));
-        }
-        const __mmask16 k = static_cast<__mmask16>(keep >> (16 * i));
-        x[i] = _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), x[i]);
-      }
-      const float m_old = st.m[r];
-      const float m_new = std::max(m_old, _mm512_reduce_max_ps(_mm512_max_ps(x[0], x[1])));
-      const float alpha = std::exp(m_old - m_new);  // m_old = -inf on the first block: 0
-      const __m512 vm = _mm512_set1_ps(m_new);
-      // Masked keys get exactly 0, not exp's smallest denormal.
-      const __m512 e0 =
-          _mm512_maskz_mov_ps(static_cast<__mmask16>(keep), exp_ps(_mm512_sub_ps(x[0], vm)));
-      const __m512 e1 =
-          _mm512_maskz_mov_ps(static_cast<__mmask16>(keep >> 16), exp_ps(_mm512_sub_ps(x[1], vm)));
-      _mm512_store_ps(s, e0);
-      _mm512_store_ps(s + 16, e1);
-      st.l[r] = st.l[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
-      st.m[r] = m_new;
-      st.alpha[r] = alpha;
-    }
+    for (size_t r = 0; r < rows; ++r)
+      st.alpha[r] =
+          softmax_block_row(a, a.start + t0 + r / group, p0, st.s + r * kBlock, st.m[r], st.l[r]);
     // o = o * alpha + P V over the block's keys, 64 head dims at a time.
     const float* v = v_base + p0 * hd;
     for (size_t r = 0; r < rows; r += kPvRows) {

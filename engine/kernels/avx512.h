@@ -54,6 +54,17 @@ uint16_t* bf16_scratch(size_t count);
 // [cols, cols_pad) and rows [n, n_pad) are zeros. Split over the pool.
 void to_bf16_parts(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
                    size_t parts, uint16_t* out, ThreadPool& pool);
+// The same split of tokens [0, n_pad) and columns [c0, c0 + 32 * steps) of x
+// (rows `cols` floats apart; tokens >= n and columns >= cols read as zero),
+// laid out as AMX A tiles (16 tokens x 32 bf16, 1 KiB) in the order the AMX
+// GEMM reads them: per 32-token block, per 32 columns, per part, the block's
+// two 16-token tiles; element (t, c0 + c) of part p at
+//   (((t / 32 * steps + c / 32) * parts + p) * 2 + t % 32 / 16) * 512
+//   + t % 16 * 32 + c % 32.
+// n_pad is a multiple of 32 and out 64-byte aligned. One thread: the AMX
+// GEMM converts each worker's token block into its own cache.
+void to_bf16_tiles(const float* x, size_t n, size_t cols, size_t n_pad, size_t c0, size_t steps,
+                   size_t parts, uint16_t* out);
 // Prefill attention (flash style, keys in lanes via a transposed K block);
 // needs head_dim % 16 == 0 and at most kMaxGroup query heads per kv head.
 inline constexpr size_t kMinPrefillTokens = 16;
@@ -74,6 +85,11 @@ inline size_t amx_parts(GemmPrecision p) {
   return p == GemmPrecision::fp32 ? 3 : p == GemmPrecision::bf16x2 ? 2 : 1;
 }
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+// Prefill attention with both products on tiles (attention_amx.cpp), operands
+// in amx_parts(gemm_precision()) bf16 parts; n >= avx512::kMinPrefillTokens,
+// head_dim % 32 == 0, at most kMaxAttentionGroup query heads per kv head.
+inline constexpr size_t kMaxAttentionGroup = 32;
+void attention_prefill(const AttentionArgs& args, ThreadPool& pool);
 }  // namespace amx
 
 }  // namespace edgellm::kernels

@@ -199,10 +199,12 @@ const std::vector<KernelInfo>& registered_kernels() {
        "smollm2_135m (MODEL=gguf with EDGELLM_QUANT_PRECISION=int8), gemma3_270m (MODEL=gguf with "
        "EDGELLM_QUANT_PRECISION=int8)"},
       {"attention",
-       {S, A2, A5},
-       "q, out fp32; K/V cache fp32, or bf16 widened to fp32 on load (EDGELLM_KV_CACHE=bf16)",
+       {S, A2, A5, AMX},
+       "q, out fp32; K/V cache fp32, or bf16 widened to fp32 on load (EDGELLM_KV_CACHE=bf16); "
+       "amx: q, K, V, P as 3 exact bf16 parts (6 tile passes per product; 3 on a bf16 cache)",
        "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
-       "(prefill, n >= 16; decode, n < 16, keys split across threads): head_dim % 16 == 0",
+       "(prefill, n >= 16; decode, n < 16, keys split across threads): head_dim % 16 == 0; amx "
+       "(prefill, n >= 16): head_dim % 32 == 0, <= 32 query heads per kv head",
        all},
       {"rmsnorm", {S, A2, A5}, "fp32 (sum of squares in double)", "any dim; in place allowed", all},
       {"rope", {S, A2, A5}, "fp32", "any n_heads, even head_dim (HF rotate_half)", all},
@@ -323,7 +325,10 @@ void add(float* acc, const float* x, size_t n) {
 
 void attention(const AttentionArgs& args, ThreadPool& pool) {
   // The AVX2 path works on whole vectors of head_dim; others take the reference.
-  // avx512: prefill (n >= 16) and decode (n < 16, keys split across threads).
+  // Prefill on amx, else avx512; decode (n < 16) on avx512 (keys split across threads).
+  if (active_isa() == Isa::amx && args.n >= avx512::kMinPrefillTokens && args.head_dim % 32 == 0 &&
+      args.n_heads <= amx::kMaxAttentionGroup * args.n_kv_heads)
+    return amx::attention_prefill(args, pool);
   if (at_least(Isa::avx512) && args.n >= avx512::kMinPrefillTokens && args.head_dim % 16 == 0 &&
       args.n_heads <= avx512::kMaxGroup * args.n_kv_heads)
     return avx512::attention_prefill(args, pool);
@@ -331,6 +336,15 @@ void attention(const AttentionArgs& args, ThreadPool& pool) {
     return avx512::attention_decode(args, pool);
   if (at_least(Isa::avx2) && args.head_dim % 8 == 0) return avx2::attention(args, pool);
   ref::attention(args);
+}
+
+double attention_flops(const AttentionArgs& args) {
+  double seen = 0.0;
+  for (size_t t = 0; t < args.n; ++t) {
+    const size_t visible = args.start + t + 1;
+    seen += static_cast<double>(args.window > 0 ? std::min(args.window, visible) : visible);
+  }
+  return 4.0 * seen * static_cast<double>(args.n_heads * args.head_dim);
 }
 
 void top_k(const float* x, size_t n, size_t k, int32_t* out_indices) {

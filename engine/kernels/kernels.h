@@ -136,6 +136,9 @@ struct AttentionArgs {
   float softcap = 0.0f;  // 0 = off; else logits = softcap * tanh(logits / softcap)
 };
 void attention(const AttentionArgs& args, ThreadPool& pool);
+// The useful flops of that call: 2 x 2 per head dim (q.k and p.v) for each
+// key each query sees (causal, within the window), not the full square.
+double attention_flops(const AttentionArgs& args);
 
 // Indices of the k largest values, largest first; ties toward the smaller index.
 // NaN ranks below every number (-inf included); NaNs among themselves by index.

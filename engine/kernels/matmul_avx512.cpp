@@ -242,30 +242,55 @@ uint16_t* bf16_scratch(size_t count) {
   return buf.data() + ((64 - addr % 64) % 64) / sizeof(uint16_t);
 }
 
+namespace {
+
+// The split of 32 columns of one x row, `left` of them valid (the rest read as
+// zero): part p goes to store(p, 32 bf16 as one __m512i).
+template <typename Store>
+inline void split_32(const float* xr, size_t left, size_t parts, Store&& store) {
+  const __mmask16 m0 = row_mask(std::min<size_t>(left, 16));
+  const __mmask16 m1 = row_mask(left > 16 ? left - 16 : 0);
+  __m512 lo = _mm512_maskz_loadu_ps(m0, xr);
+  __m512 hi = _mm512_maskz_loadu_ps(m1, xr + 16);
+  for (size_t p = 0; p < parts; ++p) {
+    // Round to nearest even, as torch's .to(bfloat16); result order (lo, hi).
+    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    store(p, v);
+    // x - part is exact in fp32 (x's low-order bits): the next part rounds it.
+    lo = _mm512_sub_ps(lo, bf16_even(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v))));
+    hi = _mm512_sub_ps(hi, bf16_even(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1))));
+  }
+}
+
+}  // namespace
+
 void to_bf16_parts(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
                    size_t parts, uint16_t* out, ThreadPool& pool) {
   const size_t plane = n_pad * cols_pad;
   pool.parallel_chunks(n_pad, [&](size_t t0, size_t t1) {
     for (size_t t = t0; t < t1; ++t) {
-      const float* xr = x + t * cols;
       const size_t have = t < n ? cols : 0;
       for (size_t c = 0; c < cols_pad; c += 32) {
-        const size_t left = c < have ? have - c : 0;
-        const __mmask16 m0 = row_mask(std::min<size_t>(left, 16));
-        const __mmask16 m1 = row_mask(left > 16 ? left - 16 : 0);
-        __m512 lo = _mm512_maskz_loadu_ps(m0, xr + c);
-        __m512 hi = _mm512_maskz_loadu_ps(m1, xr + c + 16);
-        for (size_t p = 0; p < parts; ++p) {
-          // Round to nearest even, as torch's .to(bfloat16); result order (lo, hi).
-          const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-          _mm512_storeu_si512(out + p * plane + t * cols_pad + c, v);
-          // x - part is exact in fp32 (x's low-order bits): the next part rounds it.
-          lo = _mm512_sub_ps(lo, bf16_even(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v))));
-          hi = _mm512_sub_ps(hi, bf16_even(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1))));
-        }
+        uint16_t* o = out + t * cols_pad + c;
+        split_32(x + t * cols + c, c < have ? have - c : 0, parts,
+                 [&](size_t p, __m512i v) { _mm512_storeu_si512(o + p * plane, v); });
       }
     }
   });
+}
+
+void to_bf16_tiles(const float* x, size_t n, size_t cols, size_t n_pad, size_t c0, size_t steps,
+                   size_t parts, uint16_t* out) {
+  for (size_t t = 0; t < n_pad; ++t) {
+    const size_t have = t < n ? cols : 0;
+    uint16_t* row = out + (t / 32) * steps * parts * 1024 + (t % 32 / 16) * 512 + t % 16 * 32;
+    for (size_t s = 0; s < steps; ++s) {
+      const size_t c = c0 + s * 32;
+      uint16_t* o = row + s * parts * 1024;
+      split_32(x + t * cols + c, c < have ? have - c : 0, parts,
+               [&](size_t p, __m512i v) { _mm512_store_si512(o + p * 1024, v); });
+    }
+  }
 }
 
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {

@@ -145,8 +145,8 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
         if (k::active_isa() >= k::Isa::avx512) {
           path += " (prefill GEMM activations " + std::string(k::gemm_activation_dtype());
           if (k::active_isa() == k::Isa::amx)
-            path +=
-                " as " + std::to_string(k::amx::amx_parts(k::gemm_precision())) + " bf16 part(s)";
+            path += " as " + std::to_string(k::amx::amx_parts(k::gemm_precision())) +
+                    " bf16 part(s), prefill attention operands too";
           return path + ", decode fp32" + quant;
         }
         return path + " (activations fp32" + quant;

@@ -278,6 +278,21 @@ TEST_P(KernelMatmul, ModelShapes) {
   EXPECT_TRUE(check_matmul(isa(), 67, 8192, 1, false, rng, test_pool()));
 }
 
+// The AMX GEMM's blocking edges: several K slices (K > 512, unequal last
+// slice) with partial token and row blocks carried between slices, more
+// panel pairs than one B group, threads split by tokens (>= 2 blocks of 32
+// each) and by panels, and more tokens than one worker's token block.
+TEST_P(KernelMatmul, BlockingEdges) {
+  std::mt19937 rng(8);
+  ThreadPool pool2(2);
+  EXPECT_TRUE(check_matmul(isa(), 50, 1100, 161, true, rng, pool2));  // tokens split, 3 slices
+  EXPECT_TRUE(check_matmul(isa(), 50, 1100, 40, false, rng, pool2));  // panels split, 3 slices
+  EXPECT_TRUE(check_matmul(isa(), 337, 1100, 200, false, rng, test_pool()));  // 2 groups
+  EXPECT_TRUE(check_matmul(isa(), 337, 577, 97, true, rng, test_pool()));     // 2 slices
+  EXPECT_TRUE(check_matmul(isa(), 40, 576, 700, true, rng, pool2));           // 2 token blocks each
+  EXPECT_TRUE(check_matmul(isa(), 47, 64, 128, false, rng, pool2));  // exactly 2 blocks each
+}
+
 TEST_P(KernelMatmul, SingleThreadPool) {
   std::mt19937 rng(4);
   ThreadPool serial(1);
@@ -433,6 +448,39 @@ TEST(KernelMatmulAmxSplit, PartsMatchScalarSplit) {
           ASSERT_EQ(sum, x[t * cols + c]) << t << "," << c;
         }
       }
+  }
+}
+
+// to_bf16_tiles against the scalar split: every element of every part at its
+// tile position, zeros past n and cols, for a column range starting inside x
+// (c0 > 0) and one running past its end.
+TEST(KernelMatmulAmxSplit, TilesMatchScalarSplit) {
+  if (detect_isa() < Isa::avx512)
+    GTEST_SKIP() << "this CPU/OS lacks the avx512 tier (best is " << isa_name(detect_isa()) << ")";
+  std::mt19937 rng(37);
+  std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-90, 90);
+  const size_t n = 45, cols = 101, n_pad = 64;
+  OddBuffer x(n * cols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(mant(rng), expo(rng));
+  for (size_t parts = 1; parts <= 3; ++parts) {
+    for (const auto& [c0, steps] : {std::pair<size_t, size_t>{0, 4}, {32, 3}, {64, 1}}) {
+      std::vector<uint16_t> buf(parts * n_pad * steps * 32 + 32, 0xffff);
+      uint16_t* out = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64 / 2;
+      avx512::to_bf16_tiles(x.data(), n, cols, n_pad, c0, steps, parts, out);
+      for (size_t t = 0; t < n_pad; ++t)
+        for (size_t c = 0; c < steps * 32; ++c) {
+          float rest = t < n && c0 + c < cols ? x[t * cols + c0 + c] : 0.0f;
+          for (size_t p = 0; p < parts; ++p) {
+            const uint16_t want = float_to_bf16(rest);
+            const size_t at = (((t / 32 * steps + c / 32) * parts + p) * 2 + t % 32 / 16) * 512 +
+                              t % 16 * 32 + c % 32;
+            ASSERT_EQ(out[at], want)
+                << "parts=" << parts << " c0=" << c0 << " p=" << p << " t=" << t << " c=" << c;
+            rest -= bf16_to_float(out[at]);
+          }
+        }
+    }
   }
 }
 
@@ -595,9 +643,18 @@ TEST_P(KernelAttention, LongContexts) {
   std::mt19937 rng(8);
   ThreadPool pool2(2);
   const AttnCase cases[] = {
-      {9, 3, 64, 1, 1000, 0, 0.0f},  {4, 1, 256, 1, 2047, 0, 0.0f}, {4, 1, 256, 1, 2047, 512, 0.0f},
-      {32, 8, 64, 1, 777, 0, 30.0f}, {9, 3, 64, 70, 0, 0, 0.0f},    {4, 1, 256, 100, 300, 64, 0.0f},
+      {9, 3, 64, 1, 1000, 0, 0.0f},
+      {4, 1, 256, 1, 2047, 0, 0.0f},
+      {4, 1, 256, 1, 2047, 512, 0.0f},
+      {32, 8, 64, 1, 777, 0, 30.0f},
+      {9, 3, 64, 70, 0, 0, 0.0f},
+      {4, 1, 256, 100, 300, 64, 0.0f},
       {8, 2, 64, 3, 600, 0, 0.0f},
+      // Wide groups: amx rows of 6 tokens x 5 heads, of 1 token x 32 heads; 64 per kv
+      // head is past amx's limit (avx512 takes it).
+      {10, 2, 64, 50, 20, 0, 0.0f},
+      {32, 1, 64, 20, 40, 16, 0.0f},
+      {64, 1, 64, 17, 5, 0, 0.0f},
   };
   for (AttnCase c : cases) {
     for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
@@ -643,6 +700,81 @@ TEST_P(KernelAttention, OddHeadDim) {
   for (size_t hd : {2, 6, 12, 66})
     for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16})
       EXPECT_TRUE(check_attention(isa, {4, 2, hd, 5, 3, 0, 0.0f, kv}, rng, test_pool()));
+}
+
+// Every tier stays at the error of fp32 arithmetic, measured against the same
+// attention in float64: the amx tier's bf16 parts must add up to fp32 operands
+// (a dropped part pass is 3-9e-6 off here; the fp32 tiers and the full amx
+// split 0.3-1.3e-6), a bound the Sweep's 1e-5 is too loose to hold.
+TEST_P(KernelAttention, Fp32ClassError) {
+  const Isa isa = GetParam();
+  std::mt19937 rng(11);
+  const AttnCase cases[] = {
+      {9, 3, 64, 70, 0, 0, 0.0f}, {4, 1, 256, 100, 300, 64, 0.0f}, {8, 2, 128, 40, 130, 0, 0.0f}};
+  for (const AttnCase& c : cases) {
+    const size_t keys = c.start + c.n, hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+    const OddBuffer q = random_buffer(c.n * c.n_heads * hd, rng, -2.0f, 2.0f);
+    const OddBuffer k = random_buffer(c.n_kv_heads * keys * hd, rng, -2.0f, 2.0f);
+    const OddBuffer v = random_buffer(c.n_kv_heads * keys * hd, rng);
+    AttentionArgs a;
+    a.q = q.data();
+    a.k_cache = k.data();
+    a.v_cache = v.data();
+    a.n = c.n;
+    a.start = c.start;
+    a.n_heads = c.n_heads;
+    a.n_kv_heads = c.n_kv_heads;
+    a.head_dim = hd;
+    a.cache_stride = keys;
+    a.window = c.window;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    OddBuffer got(c.n * c.n_heads * hd);
+    a.out = got.data();
+    {
+      IsaScope scope(isa);
+      attention(a, test_pool());
+    }
+    double worst = 0.0;
+    for (size_t t = 0; t < c.n; ++t) {
+      const size_t pos = c.start + t,
+                   first = c.window && pos + 1 > c.window ? pos + 1 - c.window : 0;
+      for (size_t h = 0; h < c.n_heads; ++h) {
+        const float* qr = q.data() + (t * c.n_heads + h) * hd;
+        const size_t kvh = h / group;
+        std::vector<double> w(pos + 1 - first);
+        double max_s = -INFINITY, sum = 0.0;
+        for (size_t p = first; p <= pos; ++p) {
+          double s = 0.0;
+          for (size_t d = 0; d < hd; ++d) s += double{qr[d]} * k[(kvh * keys + p) * hd + d];
+          w[p - first] = s * a.scale;
+          max_s = std::max(max_s, w[p - first]);
+        }
+        for (double& e : w) sum += (e = std::exp(e - max_s));
+        for (size_t d = 0; d < hd; ++d) {
+          double o = 0.0;
+          for (size_t p = first; p <= pos; ++p) o += w[p - first] * v[(kvh * keys + p) * hd + d];
+          worst = std::max(worst, std::fabs(o / sum - got[(t * c.n_heads + h) * hd + d]));
+        }
+      }
+    }
+    EXPECT_LT(worst, 2e-6) << isa_name(isa) << " " << describe(c);
+  }
+}
+
+// The profiler's attention flops count the keys each query sees.
+TEST(KernelAttentionFlops, CausalAndWindowed) {
+  AttentionArgs a;
+  a.n_heads = 3;
+  a.head_dim = 8;
+  a.n = 3;
+  a.start = 2;  // queries at positions 2, 3, 4 see 3, 4, 5 keys
+  EXPECT_DOUBLE_EQ(attention_flops(a), 4.0 * (3 + 4 + 5) * 3 * 8);
+  a.window = 4;  // ... and at most 4 of them
+  EXPECT_DOUBLE_EQ(attention_flops(a), 4.0 * (3 + 4 + 4) * 3 * 8);
+  a.start = 0;
+  a.window = 0;
+  a.n = 100;  // a prompt from 0: n (n + 1) / 2 query-key pairs, about half the square
+  EXPECT_DOUBLE_EQ(attention_flops(a), 4.0 * 5050 * 3 * 8);
 }
 
 // The reference's widening: on a bf16 cache it computes exactly what it

@@ -212,7 +212,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   const auto attention_cost = [&](const SequenceRows& seq) {
     const double keys = static_cast<double>(seq.start + seq.n);
     const double elem = static_cast<double>(kernels::kv_dtype_bytes(seq.kv->dtype));
-    return std::pair{2.0 * elem * keys * nkv * D, 4.0 * seq.n * keys * nh * D};
+    return std::pair{2.0 * elem * keys * nkv * D, kernels::attention_flops(attention_args(seq, 0))};
   };
   if (s.batch && seqs.size() > 1) {
     // A decode batch runs its sequences side by side, one per thread: each
