@@ -278,7 +278,7 @@ TEST_P(KernelMatmul, ModelShapes) {
   EXPECT_TRUE(check_matmul(isa(), 67, 8192, 1, false, rng, test_pool()));
 }
 
-// The AMX GEMM's blocking edges: several K slices (K > 512, unequal last
+// The AMX GEMM's blocking edges: several K slices (K > 640, unequal last
 // slice) with partial token and row blocks carried between slices, more
 // panel pairs than one B group, threads split by tokens (>= 2 blocks of 32
 // each) and by panels, and more tokens than one worker's token block.
@@ -288,7 +288,7 @@ TEST_P(KernelMatmul, BlockingEdges) {
   EXPECT_TRUE(check_matmul(isa(), 50, 1100, 161, true, rng, pool2));  // tokens split, 3 slices
   EXPECT_TRUE(check_matmul(isa(), 50, 1100, 40, false, rng, pool2));  // panels split, 3 slices
   EXPECT_TRUE(check_matmul(isa(), 337, 1100, 200, false, rng, test_pool()));  // 2 groups
-  EXPECT_TRUE(check_matmul(isa(), 337, 577, 97, true, rng, test_pool()));     // 2 slices
+  EXPECT_TRUE(check_matmul(isa(), 337, 700, 97, true, rng, test_pool()));     // 2 slices
   EXPECT_TRUE(check_matmul(isa(), 40, 576, 700, true, rng, pool2));           // 2 token blocks each
   EXPECT_TRUE(check_matmul(isa(), 47, 64, 128, false, rng, pool2));  // exactly 2 blocks each
 }
