@@ -127,8 +127,11 @@ void gemm_block(const PackedMatrix& w, const float* x, size_t n, const float* bi
   const size_t pstride = kpad * kPanelRows;
   const uint16_t* base = w.data.data() + w.offset;
   // K in equal slices of <= kSliceCols: C goes back to y between slices, so
-  // a token block's x slice stays in L2 however long the rows are.
-  const size_t n_slices = kpad <= kWholeCols ? 1 : (kpad + kSliceCols - 1) / kSliceCols;
+  // a token block's x slice stays in L2 however long the rows are. Not when
+  // this thread's whole x fits its block budget already (short prompts).
+  const bool whole =
+      kpad <= kWholeCols || (t_end - t_begin) * P * kpad * sizeof(uint16_t) <= kBlockBytes;
+  const size_t n_slices = whole ? 1 : (kpad + kSliceCols - 1) / kSliceCols;
   const size_t slice = (steps + n_slices - 1) / n_slices;
   const size_t block = std::max<size_t>(
       kBlockTokens, kBlockBytes / (P * slice * kKBlock * 2) / kBlockTokens * kBlockTokens);

@@ -285,10 +285,11 @@ TEST_P(KernelMatmul, ModelShapes) {
 TEST_P(KernelMatmul, BlockingEdges) {
   std::mt19937 rng(8);
   ThreadPool pool2(2);
-  EXPECT_TRUE(check_matmul(isa(), 50, 1100, 161, true, rng, pool2));  // tokens split, 3 slices
-  EXPECT_TRUE(check_matmul(isa(), 50, 1100, 40, false, rng, pool2));  // panels split, 3 slices
+  // (A thread's x over 1 MiB as 3 parts is sliced: 96 tokens x 2208 columns, 64 x 3008.)
+  EXPECT_TRUE(check_matmul(isa(), 50, 2200, 161, true, rng, pool2));  // tokens split, 5 slices
+  EXPECT_TRUE(check_matmul(isa(), 50, 3000, 40, false, rng, pool2));  // panels split, 6 slices
   EXPECT_TRUE(check_matmul(isa(), 337, 1100, 200, false, rng, test_pool()));  // 2 groups
-  EXPECT_TRUE(check_matmul(isa(), 337, 700, 97, true, rng, test_pool()));     // 2 slices
+  EXPECT_TRUE(check_matmul(isa(), 337, 900, 700, true, rng, test_pool()));    // 2 slices
   EXPECT_TRUE(check_matmul(isa(), 40, 576, 700, true, rng, pool2));           // 2 token blocks each
   EXPECT_TRUE(check_matmul(isa(), 47, 64, 128, false, rng, pool2));  // exactly 2 blocks each
 }
