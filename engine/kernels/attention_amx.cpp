@@ -36,11 +36,13 @@
 #include "kernels/amx_tiles.h"
 #include "kernels/avx512.h"
 #include "kernels/online_softmax_avx512.h"
+#include "kernels/transpose_avx512.h"
 
 namespace edgellm::kernels::amx {
 
 namespace {
 using avx512::kSoftmaxBlock;
+using avx512::transpose16;
 constexpr size_t kRows = 32;  // query rows per work item: two 16-row tile halves
 constexpr size_t kKeys = kSoftmaxBlock;
 static_assert(kKeys == 32, "a key block: two 16-key A tiles of S^T, one K step of V^T P^T");
@@ -108,35 +110,6 @@ inline void dot_parts(size_t parts, size_t a_parts, A a, size_t a_stride, size_t
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
-  }
-}
-
-// dst[c * dst_stride + r] = src[r * src_stride + c] for a 16 x 16 block of
-// 32-bit elements: 32-bit, then 64-bit unpacks within 128-bit lanes, then
-// two rounds of lane shuffles.
-inline void transpose16(const uint32_t* src, size_t src_stride, uint32_t* dst, size_t dst_stride) {
-  __m512i r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  // r[4g + c]: rows 4g..4g+3 at columns c, c + 4, c + 8, c + 12 (one per lane).
-  for (int g = 0; g < 16; g += 4) {
-    r[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-    r[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-    r[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-    r[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i c0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);  // lanes 0, 2
-    const __m512i c1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);  // lanes 1, 3
-    const __m512i c2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
-    const __m512i c3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
-    _mm512_storeu_si512(dst + c * dst_stride, _mm512_shuffle_i32x4(c0, c2, 0x88));
-    _mm512_storeu_si512(dst + (c + 4) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0x88));
-    _mm512_storeu_si512(dst + (c + 8) * dst_stride, _mm512_shuffle_i32x4(c0, c2, 0xdd));
-    _mm512_storeu_si512(dst + (c + 12) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0xdd));
   }
 }
 

@@ -27,6 +27,7 @@
 #include "kernels/amx_tiles.h"
 #include "kernels/avx512.h"
 #include "kernels/quant.h"
+#include "kernels/transpose_avx512.h"
 
 namespace edgellm::kernels::amx {
 
@@ -49,32 +50,6 @@ const TileConfig& tile_config() {
     return c;
   }();
   return cfg;
-}
-
-// 16 x 16 dwords: r[i] lane j becomes r[j] lane i.
-inline void transpose16(__m512i* r) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  // u[4G + c], 128-bit lane L: column 4L + c of rows 4G .. 4G + 3.
-  for (int c = 0; c < 4; ++c) {
-    const __m512i p0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
-    const __m512i p1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
-    const __m512i q0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
-    const __m512i q1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
-    r[c] = _mm512_shuffle_i32x4(p0, q0, 0x88);
-    r[4 + c] = _mm512_shuffle_i32x4(p0, q0, 0xdd);
-    r[8 + c] = _mm512_shuffle_i32x4(p1, q1, 0x88);
-    r[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xdd);
-  }
 }
 
 // Block b (32 columns) of row r as 32 bf16 (q - zero), element order: as
@@ -133,7 +108,7 @@ struct Scratch {
         __m512i rows[16];
         for (size_t n = 0; n < kPanel; ++n)
           rows[n] = r0 + n < s.rows ? unpack_block(s, r0 + n, b) : _mm512_setzero_si512();
-        transpose16(rows);  // rows[pair] = that column pair of the 16 rows: a B-tile row
+        avx512::transpose16(rows);  // rows[pair] = that column pair of the 16 rows: a B-tile row
         for (size_t q = 0; q < 16; ++q) _mm512_store_si512(dst + b * 512 + q * 32, rows[q]);
       }
       float* sc = scale.data() + i * sstride;
