@@ -24,6 +24,7 @@
 #include <new>
 
 #include "kernels/avx512.h"
+#include "kernels/online_softmax_avx512.h"  // first_key
 #include "kernels/vec_avx512.h"
 
 namespace edgellm::kernels::avx512 {
@@ -67,10 +68,6 @@ class Buffer {
   float* data_ = nullptr;
   size_t capacity_ = 0;
 };
-
-inline size_t first_key(const AttentionArgs& a, size_t pos) {
-  return (a.window > 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
-}
 
 // Sixteen cache elements as fp32.
 inline __m512 load16(const float* p) {
