@@ -120,6 +120,10 @@ std::string_view gemm_activation_dtype() {
   return active_isa() == Isa::amx ? "bf16x2" : "f32";  // avx512 runs bf16x2 as fp32
 }
 
+std::string_view attn_precision_name(AttnPrecision p) {
+  return p == AttnPrecision::bf16 ? "bf16" : "fp32";
+}
+
 std::string_view kv_dtype_name(KvDtype d) {
   return d == KvDtype::bf16 ? "bf16" : "fp32";
 }

@@ -117,6 +117,13 @@ inline size_t kv_dtype_bytes(KvDtype d) {
   return d == KvDtype::bf16 ? 2 : 4;
 }
 
+// Arithmetic of attention's two products (q.k and p.v). fp32: exact fp32
+// products (amx: q, K, V, P as three exact bf16 parts). bf16: q, K, P and V
+// rounded to bf16 (nearest even) once, products with fp32 accumulation
+// (vdpbf16ps / one TDPBF16PS pass); the softmax stays fp32 in both.
+enum class AttnPrecision { fp32, bf16 };
+std::string_view attn_precision_name(AttnPrecision p);  // "fp32" | "bf16"
+
 // Causal multi-head attention with grouped KV heads, for `n` query tokens at
 // positions [start, start + n). The cache holds positions [0, start + n):
 // k_cache/v_cache are [n_kv_heads][cache_stride][head_dim] of kv_dtype (float
@@ -134,6 +141,7 @@ struct AttentionArgs {
   size_t window = 0;
   float scale = 1.0f;
   float softcap = 0.0f;  // 0 = off; else logits = softcap * tanh(logits / softcap)
+  AttnPrecision precision = AttnPrecision::fp32;
 };
 void attention(const AttentionArgs& args, ThreadPool& pool);
 // The useful flops of that call: 2 x 2 per head dim (q.k and p.v) for each
