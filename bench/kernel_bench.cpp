@@ -338,8 +338,8 @@ int main(int argc, char** argv) {
   // AVX-512 FMAs for fp32 on avx512; TDPBF16PS on amx at every precision
   // (fp32 runs 3 passes, so at most 33% of it in useful flops).
   const Isa peak_isa = isa;
-  const double peak1 = edgellm::measure_matmul_peak(one.size(), peak_isa),
-               peak = edgellm::measure_matmul_peak(pool.size(), peak_isa);
+  const double peak1 = edgellm::measure_matmul_peak(one.size(), peak_isa, gemm_precision()),
+               peak = edgellm::measure_matmul_peak(pool.size(), peak_isa, gemm_precision());
   std::printf("ceiling  %s GEMM peak: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n",
               std::string(isa_name(peak_isa)).c_str(), peak1, peak, pool.size());
   if (gemm_only) {

@@ -86,43 +86,82 @@ def test_edgellm_isa_unknown_value_is_one_line_and_the_default() -> None:
         assert len(lines) == 1 and f"unknown EDGELLM_ISA={bad}" in lines[0], err
 
 
-def activation_dtype_with(isa: str, precision: str) -> tuple[str, str]:
-    """(activation_dtype(), stderr) of a fresh process with EDGELLM_ISA / _GEMM_PRECISION."""
-    env = {"EDGELLM_ISA": isa, "EDGELLM_GEMM_PRECISION": precision}
-    return binding_call_with(env, "activation_dtype")
-
-
-def test_activation_dtype_names_what_the_prefill_gemm_computes() -> None:
+def test_exec_config_names_what_the_prefill_gemm_computes(smollm2_checkpoint: Path) -> None:
     # The gate's precision tier reads this: f32 only where x reaches the products exactly
     # (amx at fp32 splits x into three bf16 parts, which hold it exactly).
     detected = TIERS.index(edgellm_py.detected_isa())
     for isa in TIERS[: detected + 1]:
         simd = TIERS.index(isa) >= TIERS.index("avx512")
         want = {
-            "": "f32",
             "fp32": "f32",
             "bf16x2": "bf16x2" if isa == "amx" else "f32",
             "bf16": "bf16" if simd else "f32",
         }
         for precision, dtype in want.items():
-            assert activation_dtype_with(isa, precision)[0] == dtype, (isa, precision)
-    dtype, err = activation_dtype_with("", "fp16")
-    assert dtype == "f32" and "unknown EDGELLM_GEMM_PRECISION=fp16" in err, err
+            session = edgellm_py.Session()
+            session.setup(
+                str(smollm2_checkpoint),
+                threads=1,
+                max_context=16,
+                isa=isa,
+                gemm_precision=precision,
+            )
+            assert session.exec_config["gemm"] == dtype, (isa, precision)
+            assert session.exec_config["isa"] == isa
 
 
-def test_a_bf16_kv_cache_is_judged_at_the_reduced_tier(smollm2_checkpoint: Path) -> None:
-    # The calibrated gate's fp32 tier (1e-5 x the floor) holds only for a path whose K/V
-    # stay fp32; a bf16 cache rounds them, so the session says so and the tier follows.
+def test_environment_is_a_front_end_default(smollm2_checkpoint: Path) -> None:
+    # EDGELLM_* fill what the caller left empty, only where it asks for them; a bad value is
+    # one error naming the option.
+    code = (
+        "import edgellm_py, sys; s = edgellm_py.Session()\n"
+        "try:\n"
+        f"    s.setup({str(smollm2_checkpoint)!r}, threads=1, max_context=16, "
+        "use_environment=sys.argv[1] == 'env')\n"
+        "    print(s.exec_config['description'])\n"
+        "except edgellm_py.Error as e:\n"
+        "    print('error:', e)\n"
+    )
+
+    def described(env_values: dict[str, str], use: str) -> str:
+        env = {**os.environ, **env_values}
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO / "build" / "python"), env.get("PYTHONPATH", "")]
+        )
+        return subprocess.run(
+            [sys.executable, "-c", code, use],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+
+    assert described({"EDGELLM_PRECISION": "exact"}, "env").startswith("exact (")
+    assert described({"EDGELLM_PRECISION": "exact"}, "no").startswith("fast (")
+    assert "KV fp32" in described({"EDGELLM_KV_CACHE": "fp32"}, "env")
+    assert described({"EDGELLM_KV_CACHE": "fp16"}, "env") == (
+        "error: --kv-cache fp16: expected fp32, bf16 or q8_0"
+    )
+
+
+def test_only_the_exact_path_is_judged_at_the_fp32_tier(smollm2_checkpoint: Path) -> None:
+    # The calibrated gate's fp32 tier (1e-5 x the floor) holds only for the exact path; any
+    # rounded part (here a bf16 KV cache on an otherwise exact path) makes it reduced.
     from verify.runners.engine_runner import precision_of
 
     tiers = {}
     for kv_cache in ("", "bf16"):
         session = edgellm_py.Session()
-        session.setup(str(smollm2_checkpoint), threads=1, max_context=64, kv_cache=kv_cache)
-        path, tiers[kv_cache] = precision_of(
-            edgellm_py, session, edgellm_py.active_isa(), smollm2_checkpoint
+        session.setup(
+            str(smollm2_checkpoint),
+            threads=1,
+            max_context=64,
+            kv_cache=kv_cache,
+            precision="exact",
         )
-        assert f"kv cache {session.kv_cache_dtype}" in path, path
-    assert tiers["bf16"] == "reduced"
-    if edgellm_py.activation_dtype() == "f32":
-        assert tiers[""] == "fp32"
+        path, tiers[kv_cache] = precision_of(
+            edgellm_py, session, session.exec_config["isa"], smollm2_checkpoint
+        )
+        assert f"KV {session.kv_cache_dtype}" in path, path
+    assert tiers == {"": "fp32", "bf16": "reduced"}

@@ -40,9 +40,10 @@ void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const flo
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
 void add(float* acc, const float* x, size_t n);
-// n == 1: fp32 GEMV; n > 1: vdpbf16ps GEMM on x rounded to bf16, or an fp32
-// FMA GEMM when gemm_precision() is fp32.
-void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+// n == 1: fp32 GEMV; n > 1: vdpbf16ps GEMM on x rounded to bf16 at precision
+// bf16, else an fp32 FMA GEMM (fp32, and bf16x2, which only amx splits).
+void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+            GemmPrecision precision);
 // This thread's buffer for bf16 rows: grows to the largest request, 64-byte
 // aligned, valid until the thread's next call.
 uint16_t* bf16_scratch(size_t count);
@@ -79,12 +80,13 @@ namespace amx {
 // Below this many tokens the 16-row A tiles are mostly padding: use avx512.
 inline constexpr size_t kMinTokens = 16;
 // n >= kMinTokens: TDPBF16PS GEMM over the VNNI layout on x split into
-// amx_parts(gemm_precision()) bf16 parts (fp32: 3, exact; bf16x2: 2; bf16: 1),
-// fp32 accumulation; fewer tokens run avx512::matmul.
+// amx_parts(precision) bf16 parts (fp32: 3, exact; bf16x2: 2; bf16: 1), fp32
+// accumulation; fewer tokens run avx512::matmul.
 inline size_t amx_parts(GemmPrecision p) {
   return p == GemmPrecision::fp32 ? 3 : p == GemmPrecision::bf16x2 ? 2 : 1;
 }
-void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+            GemmPrecision precision);
 // Prefill attention with both products on tiles (attention_amx.cpp), operands
 // in amx_parts(gemm_precision()) bf16 parts; n >= avx512::kMinPrefillTokens,
 // head_dim % 32 == 0, at most kMaxAttentionGroup query heads per kv head.

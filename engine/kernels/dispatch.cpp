@@ -47,10 +47,6 @@ Isa initial_isa() {
   return clamp_to_cpu(*wanted);
 }
 
-bool at_least(Isa isa) {
-  return active_isa() >= isa;
-}
-
 // Initialised on first use, so kernels called from other static
 // initialisers see the detected ISA, not a zero-initialised one.
 std::atomic<Isa>& isa_slot() {
@@ -74,23 +70,10 @@ void scalar_matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* 
   }
 }
 
-GemmPrecision initial_precision() {
-  const char* env = std::getenv("EDGELLM_GEMM_PRECISION");
-  // fp32 by default: the calibrated gate holds an fp32 path to the fp32 truth
-  // within rounding, which catches every mutant of the suite; at bf16 it can
-  // only hold the path to a multiple of HF bf16's own noise (llms/verify/README.md).
-  if (env == nullptr || *env == '\0') return GemmPrecision::fp32;
-  for (GemmPrecision p : {GemmPrecision::fp32, GemmPrecision::bf16x2, GemmPrecision::bf16})
-    if (gemm_precision_name(p) == env) return p;
-  std::fprintf(stderr,
-               "edgellm: ignoring unknown EDGELLM_GEMM_PRECISION=%s (expected fp32, bf16x2 or "
-               "bf16)\n",
-               env);
-  return GemmPrecision::fp32;
-}
-
+// The process default for callers without an ExecConfig: exact. Models
+// resolve their own (runtime/exec_config.cpp).
 std::atomic<GemmPrecision>& precision_slot() {
-  static std::atomic<GemmPrecision> slot{initial_precision()};
+  static std::atomic<GemmPrecision> slot{GemmPrecision::fp32};
   return slot;
 }
 
@@ -107,21 +90,39 @@ std::string_view gemm_precision_name(GemmPrecision p) {
   }
   return "?";
 }
+std::optional<GemmPrecision> parse_gemm_precision(std::string_view name) {
+  for (GemmPrecision p : {GemmPrecision::fp32, GemmPrecision::bf16x2, GemmPrecision::bf16})
+    if (gemm_precision_name(p) == name) return p;
+  return std::nullopt;
+}
 GemmPrecision gemm_precision() {
   return precision_slot().load(std::memory_order_relaxed);
 }
 void set_gemm_precision(GemmPrecision p) {
   precision_slot().store(p, std::memory_order_relaxed);
 }
-std::string_view gemm_activation_dtype() {
-  const GemmPrecision p = gemm_precision();
-  if (active_isa() < Isa::avx512 || p == GemmPrecision::fp32) return "f32";
+std::string_view gemm_activation_dtype(const ExecConfig& cfg) {
+  const GemmPrecision p = cfg.gemm;
+  if (cfg.isa < Isa::avx512 || p == GemmPrecision::fp32) return "f32";
   if (p == GemmPrecision::bf16) return "bf16";
-  return active_isa() == Isa::amx ? "bf16x2" : "f32";  // avx512 runs bf16x2 as fp32
+  return cfg.isa == Isa::amx ? "bf16x2" : "f32";  // avx512 runs bf16x2 as fp32
+}
+
+ExecConfig process_exec_config() {
+  ExecConfig cfg;
+  cfg.isa = active_isa();
+  cfg.gemm = gemm_precision();
+  cfg.quant = quant_precision();
+  return cfg;
 }
 
 std::string_view attn_precision_name(AttnPrecision p) {
   return p == AttnPrecision::bf16 ? "bf16" : "fp32";
+}
+std::optional<AttnPrecision> parse_attn_precision(std::string_view name) {
+  for (AttnPrecision p : {AttnPrecision::fp32, AttnPrecision::bf16})
+    if (attn_precision_name(p) == name) return p;
+  return std::nullopt;
 }
 
 std::string_view kv_dtype_name(KvDtype d) {
@@ -275,70 +276,80 @@ void unpack_row(const PackedMatrix& w, size_t r, float* out) {
 }
 
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
-  if (w.quant) return quant_matmul(*w.quant, x, n, y, w.bias, pool);
-  // The layout decides, not the active ISA: a matrix packed for AVX2 stays
-  // valid (the CPU has AVX2) after set_isa(scalar). The avx512 and amx
-  // layouts are one, so a matrix packed for amx runs avx512 when that is active.
-  if (w.isa == Isa::amx && active_isa() == Isa::amx) return amx::matmul(w, x, n, y, pool);
-  if (w.isa >= Isa::avx512) return avx512::matmul(w, x, n, y, pool);
+  matmul(w, x, n, y, pool, process_exec_config());
+}
+
+void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+            const ExecConfig& cfg) {
+  if (w.quant) return quant_matmul(*w.quant, x, n, y, w.bias, pool, cfg.isa, cfg.quant);
+  // The layout decides, not the tier: a matrix packed for AVX2 stays valid
+  // (the CPU has AVX2) under a scalar config. The avx512 and amx layouts are
+  // one, so a matrix packed for amx runs avx512 under an avx512 config.
+  if (w.isa == Isa::amx && cfg.isa == Isa::amx) return amx::matmul(w, x, n, y, pool, cfg.gemm);
+  if (w.isa >= Isa::avx512) return avx512::matmul(w, x, n, y, pool, cfg.gemm);
   if (w.isa == Isa::avx2) return avx2::matmul(w, x, n, y, pool);
   pool.parallel_chunks(w.rows,
                        [&](size_t r0, size_t r1) { scalar_matmul_rows(w, x, n, y, r0, r1); });
 }
 
 void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  matmul_rows(w, x, n, y, pool, process_exec_config());
+}
+
+void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+                 const ExecConfig& cfg) {
   if (!w.quant && w.isa == Isa::avx2)
-    return avx512::available() ? avx512::matmul_rows(w, x, n, y, pool)
-                               : avx2::matmul_rows(w, x, n, y, pool);
+    return cfg.isa >= Isa::avx512 ? avx512::matmul_rows(w, x, n, y, pool)
+                                  : avx2::matmul_rows(w, x, n, y, pool);
   // The avx512 and amx layouts are one; their n == 1 GEMV is avx512's (amx
   // starts at kMinTokens), so the batch follows that GEMV's order.
   if (!w.quant && w.isa >= Isa::avx512) return avx512::matmul_rows_vnni(w, x, n, y, pool);
   // Any other layout: one n == 1 call per row is identical by definition.
-  for (size_t t = 0; t < n; ++t) matmul(w, x + t * w.cols, 1, y + t * w.rows, pool);
+  for (size_t t = 0; t < n; ++t) matmul(w, x + t * w.cols, 1, y + t * w.rows, pool, cfg);
 }
 
-void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y) {
-  if (at_least(Isa::avx512)) return avx512::rmsnorm(x, weight, dim, eps, y);
-  if (at_least(Isa::avx2)) return avx2::rmsnorm(x, weight, dim, eps, y);
+void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y, Isa isa) {
+  if (isa >= Isa::avx512) return avx512::rmsnorm(x, weight, dim, eps, y);
+  if (isa >= Isa::avx2) return avx2::rmsnorm(x, weight, dim, eps, y);
   ref::rmsnorm(x, weight, dim, eps, y);
 }
 
-void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin) {
-  if (at_least(Isa::avx512)) return avx512::rope(x, n_heads, head_dim, cos, sin);
-  if (at_least(Isa::avx2)) return avx2::rope(x, n_heads, head_dim, cos, sin);
+void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin, Isa isa) {
+  if (isa >= Isa::avx512) return avx512::rope(x, n_heads, head_dim, cos, sin);
+  if (isa >= Isa::avx2) return avx2::rope(x, n_heads, head_dim, cos, sin);
   ref::rope(x, n_heads, head_dim, cos, sin);
 }
 
-void silu_mul(const float* gate, const float* up, size_t n, float* out) {
-  if (at_least(Isa::avx512)) return avx512::silu_mul(gate, up, n, out);
-  if (at_least(Isa::avx2)) return avx2::silu_mul(gate, up, n, out);
+void silu_mul(const float* gate, const float* up, size_t n, float* out, Isa isa) {
+  if (isa >= Isa::avx512) return avx512::silu_mul(gate, up, n, out);
+  if (isa >= Isa::avx2) return avx2::silu_mul(gate, up, n, out);
   ref::silu_mul(gate, up, n, out);
 }
 
-void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out) {
-  if (at_least(Isa::avx512)) return avx512::gelu_tanh_mul(gate, up, n, out);
-  if (at_least(Isa::avx2)) return avx2::gelu_tanh_mul(gate, up, n, out);
+void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out, Isa isa) {
+  if (isa >= Isa::avx512) return avx512::gelu_tanh_mul(gate, up, n, out);
+  if (isa >= Isa::avx2) return avx2::gelu_tanh_mul(gate, up, n, out);
   ref::gelu_tanh_mul(gate, up, n, out);
 }
 
-void add(float* acc, const float* x, size_t n) {
-  if (at_least(Isa::avx512)) return avx512::add(acc, x, n);
-  if (at_least(Isa::avx2)) return avx2::add(acc, x, n);
+void add(float* acc, const float* x, size_t n, Isa isa) {
+  if (isa >= Isa::avx512) return avx512::add(acc, x, n);
+  if (isa >= Isa::avx2) return avx2::add(acc, x, n);
   ref::add(acc, x, n);
 }
 
-void attention(const AttentionArgs& args, ThreadPool& pool) {
+void attention(const AttentionArgs& args, ThreadPool& pool, Isa isa) {
   // The AVX2 path works on whole vectors of head_dim; others take the reference.
   // Prefill on amx, else avx512; decode (n < 16) on avx512 (keys split across threads).
-  if (active_isa() == Isa::amx && args.n >= avx512::kMinPrefillTokens && args.head_dim % 32 == 0 &&
+  if (isa == Isa::amx && args.n >= avx512::kMinPrefillTokens && args.head_dim % 32 == 0 &&
       args.n_heads <= amx::kMaxAttentionGroup * args.n_kv_heads)
     return amx::attention_prefill(args, pool);
-  if (at_least(Isa::avx512) && args.n >= avx512::kMinPrefillTokens && args.head_dim % 16 == 0 &&
+  if (isa >= Isa::avx512 && args.n >= avx512::kMinPrefillTokens && args.head_dim % 16 == 0 &&
       args.n_heads <= avx512::kMaxGroup * args.n_kv_heads)
     return avx512::attention_prefill(args, pool);
-  if (at_least(Isa::avx512) && args.n < avx512::kMinPrefillTokens && args.head_dim % 16 == 0)
+  if (isa >= Isa::avx512 && args.n < avx512::kMinPrefillTokens && args.head_dim % 16 == 0)
     return avx512::attention_decode(args, pool);
-  if (at_least(Isa::avx2) && args.head_dim % 8 == 0) return avx2::attention(args, pool);
+  if (isa >= Isa::avx2 && args.head_dim % 8 == 0) return avx2::attention(args, pool);
   ref::attention(args);
 }
 
@@ -352,7 +363,7 @@ double attention_flops(const AttentionArgs& args) {
 }
 
 void top_k(const float* x, size_t n, size_t k, int32_t* out_indices) {
-  if (at_least(Isa::avx2)) return avx2::top_k(x, n, k, out_indices);
+  if (active_isa() >= Isa::avx2) return avx2::top_k(x, n, k, out_indices);
   ref::top_k(x, n, k, out_indices);
 }
 

@@ -36,7 +36,9 @@ struct KernelInfo {
   std::string_view used_by;  // deployments, as llms/<name>
 };
 const std::vector<KernelInfo>& registered_kernels();
-Isa detect_isa();  // best tier this CPU and OS support (cpuid, XCR0, AMX permission)
+// The one CPU-feature detector (cpu_features.cpp): cpuid, XCR0, AMX permission.
+Isa detect_isa();     // best tier this CPU and OS support
+bool has_avx_vnni();  // AVX-VNNI beside the tier (int8-activation quantized kernels)
 // The tier used when EDGELLM_ISA is unset: detect_isa().
 Isa default_isa();
 Isa active_isa();       // default_isa() unless overridden
@@ -71,40 +73,58 @@ void unpack_row(const PackedMatrix& w, size_t r, float* out);
 
 // Activation precision of the prefill GEMM (n > 1) on the avx512/amx tiers.
 // Products and sums are fp32 in every case; decode (n == 1) always keeps x fp32.
-//  - fp32 (default): x exact. avx512 runs fp32 FMAs; amx splits x into three
+//  - fp32 (exact): x exact. avx512 runs fp32 FMAs; amx splits x into three
 //    bf16 parts (x = hi + mid + lo exactly) and runs three TDPBF16PS passes.
 //  - bf16x2: amx runs two parts (hi + mid, ~16 significant bits of x); other
 //    tiers treat it as fp32. For measuring the split, not a default.
-//  - bf16: x rounded to bf16 once (vdpbf16ps / one TDPBF16PS pass).
-// Set once from EDGELLM_GEMM_PRECISION=fp32|bf16x2|bf16.
+//  - bf16 (fast): x rounded to bf16 once (vdpbf16ps / one TDPBF16PS pass).
 enum class GemmPrecision { bf16, bf16x2, fp32 };
 std::string_view gemm_precision_name(GemmPrecision p);
+std::optional<GemmPrecision> parse_gemm_precision(std::string_view name);
+// The process default for callers that pass no ExecConfig (tests, benchmarks):
+// fp32 unless set_gemm_precision() changed it.
 GemmPrecision gemm_precision();
-void set_gemm_precision(GemmPrecision p);  // tests
-// What the active tier's prefill GEMM really computes x with, given the
-// precision: "f32", "bf16x2" or "bf16" (the gate's precision tier reads it).
-std::string_view gemm_activation_dtype();
+void set_gemm_precision(GemmPrecision p);  // tests, benchmarks
+
+// Activation precision of matmuls on quantized (GGUF) weights: fp32 (exact),
+// or int8 per 32-block (VNNI dot products; kernels/quant.h).
+enum class QuantPrecision { fp32, int8 };
+std::string_view quant_precision_name(QuantPrecision p);
+std::optional<QuantPrecision> parse_quant_precision(std::string_view name);
+
+// What the precisions below amount to on `cfg.isa`: "f32", "bf16x2" or "bf16"
+// for the prefill GEMM's activations (the gate's precision tier reads it).
+struct ExecConfig;
+std::string_view gemm_activation_dtype(const ExecConfig& cfg);
 
 // y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n. n == 1 is decode's GEMV.
+void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+            const ExecConfig& cfg);
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 // The same product for n independent rows (batched decode: one token of each of
 // n sequences): the weights are read once, and row t is bit-identical to
 // matmul(w, x + t * cols, 1, ...), so a sequence decodes the same alone or batched.
+void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+                 const ExecConfig& cfg);
 void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 
+// Element-wise kernels run the path of `isa` (default: active_isa()).
 // y = x / sqrt(mean(x^2) + eps) * weight, over `dim` elements (x may alias y).
-void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y);
+void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y,
+             Isa isa = active_isa());
 
 // Rotates each of n_heads vectors of length head_dim in place (HF rotate_half
 // layout: pairs are (i, i + head_dim/2)). cos/sin hold head_dim/2 values.
-void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin);
+void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin,
+          Isa isa = active_isa());
 
 // out = act(gate) * up, element-wise.
-void silu_mul(const float* gate, const float* up, size_t n, float* out);
-void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
+void silu_mul(const float* gate, const float* up, size_t n, float* out, Isa isa = active_isa());
+void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out,
+                   Isa isa = active_isa());
 
 // acc += x
-void add(float* acc, const float* x, size_t n);
+void add(float* acc, const float* x, size_t n, Isa isa = active_isa());
 
 // Element type of the KV cache (EDGELLM_KV_CACHE=fp32|bf16). bf16 halves the
 // cache's memory and the bytes decode attention streams; K and V are rounded
@@ -123,6 +143,7 @@ inline size_t kv_dtype_bytes(KvDtype d) {
 // (vdpbf16ps / one TDPBF16PS pass); the softmax stays fp32 in both.
 enum class AttnPrecision { fp32, bf16 };
 std::string_view attn_precision_name(AttnPrecision p);  // "fp32" | "bf16"
+std::optional<AttnPrecision> parse_attn_precision(std::string_view name);
 
 // Causal multi-head attention with grouped KV heads, for `n` query tokens at
 // positions [start, start + n). The cache holds positions [0, start + n):
@@ -143,7 +164,7 @@ struct AttentionArgs {
   float softcap = 0.0f;  // 0 = off; else logits = softcap * tanh(logits / softcap)
   AttnPrecision precision = AttnPrecision::fp32;
 };
-void attention(const AttentionArgs& args, ThreadPool& pool);
+void attention(const AttentionArgs& args, ThreadPool& pool, Isa isa = active_isa());
 // The useful flops of that call: 2 x 2 per head dim (q.k and p.v) for each
 // key each query sees (causal, within the window), not the full square.
 double attention_flops(const AttentionArgs& args);
@@ -151,6 +172,26 @@ double attention_flops(const AttentionArgs& args);
 // Indices of the k largest values, largest first; ties toward the smaller index.
 // NaN ranks below every number (-inf included); NaNs among themselves by index.
 void top_k(const float* x, size_t n, size_t k, int32_t* out_indices);
+
+// How the kernels compute for one model: resolved once at setup
+// (runtime/exec_config.cpp), kept with the model and its contexts and passed
+// with every call, so an exact and a fast model can live in one process. The
+// exact config is the gate's fp32 tier; the fast one is the deployed path,
+// judged against the exact one by the gate's stage 2 (llms/verify/README.md).
+struct ExecConfig {
+  Isa isa = Isa::scalar;
+  GemmPrecision gemm = GemmPrecision::fp32;
+  AttnPrecision attention = AttnPrecision::fp32;
+  KvDtype kv = KvDtype::fp32;
+  QuantPrecision quant = QuantPrecision::fp32;
+  bool exact() const {
+    return gemm == GemmPrecision::fp32 && attention == AttnPrecision::fp32 && kv == KvDtype::fp32 &&
+           quant == QuantPrecision::fp32;
+  }
+};
+// The config of callers that pass none (tests, benchmarks): active_isa(),
+// gemm_precision(), fp32 attention and KV, fp32 quantized activations.
+ExecConfig process_exec_config();
 
 namespace ref {
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y);

@@ -183,10 +183,12 @@ void gemm_block(const PackedMatrix& w, const float* x, size_t n, const float* bi
 
 }  // namespace
 
-void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+            GemmPrecision precision) {
   const size_t kpad = vnni::padded_cols(w.cols);
-  if (n < kMinTokens || kpad == 0 || w.rows == 0) return avx512::matmul(w, x, n, y, pool);
-  const size_t parts = amx_parts(gemm_precision());
+  if (n < kMinTokens || kpad == 0 || w.rows == 0)
+    return avx512::matmul(w, x, n, y, pool, precision);
+  const size_t parts = amx_parts(precision);
   const size_t n_blocks = (n + kBlockTokens - 1) / kBlockTokens, n_pad = n_blocks * kBlockTokens;
   const size_t panels = vnni::panels(w.rows);
   // The bias over whole panels plus one spare panel (a lone last panel's

@@ -293,7 +293,8 @@ void to_bf16_tiles(const float* x, size_t n, size_t cols, size_t n_pad, size_t c
   }
 }
 
-void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+            GemmPrecision precision) {
   if (n == 0 || w.rows == 0) return;
   const size_t panels = vnni::panels(w.rows);
   if (n == 1) {
@@ -308,7 +309,7 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
   }
   // Threads split over pairs of panels (the tile's 32 rows).
   const size_t pairs = (panels + 1) / 2;
-  if (gemm_precision() != GemmPrecision::bf16) {  // fp32 and bf16x2: FMAs on exact x
+  if (precision != GemmPrecision::bf16) {  // fp32 and bf16x2: FMAs on exact x
     pool.parallel_chunks(pairs, [&](size_t q0, size_t q1) {
       gemm_panels(w, x, w.cols, n, y, 2 * q0, std::min(panels, 2 * q1));
     });

@@ -213,15 +213,6 @@ void rows(const PackedMatrix& w, const float* x, size_t n, float* y, size_t p0, 
 
 }  // namespace
 
-bool available() {
-  // GCC's cpuinfo reports avx512f only when XCR0 shows the OS saves ZMM state.
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return yes;
-}
-
 void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
   if (n <= 1 || w.rows == 0 || w.cols == 0) return avx2::matmul(w, x, n, y, pool);
   const size_t panels = (w.rows + kRows - 1) / kRows;
@@ -230,7 +221,8 @@ void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, Thre
 
 void matmul_rows_vnni(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
   if (n <= 1 || w.rows == 0 || w.cols == 0) {  // the GEMV itself, once per token
-    for (size_t t = 0; t < n; ++t) avx512::matmul(w, x + t * w.cols, 1, y + t * w.rows, pool);
+    for (size_t t = 0; t < n; ++t)
+      avx512::matmul(w, x + t * w.cols, 1, y + t * w.rows, pool, GemmPrecision::fp32);
     return;
   }
   pool.parallel_chunks(vnni::panels(w.rows),

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "edgellm/thread_pool.h"
+#include "kernels/kernels.h"
 
 namespace edgellm::kernels {
 
@@ -85,16 +86,17 @@ void append_segment(QuantMatrix& m, QuantSegment s);
 // Row r as fp32, bit-identical to the GGUF's dequantization (embedding lookup).
 void dequant_row(const QuantMatrix& m, size_t r, float* out);
 
-// Activation precision of quant_matmul; set once from
-// EDGELLM_QUANT_PRECISION=fp32 (default)|int8.
-enum class QuantPrecision { fp32, int8 };
-std::string_view quant_precision_name(QuantPrecision p);
+// The process default activation precision (kernels.h QuantPrecision) for
+// callers that pass none (tests, benchmarks): fp32 unless set.
 QuantPrecision quant_precision();
 void set_quant_precision(QuantPrecision p);  // tests, benchmarks
 
-// y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n, at quant_precision().
+// y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n, with x at precision
+// `p` on the paths of tier `isa`.
 void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
-                  ThreadPool& pool);
+                  ThreadPool& pool, Isa isa, QuantPrecision p);
+void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
+                  ThreadPool& pool);  // active_isa(), quant_precision()
 
 // Activations quantized per block of 32: the kernels' input.
 struct QuantizedActs {
@@ -154,11 +156,10 @@ inline constexpr size_t kMinQuantTokens = 16;
 void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 }  // namespace amx
 
-// The AVX2 kernels with AVX-VNNI dot products; only where has_avxvnni().
+// The AVX2 kernels with AVX-VNNI dot products; only where has_avx_vnni() (kernels.h).
 namespace avxvnni {
 void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r0,
                 size_t r1);
 }  // namespace avxvnni
-bool has_avxvnni();
 
 }  // namespace edgellm::kernels

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -24,20 +25,8 @@ namespace edgellm::kernels {
 
 namespace {
 
-QuantPrecision initial_quant_precision() {
-  const char* env = std::getenv("EDGELLM_QUANT_PRECISION");
-  // fp32 by default: the dequantized weights times x to fp32 rounding, what HF
-  // computes on the converted checkpoint; int8 is the faster, rounder opt-in.
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "fp32") == 0) return QuantPrecision::fp32;
-  if (std::strcmp(env, "int8") == 0) return QuantPrecision::int8;
-  std::fprintf(stderr,
-               "edgellm: ignoring unknown EDGELLM_QUANT_PRECISION=%s (expected fp32 or int8)\n",
-               env);
-  return QuantPrecision::fp32;
-}
-
 std::atomic<QuantPrecision>& quant_precision_slot() {
-  static std::atomic<QuantPrecision> slot{initial_quant_precision()};
+  static std::atomic<QuantPrecision> slot{QuantPrecision::fp32};
   return slot;
 }
 
@@ -80,6 +69,11 @@ void quantize_blocks(const float* x, QuantizedActs& a, size_t i0, size_t i1) {
 
 std::string_view quant_precision_name(QuantPrecision p) {
   return p == QuantPrecision::int8 ? "int8" : "fp32";
+}
+std::optional<QuantPrecision> parse_quant_precision(std::string_view name) {
+  for (QuantPrecision p : {QuantPrecision::fp32, QuantPrecision::int8})
+    if (quant_precision_name(p) == name) return p;
+  return std::nullopt;
 }
 QuantPrecision quant_precision() {
   return quant_precision_slot().load(std::memory_order_relaxed);
@@ -182,18 +176,6 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
 
 }  // namespace ref
 
-bool has_avxvnni() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return detect_isa() >= Isa::avx2 && __builtin_cpu_supports("avxvnni");
-  }();
-  return yes;
-#else
-  return false;
-#endif
-}
-
 namespace {
 
 // Runs rows_fn over every segment, the output rows split across the pool.
@@ -209,22 +191,23 @@ void run_segments(const QuantMatrix& w, const Acts& acts, float* y, Fn rows_fn, 
   });
 }
 
-void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+                       Isa isa) {
   // Prefill on AMX tiles: the per-group tile sums beat the fp32 row kernel
   // once the 16-token A tiles are full.
-  if (active_isa() == Isa::amx && n >= amx::kMinQuantTokens)
-    return amx::quant_matmul_fp32(w, x, n, y, pool);
+  if (isa == Isa::amx && n >= amx::kMinQuantTokens) return amx::quant_matmul_fp32(w, x, n, y, pool);
   thread_local std::vector<float> sums;
   sums.resize(n * (w.cols / 32));
   block_sums(x, n, w.cols, sums.data());
   const Fp32Acts acts{.x = x, .block_sum = sums.data(), .n = n, .cols = w.cols};
-  const QuantRowsFp32Fn rows_fn = active_isa() >= Isa::avx512 ? avx512::quant_rows_fp32
-                                  : active_isa() >= Isa::avx2 ? avx2::quant_rows_fp32
-                                                              : ref::quant_rows_fp32;
+  const QuantRowsFp32Fn rows_fn = isa >= Isa::avx512 ? avx512::quant_rows_fp32
+                                  : isa >= Isa::avx2 ? avx2::quant_rows_fp32
+                                                     : ref::quant_rows_fp32;
   run_segments(w, acts, y, rows_fn, pool);
 }
 
-void quant_matmul_int8(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+void quant_matmul_int8(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+                       Isa isa) {
   thread_local QuantizedActs scratch;
   QuantizedActs& acts = scratch;  // the workers must use the caller's, not their own
   resize_acts(n, w.cols, acts);
@@ -233,9 +216,9 @@ void quant_matmul_int8(const QuantMatrix& w, const float* x, size_t n, float* y,
   else
     pool.parallel_chunks(n * (w.cols / 32),
                          [&](size_t i0, size_t i1) { quantize_blocks(x, acts, i0, i1); });
-  const QuantRowsFn rows_fn = active_isa() < Isa::avx2 ? ref::quant_rows
-                              : has_avxvnni()          ? avxvnni::quant_rows
-                                                       : avx2::quant_rows;
+  const QuantRowsFn rows_fn = isa < Isa::avx2  ? ref::quant_rows
+                              : has_avx_vnni() ? avxvnni::quant_rows
+                                               : avx2::quant_rows;
   run_segments(w, acts, y, rows_fn, pool);
 }
 
@@ -243,11 +226,16 @@ void quant_matmul_int8(const QuantMatrix& w, const float* x, size_t n, float* y,
 
 void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
                   ThreadPool& pool) {
+  quant_matmul(w, x, n, y, bias, pool, active_isa(), quant_precision());
+}
+
+void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
+                  ThreadPool& pool, Isa isa, QuantPrecision p) {
   if (n == 0 || w.rows == 0) return;
-  if (quant_precision() == QuantPrecision::int8)
-    quant_matmul_int8(w, x, n, y, pool);
+  if (p == QuantPrecision::int8)
+    quant_matmul_int8(w, x, n, y, pool, isa);
   else
-    quant_matmul_fp32(w, x, n, y, pool);
+    quant_matmul_fp32(w, x, n, y, pool, isa);
   if (bias)
     for (size_t t = 0; t < n; ++t)
       for (size_t r = 0; r < w.rows; ++r) y[t * w.rows + r] += bias[r];

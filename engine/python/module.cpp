@@ -91,6 +91,43 @@ edgellm::GenerateOptions generate_options(int max_tokens, float temperature, int
   return o;
 }
 
+// SessionOptions from setup()'s keyword arguments; with use_environment the
+// empty ones take the EDGELLM_* defaults, as the command-line programs do.
+edgellm::SessionOptions session_options(int threads, int max_context, bool profile,
+                                        const std::string& weights, const std::string& kv_cache,
+                                        const std::string& precision,
+                                        const std::string& gemm_precision,
+                                        const std::string& attn_precision,
+                                        const std::string& quant_activations,
+                                        const std::string& isa, bool use_environment) {
+  edgellm::SessionOptions o;
+  o.threads = threads;
+  o.max_context = max_context;
+  o.profile = profile;
+  o.weights = weights;
+  o.kv_cache = kv_cache;
+  o.precision = precision;
+  o.gemm_precision = gemm_precision;
+  o.attn_precision = attn_precision;
+  o.quant_activations = quant_activations;
+  o.isa = isa;
+  return use_environment ? edgellm::with_environment_defaults(o) : o;
+}
+
+// The resolved config as a dict, for reports and the gate.
+nb::dict exec_config_dict(const edgellm::kernels::ExecConfig& c) {
+  namespace k = edgellm::kernels;
+  nb::dict d;
+  d["isa"] = std::string(k::isa_name(c.isa));
+  d["gemm"] = std::string(k::gemm_activation_dtype(c));
+  d["attention"] = std::string(k::attn_precision_name(c.attention));
+  d["kv_cache"] = std::string(k::kv_dtype_name(c.kv));
+  d["quant_activations"] = std::string(k::quant_precision_name(c.quant));
+  d["exact"] = c.exact();
+  d["description"] = edgellm::describe_exec_config(c);
+  return d;
+}
+
 }  // namespace
 
 // NB_MODULE pastes its name: the indirection lets CMake choose it.
@@ -134,39 +171,6 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
         return out;
       },
       "registered_kernels() with the registry's columns, for kernel_registry/generate.py");
-
-  m.def(
-      "precision_path",
-      [] {
-        namespace k = edgellm::kernels;
-        std::string path(k::isa_name(k::active_isa()));
-        const std::string quant = ", quantized matmul activations " +
-                                  std::string(k::quant_precision_name(k::quant_precision())) + ")";
-        if (k::active_isa() >= k::Isa::avx512) {
-          path += " (prefill GEMM activations " + std::string(k::gemm_activation_dtype());
-          if (k::active_isa() == k::Isa::amx)
-            path += " as " + std::to_string(k::amx::amx_parts(k::gemm_precision())) +
-                    " bf16 part(s), prefill attention operands too";
-          return path + ", decode fp32" + quant;
-        }
-        return path + " (activations fp32" + quant;
-      },
-      "the active tier and the activation precision of its matmuls, for reports");
-
-  m.def(
-      "activation_dtype",
-      [] {
-        namespace k = edgellm::kernels;
-        const std::string gemm(k::gemm_activation_dtype());
-        // EDGELLM_QUANT_PRECISION=int8 rounds the quantized matmuls' x to int8;
-        // said for any model (this call cannot see which weights a session
-        // has), so the opt-in can only make the gate less sharp, never stricter.
-        if (gemm == "f32" && k::quant_precision() == k::QuantPrecision::int8)
-          return std::string("int8");
-        return gemm;
-      },
-      "what the matmuls round activations to on the active tier (the calibrated lens' "
-      "precision tier)");
 
   m.def("detected_isa",
         [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::detect_isa())); });
@@ -227,18 +231,22 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def(
           "setup",
           [](edgellm::Session& s, const std::filesystem::path& dir, int threads, int max_context,
-             bool profile, const std::string& weights, const std::string& kv_cache) {
-            edgellm::SessionOptions o;
-            o.threads = threads;
-            o.max_context = max_context;
-            o.profile = profile;
-            o.weights = weights;
-            o.kv_cache = kv_cache;
+             bool profile, const std::string& weights, const std::string& kv_cache,
+             const std::string& precision, const std::string& gemm_precision,
+             const std::string& attn_precision, const std::string& quant_activations,
+             const std::string& isa, bool use_environment) {
+            const edgellm::SessionOptions o = session_options(
+                threads, max_context, profile, weights, kv_cache, precision, gemm_precision,
+                attn_precision, quant_activations, isa, use_environment);
             nb::gil_scoped_release release;
             s.setup(dir, o);
           },
           "model_dir"_a, "threads"_a = 0, "max_context"_a = edgellm::SessionOptions{}.max_context,
-          "profile"_a = false, "weights"_a = "", "kv_cache"_a = "")
+          "profile"_a = false, "weights"_a = "", "kv_cache"_a = "", "precision"_a = "",
+          "gemm_precision"_a = "", "attn_precision"_a = "", "quant_activations"_a = "",
+          "isa"_a = "", "use_environment"_a = false,
+          "precision: fast (default) | exact; the other strings override its parts; "
+          "use_environment fills empty ones from EDGELLM_*")
       .def(
           "prefill",
           [](edgellm::Session& s, const std::vector<int32_t>& tokens, int start_pos) {
@@ -268,6 +276,21 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           },
           "tokens"_a)
       .def(
+          "prefill_logits",
+          [](edgellm::Session& s, const std::vector<int32_t>& tokens, int start_pos) {
+            edgellm::PrefillCapture capture;
+            capture.layers = false;
+            capture.all_logits = true;
+            {
+              nb::gil_scoped_release release;
+              s.prefill(tokens, start_pos, &capture);
+            }
+            const size_t vocab = static_cast<size_t>(s.config().vocab_size);
+            return to_numpy(std::move(capture.logits), tokens.size(), vocab);
+          },
+          "tokens"_a, "start_pos"_a = 0,
+          "logits [n, vocab] of every position, each row as a decode step computes it")
+      .def(
           "decode_step",
           [](edgellm::Session& s, int32_t token, int pos) {
             std::span<const float> logits;
@@ -290,6 +313,11 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
                    "the KV cache's element type, fp32 or bf16 (the gate's precision tier reads "
                    "it)")
       .def_prop_ro("kv_cache_bytes", &edgellm::Session::kv_cache_bytes)
+      .def_prop_ro(
+          "exec_config",
+          [](const edgellm::Session& s) { return exec_config_dict(s.exec_config()); },
+          "the arithmetic resolved at setup: isa, gemm, attention, kv_cache, quant_activations, "
+          "exact, description")
       .def_prop_ro("vocab_size", [](const edgellm::Session& s) { return s.config().vocab_size; })
       .def_prop_ro("num_layers", [](const edgellm::Session& s) { return s.config().num_layers; })
       .def_prop_ro("hidden_size", [](const edgellm::Session& s) { return s.config().hidden_size; })
@@ -362,24 +390,29 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def(
           "setup",
           [](edgellm::Model& self, const std::filesystem::path& dir, int threads, int max_context,
-             const std::string& kv_cache) {
-            edgellm::SessionOptions o;
-            o.threads = threads;
-            o.max_context = max_context;
-            o.kv_cache = kv_cache;
+             const std::string& kv_cache, const std::string& precision, const std::string& weights,
+             bool use_environment) {
+            const edgellm::SessionOptions o =
+                session_options(threads, max_context, false, weights, kv_cache, precision, "", "",
+                                "", "", use_environment);
             nb::gil_scoped_release release;
             self.setup(dir, o);
           },
           "model_dir"_a, "threads"_a = 0, "max_context"_a = 4096, "kv_cache"_a = "",
+          "precision"_a = "", "weights"_a = "", "use_environment"_a = true,
           "Loads and validates a checkpoint directory, packs the weights, starts the threads. "
-          "max_context is the KV cache size of each Context; kv_cache its element type (fp32 "
-          "or bf16; \"\": EDGELLM_KV_CACHE, else fp32).")
+          "max_context is the KV cache size of each Context; kv_cache its element type (fp32, "
+          "bf16 or q8_0); precision fast (default) or exact; weights q8_0|q4_0 quantizes a bf16 "
+          "checkpoint at setup. Empty strings take EDGELLM_* defaults (use_environment).")
       .def_prop_ro("ready", &edgellm::Model::ready)
       .def_prop_ro("tokenizer", &edgellm::Model::tokenizer, nb::rv_policy::reference_internal)
       .def_prop_ro("chat_template", &edgellm::Model::chat_template,
                    nb::rv_policy::reference_internal)
       .def_prop_ro("max_context", &edgellm::Model::max_context)
       .def_prop_ro("kv_cache_dtype", &edgellm::Model::kv_cache_dtype)
+      .def_prop_ro(
+          "exec_config", [](const edgellm::Model& s) { return exec_config_dict(s.exec_config()); },
+          "the arithmetic resolved at setup")
       .def_prop_ro("vocab_size", [](const edgellm::Model& s) { return s.config().vocab_size; })
       .def_prop_ro("eos_token_ids",
                    [](const edgellm::Model& s) { return s.config().eos_token_ids; });

@@ -59,7 +59,7 @@ TEST(MatmulRows, EachRowBitIdenticalToGemv) {
       if (m.isa == Isa::avx2) {
         variants.emplace_back(sh.n * sh.rows);
         avx2::matmul_rows(m, x.data(), sh.n, variants.back().data(), pool);
-        if (avx512::available()) {
+        if (detect_isa() >= Isa::avx512) {
           variants.emplace_back(sh.n * sh.rows);
           avx512::matmul_rows(m, x.data(), sh.n, variants.back().data(), pool);
         } else {

@@ -241,7 +241,7 @@ TEST(QuantTest, EveryIsaMatchesTheIntegerReference) {
           // Each SIMD row kernel directly (the dispatch picks only one of them).
           std::vector<std::pair<const char*, QuantRowsFn>> kernels;
           if (detect_isa() == Isa::avx2) kernels.push_back({"avx2", avx2::quant_rows});
-          if (has_avxvnni()) kernels.push_back({"avxvnni", avxvnni::quant_rows});
+          if (has_avx_vnni()) kernels.push_back({"avxvnni", avxvnni::quant_rows});
           for (const auto& [name, fn] : kernels) {
             std::vector<float> got(n * rows, NAN);
             fn(w.segments[0], acts, got.data(), rows, 0, rows);

@@ -45,6 +45,13 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b,
   EXPECT_LE(max_diff, 1e-4 * std::max(1.0, max_abs)) << what;
 }
 
+// The process's config (tests' set_isa / set_gemm_precision) with a KV dtype.
+kernels::ExecConfig with_kv(kernels::KvDtype kv) {
+  kernels::ExecConfig cfg = kernels::process_exec_config();
+  cfg.kv = kv;
+  return cfg;
+}
+
 class DecodeMatchesPrefill : public ::testing::TestWithParam<std::pair<std::string, std::string>> {
 };
 
@@ -65,7 +72,7 @@ TEST_P(DecodeMatchesPrefill, AtEveryPosition) {
   Profiler prof;
   // Both cache dtypes: decode and prefill read the same rounded K/V.
   for (kernels::KvDtype kv_dtype : {kernels::KvDtype::fp32, kernels::KvDtype::bf16}) {
-    Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof, kv_dtype);
+    Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof, with_kv(kv_dtype));
     const std::vector<int32_t> tokens = {5, 17, 3,  96, 42, 8,
                                          0, 61, 23, 77, 11};  // longer than the window
     std::vector<float> logits(static_cast<size_t>(m.config.vocab_size));
@@ -92,8 +99,10 @@ TEST_P(DecodeMatchesPrefill, Bf16CacheHoldsRoundedKeysAndValues) {
   Checkpoint ckpt = Checkpoint::open(m.dir);
   ThreadPool pool(2);
   Profiler prof;
-  Transformer f32(m.config, load_weights(ckpt, m.config), 16, pool, prof);
-  Transformer b16(m.config, load_weights(ckpt, m.config), 16, pool, prof, kernels::KvDtype::bf16);
+  Transformer f32(m.config, load_weights(ckpt, m.config), 16, pool, prof,
+                  kernels::process_exec_config());
+  Transformer b16(m.config, load_weights(ckpt, m.config), 16, pool, prof,
+                  with_kv(kernels::KvDtype::bf16));
   EXPECT_EQ(b16.kv_cache_bytes() * 2, f32.kv_cache_bytes());
   const std::vector<int32_t> tokens = {5, 17, 3, 96, 42, 8, 0};
   std::vector<float> logits32(static_cast<size_t>(m.config.vocab_size)), logits16(logits32);
@@ -124,7 +133,7 @@ TEST_P(DecodeMatchesPrefill, BatchedDecodeIsBitIdenticalToAlone) {
   ThreadPool pool(2);
   Profiler prof;
   for (kernels::KvDtype kv_dtype : {kernels::KvDtype::fp32, kernels::KvDtype::bf16}) {
-    Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof, kv_dtype);
+    Transformer model(m.config, load_weights(ckpt, m.config), 64, pool, prof, with_kv(kv_dtype));
     const size_t vocab = static_cast<size_t>(m.config.vocab_size);
     const std::vector<std::vector<int32_t>> prompts = {
         {5, 17, 3}, {96, 42, 8, 0, 61, 23, 77}, {11}, {2, 4, 6, 8, 10}, {90, 1}};
@@ -186,7 +195,7 @@ TEST_P(DecodeBatchSplitKeys, BitIdenticalToAlone) {
   Checkpoint ckpt = Checkpoint::open(m.dir);
   ThreadPool pool(2);
   Profiler prof;
-  Transformer model(m.config, load_weights(ckpt, m.config), 512, pool, prof, GetParam());
+  Transformer model(m.config, load_weights(ckpt, m.config), 512, pool, prof, with_kv(GetParam()));
   const size_t vocab = static_cast<size_t>(m.config.vocab_size);
   const std::vector<size_t> lengths = {300, 420, 260};
   std::vector<KvCache> alone, batched;
@@ -310,8 +319,56 @@ TEST(SessionTest, ThreadCountIsBounded) {
 
 // The KV cache dtype: the option, else EDGELLM_KV_CACHE, else fp32; unknown
 // names are one clear error, and the memory estimate names the dtype.
-TEST(SessionTest, KvCacheDtypeOption) {
+// The arithmetic is resolved once at setup from the options alone: a preset
+// (fast by default, exact on request), per-part overrides, clear errors. The
+// environment is a front end's default (with_environment_defaults), never read
+// by setup itself.
+TEST(SessionTest, ExecConfigFromOptions) {
   TinyModel m = write_tiny_session_model();
+  const auto setup_error = [&](const SessionOptions& o) -> std::string {
+    Session s;
+    try {
+      s.setup(m.dir, o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  SessionOptions o;
+  o.max_context = 32;
+  Session fast;
+  fast.setup(m.dir, o);
+  const kernels::ExecConfig& f = fast.exec_config();
+  EXPECT_FALSE(f.exact());
+  EXPECT_EQ(f.gemm, kernels::GemmPrecision::bf16);
+  EXPECT_EQ(f.attention, kernels::AttnPrecision::bf16);
+  EXPECT_EQ(fast.kv_cache_dtype(), "bf16");
+  EXPECT_EQ(f.isa, kernels::detect_isa());
+  o.precision = "exact";
+  Session exact;
+  exact.setup(m.dir, o);
+  EXPECT_TRUE(exact.exec_config().exact());
+  EXPECT_EQ(exact.kv_cache_dtype(), "fp32");
+  EXPECT_EQ(fast.kv_cache_bytes() * 2, exact.kv_cache_bytes());
+  o.kv_cache = "bf16";  // an override of one part
+  Session exact_bf16_kv;
+  exact_bf16_kv.setup(m.dir, o);
+  EXPECT_EQ(exact_bf16_kv.kv_cache_dtype(), "bf16");
+  EXPECT_EQ(exact_bf16_kv.exec_config().gemm, kernels::GemmPrecision::fp32);
+  o.kv_cache = "fp16";
+  EXPECT_EQ(setup_error(o), "--kv-cache fp16: expected fp32, bf16 or q8_0");
+  o.kv_cache = "";
+  o.precision = "fastest";
+  EXPECT_EQ(setup_error(o), "--precision fastest: expected fast or exact");
+  o.precision = "";
+  o.isa = "avx9";
+  EXPECT_EQ(setup_error(o), "--isa avx9: expected scalar, avx2, avx512 or amx");
+  o.isa = "scalar";
+  Session scalar;
+  scalar.setup(m.dir, o);
+  EXPECT_EQ(scalar.exec_config().isa, kernels::Isa::scalar);
+  o.isa = "";
+
   const char* saved = std::getenv("EDGELLM_KV_CACHE");
   const std::string saved_value = saved ? saved : "";
   struct Restore {
@@ -324,44 +381,23 @@ TEST(SessionTest, KvCacheDtypeOption) {
         ::unsetenv("EDGELLM_KV_CACHE");
     }
   } restore{saved != nullptr, saved_value};
-  ::unsetenv("EDGELLM_KV_CACHE");
-  const auto setup_error = [&](const SessionOptions& o) -> std::string {
-    Session s;
-    try {
-      s.setup(m.dir, o);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
-  SessionOptions o;
-  o.max_context = 32;
-  Session fp32;
-  fp32.setup(m.dir, o);
-  EXPECT_EQ(fp32.kv_cache_dtype(), "fp32");
-  o.kv_cache = "bf16";
-  Session bf16;
-  bf16.setup(m.dir, o);
-  EXPECT_EQ(bf16.kv_cache_dtype(), "bf16");
-  EXPECT_EQ(bf16.kv_cache_bytes() * 2, fp32.kv_cache_bytes());
-  o.kv_cache = "fp16";
-  EXPECT_EQ(setup_error(o), "--kv-cache fp16: expected fp32 or bf16");
-  o.kv_cache = "";
-  ::setenv("EDGELLM_KV_CACHE", "bf16", 1);
+  ::setenv("EDGELLM_KV_CACHE", "fp32", 1);
+  Session ignores_env;
+  ignores_env.setup(m.dir, o);
+  EXPECT_EQ(ignores_env.kv_cache_dtype(), "bf16");  // setup reads no environment
   Session from_env;
-  from_env.setup(m.dir, o);
-  EXPECT_EQ(from_env.kv_cache_dtype(), "bf16");
-  o.kv_cache = "fp32";  // the option wins over the environment
-  Session option_wins;
-  option_wins.setup(m.dir, o);
-  EXPECT_EQ(option_wins.kv_cache_dtype(), "fp32");
+  from_env.setup(m.dir, with_environment_defaults(o));
+  EXPECT_EQ(from_env.kv_cache_dtype(), "fp32");
+  o.kv_cache = "bf16";  // the option wins over the environment
+  EXPECT_EQ(with_environment_defaults(o).kv_cache, "bf16");
   o.kv_cache = "";
   ::setenv("EDGELLM_KV_CACHE", "int8", 1);
-  EXPECT_EQ(setup_error(o), "EDGELLM_KV_CACHE=int8: expected fp32 or bf16");
+  EXPECT_EQ(setup_error(with_environment_defaults(o)),
+            "--kv-cache int8: expected fp32, bf16 or q8_0");
   // The memory estimate names the dtype.
-  ::setenv("EDGELLM_KV_CACHE", "bf16", 1);
   TinyModel huge = write_tiny_session_model(R"(, "max_position_embeddings": 2147483647)");
   o.max_context = 2147483647;
+  o.kv_cache = "bf16";
   Session s;
   try {
     s.setup(huge.dir, o);
@@ -369,6 +405,46 @@ TEST(SessionTest, KvCacheDtypeOption) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bf16 KV cache"), std::string::npos) << e.what();
   }
+}
+
+// An exact and a fast model live side by side in one process: each computes
+// with its own config, bit-identical to the same model loaded alone, so no
+// setting leaks through process state.
+TEST(SessionTest, ExactAndFastSideBySide) {
+  TinyModel m = write_tiny_session_model(R"(, "max_position_embeddings": 128)");
+  std::vector<int32_t> prompt(40);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((7 * i + 3) % 50);
+  const auto run = [&](Session& s) {
+    std::vector<float> out;
+    const auto first = s.prefill(prompt);
+    out.assign(first.begin(), first.end());
+    const auto next = s.decode_step(5, static_cast<int>(prompt.size()));
+    out.insert(out.end(), next.begin(), next.end());
+    return out;
+  };
+  SessionOptions o;
+  o.max_context = 64;
+  o.precision = "exact";
+  Session exact_alone;
+  exact_alone.setup(m.dir, o);
+  const std::vector<float> exact_ref = run(exact_alone);
+  o.precision = "fast";
+  Session fast_alone;
+  fast_alone.setup(m.dir, o);
+  const std::vector<float> fast_ref = run(fast_alone);
+
+  Session exact, fast;
+  o.precision = "exact";
+  exact.setup(m.dir, o);
+  o.precision = "fast";
+  fast.setup(m.dir, o);
+  const std::vector<float> fast_got = run(fast);  // fast first, then exact
+  const std::vector<float> exact_got = run(exact);
+  EXPECT_EQ(0, std::memcmp(exact_got.data(), exact_ref.data(), exact_ref.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(fast_got.data(), fast_ref.data(), fast_ref.size() * sizeof(float)));
+  // Where the tier has faster arithmetic, the two paths really differ.
+  if (kernels::detect_isa() >= kernels::Isa::avx512)
+    EXPECT_NE(0, std::memcmp(fast_got.data(), exact_got.data(), fast_got.size() * sizeof(float)));
 }
 
 // Regression: a context of 2^31 positions asked for the memory and died with

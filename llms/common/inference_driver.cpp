@@ -31,6 +31,7 @@ struct Options {
   std::string model;
   std::string weights;
   std::string kv_cache;
+  bool exact = false;
   std::string prompt;
   int n_tokens = 100;
   int threads = 0;
@@ -99,9 +100,9 @@ void print_figures(const Options& opt, const Figures& f, const Session& session)
                f.hit_eos    ? "ended at EOS"
                : f.hit_stop ? "ended at a --stop string"
                             : "reached --n-tokens");
-  std::fprintf(err, "setup:            %.1f ms (untimed: load, pack, allocate; %d threads, %s)\n",
-               f.setup_ms, session.threads(),
-               std::string(kernels::isa_name(kernels::active_isa())).c_str());
+  std::fprintf(err, "setup:            %.1f ms (untimed: load, pack, allocate; %d threads)\n",
+               f.setup_ms, session.threads());
+  std::fprintf(err, "arithmetic:       %s\n", describe_exec_config(session.exec_config()).c_str());
   std::fprintf(err, "KV cache:         %s, %.1f MB for %d positions\n",
                session.kv_cache_dtype().c_str(), session.kv_cache_bytes() / 1e6,
                session.max_context());
@@ -135,7 +136,8 @@ void print_json(const Options& opt, const Figures& f, const Session& session,
       {"decode_ms", f.decode_ms},
       {"tokens_per_s", f.tps()},
       {"threads", session.threads()},
-      {"isa", std::string(kernels::isa_name(kernels::active_isa()))},
+      {"isa", std::string(kernels::isa_name(session.exec_config().isa))},
+      {"precision", describe_exec_config(session.exec_config())},
       {"kv_cache_dtype", session.kv_cache_dtype()},
       {"kv_cache_bytes", session.kv_cache_bytes()},
       {"temperature", opt.sampling.temperature},
@@ -166,7 +168,8 @@ int run(const Deployment& deployment, Options opt) {
   so.profile = opt.profile;
   so.weights = opt.weights;
   so.kv_cache = opt.kv_cache;
-  session.setup(model_dir, so);
+  if (opt.exact) so.precision = "exact";
+  session.setup(model_dir, with_environment_defaults(so));
   Figures f;
   f.setup_ms = ms_since(setup_start);
   if (opt.chat) {
@@ -248,9 +251,12 @@ int run_inference_main(const std::string& deployment_name, int argc, char** argv
                    "quantize a bf16 checkpoint's matrices at setup (GGUF files run as stored)")
         ->check(CLI::IsMember({"q8_0", "q4_0"}));
     app.add_option("--kv-cache", opt.kv_cache,
-                   "KV cache element type: fp32, or bf16 for half its memory and decode bytes "
-                   "(default: EDGELLM_KV_CACHE, else fp32)")
-        ->check(CLI::IsMember({"fp32", "bf16"}));
+                   "KV cache element type: fp32, bf16 or q8_0 (default: EDGELLM_KV_CACHE, else "
+                   "the precision's: fast bf16, exact fp32)")
+        ->check(CLI::IsMember({"fp32", "bf16", "q8_0"}));
+    app.add_flag("--exact", opt.exact,
+                 "the gate's exact fp32 arithmetic instead of the fast default (EDGELLM_PRECISION="
+                 "exact)");
     app.add_option("--prompt", opt.prompt, "prompt text")->capture_default_str();
     app.add_option("--n-tokens", opt.n_tokens, "tokens to generate")
         ->check(in_range(1))

@@ -45,7 +45,7 @@ void print_profile(Session& session, size_t prompt_tokens, int decode_steps) {
   std::fprintf(stderr,
                "\n(measuring the roofline: read bandwidth and matmul peak, %d threads...)\n",
                session.threads());
-  const Roofline roof = measure_roofline(session.threads());
+  const Roofline roof = measure_roofline(session.threads(), session.exec_config());
   const double weight_gb = session.weight_bytes() / 1e9;
   const double roof_tps = roof.read_gb_per_s / weight_gb;
   const double tps = decode_steps > 0 ? decode_steps * 1000.0 / decode_ms : 0.0;
@@ -66,6 +66,8 @@ void print_profile(Session& session, size_t prompt_tokens, int decode_steps) {
       "weights per token\n",
       roof.read_gb_per_s, roof.fma_gflop_per_s, std::string(roof.peak_tier).c_str(),
       weight_gb * 1e3);
+  std::fprintf(stderr, "arithmetic %s (--exact / --kv-cache / EDGELLM_*)\n",
+               describe_exec_config(session.exec_config()).c_str());
   std::fprintf(stderr, "KV cache %s, %.1f MB for %d positions (--kv-cache / EDGELLM_KV_CACHE)\n",
                session.kv_cache_dtype().c_str(), session.kv_cache_bytes() / 1e6,
                session.max_context());

@@ -135,13 +135,20 @@ class StandardAdapter:
     def build_config(self, model_dir: Path, choice: str) -> VerifyConfig:
         return load_verify_config(self.deployment, model_dir, choice)
 
-    def build_runner(self, config: VerifyConfig, threads: int = 0, weights: str = "") -> Any:
+    def build_runner(
+        self, config: VerifyConfig, threads: int = 0, weights: str = "", precision: str = "exact"
+    ) -> Any:
         """ONE-TIME setup of our engine on the checkpoint (map, pre-pack, KV cache);
-        ``weights`` q8_0|q4_0 quantizes its matrices at setup (empty: as stored)."""
+        ``weights`` q8_0|q4_0 quantizes its matrices at setup (empty: as stored);
+        ``precision`` exact (stage 1) or deployed (stage 2: what ``make run`` runs)."""
         from verify.runners.engine_runner import EngineRunner  # needs the built binding
 
         return EngineRunner(
-            config.model_dir, threads=threads, max_context=config.max_context, weights=weights
+            config.model_dir,
+            threads=threads,
+            max_context=config.max_context,
+            weights=weights,
+            precision=precision,
         )
 
 

@@ -75,12 +75,16 @@ class Report:
         self.errors: list[str] = []
         self.notes: list[str] = []  # run-level remarks (e.g. no plot), not failures
         self.paths: tuple[Path, Path] | None = None
+        self.stage2: Any = None  # verify.stage2.Stage2Result, when stage 2 ran
+
+    def stage1_failed(self) -> bool:
+        return bool(self.errors) or any(r.failed for r in self.records)
 
     def add(self, record: PromptResult) -> None:
         self.records.append(record)
 
     def has_failure(self) -> bool:
-        return bool(self.errors) or any(r.failed for r in self.records)
+        return self.stage1_failed() or (self.stage2 is not None and not self.stage2.passed)
 
     # --- numbers across prompts ---------------------------------------------------------------
 
@@ -132,8 +136,12 @@ class Report:
         parts = [
             f"{what} {self.meta.get('deployment')} --model {self.meta.get('model_choice')}: "
             f"{verdict}",
-            f"first-divergence {fd_pass}/{n} ({self._gating('first-divergence')})",
         ]
+        if not self._is_diagnosis():
+            parts.append(
+                "stage 1 (logic: exact path vs HF): " + ("FAIL" if self.stage1_failed() else "PASS")
+            )
+        parts.append(f"first-divergence {fd_pass}/{n} ({self._gating('first-divergence')})")
         tf = self.teacher_forced_summary()
         if tf is not None:
             parts.append(
@@ -157,6 +165,10 @@ class Report:
             parts.append("flagged by " + ", ".join(flagged))
         if self.errors:
             parts.append("; ".join(self.errors))
+        if self.stage2 is not None:
+            from verify.stage2 import summary
+
+            parts.append(summary(self.stage2))
         if self.paths:
             parts.append(f"report {self.paths[1]}")
         return " | ".join(parts)
@@ -174,6 +186,7 @@ class Report:
                 "calibrated_summary": self.calibrated_summary(),
                 "tier_margins": TIER_MARGINS,
                 "prompts": self.records,
+                "stage2": self.stage2.to_dict() if self.stage2 is not None else None,
             }
         )
 

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
+import numpy as np
+
 _LLMS = Path(__file__).resolve().parents[1]
 _REPO = _LLMS.parent
 # Run as a script, sys.path[0] is this folder; import the package as `verify.*` instead so no
@@ -72,7 +74,7 @@ ADAPTER_CONTRACT = (
     "build_config",
     "build_runner",
 )
-PHASES = ("auto", "both", "reference", "truth", "capture", "compare")
+PHASES = ("auto", "both", "reference", "truth", "capture", "deployed", "floor", "compare")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -128,6 +130,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--all-steps", action="store_true", help="accepted for old scripts: every lens gates now"
     )
     p.add_argument("--gate-phase", choices=PHASES, default="auto")
+    p.add_argument(
+        "--stage",
+        choices=("1", "2", "both"),
+        default="both",
+        help="1: the logic (exact path vs HF); 2: the deployed arithmetic vs the exact path "
+        "(verify/stage2.py); both (default)",
+    )
+    p.add_argument(
+        "--write-budget",
+        action="store_true",
+        help="with --gate-phase floor: store the measured corpus floor in stage2_budget.json",
+    )
     p.add_argument(
         "--work-dir", type=Path, help="where phases leave their captures (auto: a fresh temp dir)"
     )
@@ -262,6 +276,10 @@ class Context:
     def wants_truth(self) -> bool:
         return not self.args.spec_gate
 
+    @property
+    def wants_stage2(self) -> bool:
+        return not self.diagnose and self.args.stage in ("2", "both")
+
 
 def build_context(args: argparse.Namespace) -> Context:
     adapter = load_adapter(args.runner)
@@ -380,18 +398,149 @@ def run_capture(ctx: Context, reference: Capture) -> Capture:
     return capture
 
 
+def _engine(ctx: Context, precision: str) -> Any:
+    # Only a --weights run passes the keyword: adapters written before it keep working.
+    extra = {"weights": ctx.args.weights} if ctx.args.weights else {}
+    return ctx.adapter.build_runner(
+        ctx.config, threads=ctx.args.threads, precision=precision, **extra
+    )
+
+
+def run_floor(ctx: Context) -> dict[str, Any]:
+    """Stage 2's budget on the corpus: KL(HF fp32 || HF bf16), the same text both sides."""
+    from verify import stage2
+
+    start = time.monotonic()
+    hf32, hf16 = _hf(ctx, "fp32"), _hf(ctx, "bf16")
+    docs = stage2.corpus_token_ids(
+        lambda text: hf32.tokenizer(text, add_special_tokens=True)["input_ids"]
+    )
+    acc = stage2.KlAccumulator()
+    for _name, ids in docs:
+        pos = 0
+        for base, test in zip(
+            hf32.document_logits(ids, stage2.CHUNK),
+            hf16.document_logits(ids, stage2.CHUNK),
+            strict=True,
+        ):
+            keep = min(base.shape[0], len(ids) - 1 - pos)
+            acc.add(base[:keep], test[:keep], ids[pos + 1 : pos + 1 + keep])
+            pos += base.shape[0]
+    import torch
+    import transformers
+
+    key = stage2.budget_key(ctx.adapter.hf_reference(ctx.config.model_dir))
+    entry = stage2.floor_entry(
+        acc.stats(),
+        [len(ids) for _, ids in docs],
+        {
+            "measured": time.strftime("%Y-%m-%d"),
+            "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
+            "seconds": round(time.monotonic() - start, 1),
+        },
+    )
+    if ctx.args.write_budget:
+        stage2.write_budget(key, entry)
+        print(
+            f"stage 2 budget for {key}: floor mean {entry['floor']['mean']:.3g} p99 "
+            f"{entry['floor']['p99']:.3g} written to {stage2.BUDGET_FILE}"
+        )
+    return entry
+
+
+def run_deployed(ctx: Context, reference: Capture) -> dict[str, Any]:
+    """Stage 2's engine side: the deployed path teacher-forced on the reference's tokens, and
+    the exact and deployed paths side by side over the corpus."""
+    from verify import stage2
+
+    check_matches(ctx, reference)
+    start = time.monotonic()
+    exact = _engine(ctx, "exact")
+    deployed = _engine(ctx, "deployed")
+    forced = []
+    for p in reference.prompts:
+        rows = [deployed.prefill(p.prompt_ids).logits]
+        pos = len(p.prompt_ids)
+        for t in p.tokens[:-1]:
+            rows.append(deployed.decode_step(t, pos).logits)
+            pos += 1
+        forced.append(np.stack(rows))
+    docs = stage2.corpus_token_ids(lambda text: exact.session.tokenizer.encode(text, True))
+    corpus = stage2.engine_corpus(exact.session, deployed.session, docs)
+    out = {
+        "meta": run_meta(ctx),
+        "deployed": deployed.exec_config.get("description", "?"),
+        "deployed_exact": bool(deployed.exec_config.get("exact")),
+        "forced": forced,
+        "corpus": corpus,
+        "token_counts": [len(ids) for _, ids in docs],
+        "seconds": round(time.monotonic() - start, 1),
+    }
+    exact.close()
+    deployed.close()
+    return out
+
+
+def judge_stage2(
+    ctx: Context,
+    reference: Capture,
+    engine: Capture,
+    truth: Capture | None,
+    deployed: dict[str, Any],
+    floor: dict[str, Any] | None,
+) -> Any:
+    """Stage 2's verdict from the captures (verify/stage2.py)."""
+    from verify import stage2
+
+    key = stage2.budget_key(ctx.adapter.hf_reference(ctx.config.model_dir))
+    stored = stage2.load_budget(key, deployed["token_counts"])
+    if stored is not None:
+        source = f"{stage2.BUDGET_FILE.name}[{key}] (measured {stored.get('measured', '?')})"
+    elif floor is not None:
+        stored, source = floor, "measured in this run (no stored budget for this model)"
+    else:
+        raise VerifyError(f"stage 2: no stored corpus floor for {key} and none measured")
+    corpus_floor = stage2.KlStats(**stored["floor"])
+    prompts = prompts_floor = None
+    if truth is not None:
+        prompts, prompts_floor = stage2.KlAccumulator(), stage2.KlAccumulator()
+        for ref, eng, tru, dep in zip(
+            reference.prompts, engine.prompts, truth.prompts, deployed["forced"], strict=True
+        ):
+            n = min(len(ref.tokens), len(eng.forced_logits), len(tru.logits), len(dep))
+            prompts.add(eng.forced_logits[:n], dep[:n], ref.tokens[:n])
+            prompts_floor.add(tru.logits[:n], ref.logits[:n], ref.tokens[:n])
+    return stage2.judge(
+        deployed["deployed"], deployed["corpus"], corpus_floor, source, prompts, prompts_floor
+    )
+
+
 def run_compare(
-    ctx: Context, reference: Capture, engine: Capture, truth: Capture | None = None
+    ctx: Context,
+    reference: Capture,
+    engine: Capture,
+    truth: Capture | None = None,
+    deployed: dict[str, Any] | None = None,
+    floor: dict[str, Any] | None = None,
 ) -> int:
     """Judge, write the report, print the summary; the exit status."""
-    report = judge(ctx, reference, engine, truth)
+    stage2 = (
+        judge_stage2(ctx, reference, engine, truth, deployed, floor)
+        if deployed is not None
+        else None
+    )
+    report = judge(ctx, reference, engine, truth, stage2)
     if ctx.diagnose or ctx.args.no_strict or not report.has_failure():
         return EXIT_OK
     return EXIT_GATE_FAILED
 
 
 def judge(
-    ctx: Context, reference: Capture, engine: Capture, truth: Capture | None = None
+    ctx: Context,
+    reference: Capture,
+    engine: Capture,
+    truth: Capture | None = None,
+    stage2: Any = None,
 ) -> Report:
     """The compare phase: judge the captures, write the report, print its summary."""
     for capture in (reference, engine, truth):
@@ -430,6 +579,7 @@ def judge(
     report = Report(meta)
     for r in results:
         report.add(r)
+    report.stage2 = stage2
     report.write(args.report_dir)
     if ctx.diagnose:
         for r in results:
@@ -491,18 +641,65 @@ def run(argv: list[str]) -> int:
         reference = load_capture(work / "reference.pkl", "reference")
         save_capture(run_capture(ctx, reference), work / "engine.pkl")
         return EXIT_OK
+    if phase == "deployed":
+        reference = load_capture(work / "reference.pkl", "reference")
+        _save(run_deployed(ctx, reference), work / "deployed.pkl")
+        return EXIT_OK
+    if phase == "floor":
+        _save(run_floor(ctx), work / "floor.pkl")
+        return EXIT_OK
     if phase == "compare":
         return compare_saved(ctx, work)
     if phase == "both":
         reference = run_reference(ctx)
         truth = run_truth(ctx, reference) if ctx.wants_truth else None
-        return run_compare(ctx, reference, run_capture(ctx, reference), truth)
+        engine = run_capture(ctx, reference)
+        deployed = floor = None
+        if ctx.wants_stage2:
+            deployed = run_deployed(ctx, reference)
+            if _needs_floor(ctx, deployed["token_counts"]):
+                floor = run_floor(ctx)
+        return run_compare(ctx, reference, engine, truth, deployed, floor)
     with tempfile.TemporaryDirectory(prefix="edgellm-verify-", dir=work) as tmp:
         spawn(argv, "reference", Path(tmp))
         if ctx.wants_truth:
             spawn(argv, "truth", Path(tmp))
         spawn(argv, "capture", Path(tmp))
+        if ctx.wants_stage2:
+            spawn(argv, "deployed", Path(tmp))
+            counts = _load(Path(tmp) / "deployed.pkl")["token_counts"]
+            if _needs_floor(ctx, counts):
+                print(
+                    "stage 2: no stored corpus floor for this model: measuring it (HF fp32 "
+                    "and bf16 over the corpus)",
+                    file=sys.stderr,
+                )
+                spawn(argv, "floor", Path(tmp))
         return compare_saved(ctx, Path(tmp))
+
+
+def _needs_floor(ctx: Context, token_counts: list[int]) -> bool:
+    from verify import stage2
+
+    key = stage2.budget_key(ctx.adapter.hf_reference(ctx.config.model_dir))
+    return stage2.load_budget(key, token_counts) is None
+
+
+def _save(obj: Any, path: Path) -> None:
+    import pickle
+
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    tmp.replace(path)
+
+
+def _load(path: Path) -> Any:
+    import pickle
+
+    try:
+        return pickle.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise VerifyError(f"{path}: missing (run its phase first)") from None
 
 
 def run_on_ray(args: argparse.Namespace, argv: list[str]) -> int:
@@ -542,7 +739,14 @@ def compare_saved(ctx: Context, work: Path) -> int:
     reference = load_capture(work / "reference.pkl", "reference")
     engine = load_capture(work / "engine.pkl", "engine")
     truth = load_capture(work / "truth.pkl", "truth") if ctx.wants_truth else None
-    return run_compare(ctx, reference, engine, truth)
+    deployed = floor = None
+    if ctx.wants_stage2:
+        deployed = _load(work / "deployed.pkl")
+        if deployed["meta"] != run_meta(ctx):
+            raise VerifyError("the deployed capture in --work-dir was made for another run")
+        if (work / "floor.pkl").exists():
+            floor = _load(work / "floor.pkl")
+    return run_compare(ctx, reference, engine, truth, deployed, floor)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,13 +23,15 @@ struct Roofline {
   double passes = 1;
 };
 
-Roofline measure_roofline(int threads);
+// The ceilings of the prefill GEMM as `cfg` runs it (tier and precision).
+Roofline measure_roofline(int threads, const kernels::ExecConfig& cfg);
+Roofline measure_roofline(int threads);  // kernels::process_exec_config()
 
 // The two measurements, for tools that need other sizes (e.g. cache-resident reads).
 double measure_read_bandwidth(size_t bytes, int threads);  // GB/s, best of 3
 double measure_fma_peak(int threads);                      // GFLOP/s, 0 without AVX2+FMA
-// GFLOP/s of `isa`'s GEMM instruction at the current gemm_precision() (see
-// Roofline); isa must be <= detect_isa().
-double measure_matmul_peak(int threads, kernels::Isa isa);
+// GFLOP/s of `isa`'s GEMM instruction at `precision` (see Roofline); isa must
+// be <= detect_isa().
+double measure_matmul_peak(int threads, kernels::Isa isa, kernels::GemmPrecision precision);
 
 }  // namespace edgellm

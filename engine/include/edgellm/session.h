@@ -13,6 +13,7 @@
 #include "edgellm/config.h"
 #include "edgellm/profile.h"
 #include "edgellm/tokenizer.h"
+#include "kernels/kernels.h"
 
 namespace edgellm {
 
@@ -23,16 +24,42 @@ struct SessionOptions {
   // Matrices as stored (""), or a bf16 checkpoint's matrices quantized at
   // setup: "q8_0" or "q4_0" (kernels/quant.h).
   std::string weights;
-  // KV cache element type: "fp32" or "bf16" (half the memory and decode
-  // attention bytes; K/V rounded to bf16). "": EDGELLM_KV_CACHE, else fp32.
-  std::string kv_cache;
+  // The arithmetic (runtime/exec_config.cpp), resolved once at setup and kept
+  // with the model. "fast" (default): the deployed path - bf16 GEMM
+  // activations and attention products, a compact KV cache, int8 activations
+  // on quantized weights - judged against the exact path by the gate's stage 2.
+  // "exact": the gate's fp32 tier, judged against HF fp32 by stage 1.
+  std::string precision;
+  // Overrides of the precision's parts ("": the precision's choice):
+  std::string kv_cache;           // KV cache element type: fp32 | bf16 | q8_0
+  std::string gemm_precision;     // prefill GEMM activations: fp32 | bf16x2 | bf16
+  std::string attn_precision;     // attention products: fp32 | bf16
+  std::string quant_activations;  // quantized-weight matmul activations: fp32 | int8
+  std::string isa;                // scalar | avx2 | avx512 | amx; "": the CPU's best
 };
+
+// Front ends' defaults from the environment: each empty field of `options`
+// takes EDGELLM_PRECISION, EDGELLM_KV_CACHE, EDGELLM_GEMM_PRECISION,
+// EDGELLM_ATTN_PRECISION, EDGELLM_QUANT_PRECISION or EDGELLM_ISA where set.
+// The engine itself reads no environment when it resolves a config.
+SessionOptions with_environment_defaults(SessionOptions options);
+
+// The config `options` ask for on this CPU: the precision's parts, overrides
+// applied, the tier clamped to what the CPU has. Error names a bad value.
+kernels::ExecConfig resolve_exec_config(const SessionOptions& options);
+// "fast (avx512: GEMM bf16, attention bf16, KV bf16, quantized activations int8)".
+std::string describe_exec_config(const kernels::ExecConfig& cfg);
 
 // Diagnosis capture from prefill: HF-compatible names in the comments.
 struct PrefillCapture {
+  bool layers = true;       // capture layer_outputs and final_hidden
+  bool all_logits = false;  // capture logits for every position
   std::vector<std::vector<float>>
       layer_outputs;                // [layer][n_tokens * hidden]: hidden_states[l + 1]
   std::vector<float> final_hidden;  // [n_tokens * hidden]: after model.norm
+  // [n_tokens][vocab], each row computed as a decode step computes its logits
+  // (the LM head's GEMV), so a row equals what decoding that position yields.
+  std::vector<float> logits;
 };
 
 class Context;
@@ -60,9 +87,10 @@ class Model {
   Profiler& profiler() const;
   int max_context() const;
   int threads() const;
-  size_t weight_bytes() const;         // bytes one decode step streams from the weights
-  std::string kv_cache_dtype() const;  // "fp32" | "bf16"
-  size_t kv_cache_bytes() const;       // of each Context's KV cache
+  size_t weight_bytes() const;                     // bytes one decode step streams from the weights
+  std::string kv_cache_dtype() const;              // "fp32" | "bf16" | "q8_0"
+  size_t kv_cache_bytes() const;                   // of each Context's KV cache
+  const kernels::ExecConfig& exec_config() const;  // resolved at setup
 
   struct State;  // opaque (session.cpp)
 
@@ -145,6 +173,7 @@ class Session {
   int threads() const;
   size_t weight_bytes() const;  // bytes one decode step streams from the weights
   std::string kv_cache_dtype() const { return model_.kv_cache_dtype(); }
+  const kernels::ExecConfig& exec_config() const { return model_.exec_config(); }
   size_t kv_cache_bytes() const { return model_.kv_cache_bytes(); }
 
   const Model& model() const { return model_; }

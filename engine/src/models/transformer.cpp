@@ -62,11 +62,11 @@ RopeTable make_rope_table(const ModelConfig& c, float theta, bool scaled, size_t
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int max_context,
-                         ThreadPool& pool, Profiler& profiler, kernels::KvDtype kv_dtype)
+                         ThreadPool& pool, Profiler& profiler, const kernels::ExecConfig& cfg)
     : c_(config),
       weights_(std::move(weights)),
       max_context_(static_cast<size_t>(max_context)),
-      kv_dtype_(kv_dtype),
+      cfg_(cfg),
       pool_(pool),
       prof_(profiler) {
   for (const LayerSpec& spec : c_.layers) {
@@ -100,8 +100,8 @@ KvCache Transformer::new_kv_cache() const {
   const size_t cache =
       static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim;
   KvCache kv;
-  kv.dtype = kv_dtype_;
-  if (kv_dtype_ == kernels::KvDtype::bf16) {
+  kv.dtype = cfg_.kv;
+  if (cfg_.kv == kernels::KvDtype::bf16) {
     kv.k16.assign(cache, 0);
     kv.v16.assign(cache, 0);
   } else {
@@ -113,7 +113,7 @@ KvCache Transformer::new_kv_cache() const {
 
 size_t Transformer::kv_cache_bytes() const {
   return 2 * static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim *
-         kernels::kv_dtype_bytes(kv_dtype_);
+         kernels::kv_dtype_bytes(cfg_.kv);
 }
 
 void Transformer::ensure_scratch(Scratch& s, size_t n) const {
@@ -136,9 +136,9 @@ void Transformer::ensure_scratch(Scratch& s, size_t n) const {
 void Transformer::matmul(const kernels::PackedMatrix& w, const float* x, size_t n, float* y,
                          const Scratch& s) const {
   if (s.batch)
-    kernels::matmul_rows(w, x, n, y, pool_);
+    kernels::matmul_rows(w, x, n, y, pool_, cfg_);
   else
-    kernels::matmul(w, x, n, y, pool_);
+    kernels::matmul(w, x, n, y, pool_, cfg_);
 }
 
 void Transformer::attention_block(size_t l, Scratch& s, std::span<const SequenceRows> seqs,
@@ -150,7 +150,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   {
     Profiler::Scope z(prof_, Zone::norm);
     for_tokens(n, [&](size_t t) {
-      kernels::rmsnorm(&s.x[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
+      kernels::rmsnorm(&s.x[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H], cfg_.isa);
     });
   }
   {
@@ -163,10 +163,10 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     for_tokens(n, [&](size_t t) {
       float* row = &s.qkv[t * qkv_width];
       for (size_t h = 0; h < nh; ++h)
-        kernels::rmsnorm(row + h * D, L.q_norm.data(), D, c_.rms_norm_eps, row + h * D);
+        kernels::rmsnorm(row + h * D, L.q_norm.data(), D, c_.rms_norm_eps, row + h * D, cfg_.isa);
       for (size_t h = 0; h < nkv; ++h)
         kernels::rmsnorm(row + (nh + h) * D, L.k_norm.data(), D, c_.rms_norm_eps,
-                         row + (nh + h) * D);
+                         row + (nh + h) * D, cfg_.isa);
     });
   }
   const size_t layer_cache = l * nkv * max_context_ * D;
@@ -180,7 +180,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
         float* row = &s.qkv[t * qkv_width];
         const float* cos = &rope.cos[pos * D / 2];
         const float* sin = &rope.sin[pos * D / 2];
-        kernels::rope(row, nh + nkv, D, cos, sin);  // q heads and k heads are contiguous
+        kernels::rope(row, nh + nkv, D, cos, sin, cfg_.isa);  // q heads and k heads are contiguous
         std::memcpy(&s.q[t * nh * D], row, nh * D * sizeof(float));
         for (size_t h = 0; h < nkv; ++h) {
           const size_t slot = layer_cache + (h * max_context_ + pos) * D;
@@ -206,6 +206,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     a.window = static_cast<size_t>(c_.layers[l].sliding_window);
     a.scale = c_.query_scale;
     a.softcap = c_.attn_logit_softcap;
+    a.precision = cfg_.attention;
     return a;
   };
   // (bytes, flops) of one sequence's attention, for the profiler.
@@ -227,14 +228,14 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     }
     Profiler::Scope z(prof_, Zone::attention, bytes, flops);
     pool_.parallel_for(seqs.size(), [&](size_t i) {
-      kernels::attention(attention_args(seqs[i], i), pool_);  // a batch row is one token
+      kernels::attention(attention_args(seqs[i], i), pool_, cfg_.isa);  // a batch row is one token
     });
   } else {
     size_t row0 = 0;
     for (const SequenceRows& seq : seqs) {
       const auto [bytes, flops] = attention_cost(seq);
       Profiler::Scope z(prof_, Zone::attention, bytes, flops);
-      kernels::attention(attention_args(seq, row0), pool_);
+      kernels::attention(attention_args(seq, row0), pool_, cfg_.isa);
       row0 += seq.n;
     }
   }
@@ -246,11 +247,12 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
     for_tokens(n, [&](size_t t) {
-      kernels::rmsnorm(&s.proj[t * H], L.post_attn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H]);
+      kernels::rmsnorm(&s.proj[t * H], L.post_attn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H],
+                       cfg_.isa);
     });
   }
   Profiler::Scope z(prof_, Zone::residual);
-  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H); });
+  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H, cfg_.isa); });
 }
 
 void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
@@ -259,7 +261,7 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   {
     Profiler::Scope z(prof_, Zone::norm);
     for_tokens(n, [&](size_t t) {
-      kernels::rmsnorm(&s.x[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
+      kernels::rmsnorm(&s.x[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H], cfg_.isa);
     });
   }
   {
@@ -272,9 +274,9 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
     for_tokens(n, [&](size_t t) {
       const float* gate = &s.gate_up[t * 2 * I];
       if (c_.hidden_act == Activation::silu)
-        kernels::silu_mul(gate, gate + I, I, &s.act[t * I]);
+        kernels::silu_mul(gate, gate + I, I, &s.act[t * I], cfg_.isa);
       else
-        kernels::gelu_tanh_mul(gate, gate + I, I, &s.act[t * I]);
+        kernels::gelu_tanh_mul(gate, gate + I, I, &s.act[t * I], cfg_.isa);
     });
   }
   {
@@ -285,11 +287,12 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
     for_tokens(n, [&](size_t t) {
-      kernels::rmsnorm(&s.proj[t * H], L.post_ffn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H]);
+      kernels::rmsnorm(&s.proj[t * H], L.post_ffn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H],
+                       cfg_.isa);
     });
   }
   Profiler::Scope z(prof_, Zone::residual);
-  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H); });
+  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H, cfg_.isa); });
 }
 
 void Transformer::forward(KvCache& kv, Scratch& s, const int32_t* tokens, size_t n, size_t start,
@@ -318,33 +321,43 @@ void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int3
       for (size_t i = 0; i < H; ++i) s.x[t * H + i] *= c_.embedding_scale;
     }
   }
-  if (capture) capture->layer_outputs.assign(c_.num_layers, {});
+  const bool layers = capture && capture->layers;
+  if (layers) capture->layer_outputs.assign(c_.num_layers, {});
   for (size_t l = 0; l < static_cast<size_t>(c_.num_layers); ++l) {
     attention_block(l, s, seqs, n);
     mlp_block(l, s, n);
-    if (capture) capture->layer_outputs[l].assign(s.x.begin(), s.x.begin() + n * H);
+    if (layers) capture->layer_outputs[l].assign(s.x.begin(), s.x.begin() + n * H);
   }
   // Only each sequence's last position needs logits (in a batch, every row is
-  // one); diagnosis also wants every normed row.
+  // one); diagnosis and stage 2 also want every normed row.
   const size_t first = capture || s.batch ? 0 : n - 1;
   {
     Profiler::Scope z(prof_, Zone::norm);
     for (size_t t = first; t < n; ++t)
-      kernels::rmsnorm(&s.x[t * H], weights_.final_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H]);
+      kernels::rmsnorm(&s.x[t * H], weights_.final_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H],
+                       cfg_.isa);
   }
-  if (capture) capture->final_hidden.assign(s.xn.begin(), s.xn.begin() + n * H);
+  if (layers) capture->final_hidden.assign(s.xn.begin(), s.xn.begin() + n * H);
   {
     const kernels::PackedMatrix& head = weights_.lm_head;
     const size_t rows = n - first;
     Profiler::Scope z(prof_, Zone::lm_head, static_cast<double>(head.byte_size()),
                       2.0 * rows * head.rows * head.cols);
-    if (s.batch) {
+    if (capture && capture->all_logits) {
+      // Row by row as decode computes them (matmul_rows: each row is the GEMV's).
+      capture->logits.resize(n * head.rows);
+      kernels::matmul_rows(head, s.xn.data(), n, capture->logits.data(), pool_, cfg_);
+      std::copy_n(&capture->logits[(n - 1) * head.rows], head.rows, seqs[0].logits);
+      if (c_.final_logit_softcap > 0.0f)
+        for (float& v : capture->logits)
+          v = c_.final_logit_softcap * std::tanh(v / c_.final_logit_softcap);
+    } else if (s.batch) {
       s.logits.resize(rows * head.rows);
-      kernels::matmul_rows(head, s.xn.data(), rows, s.logits.data(), pool_);
+      kernels::matmul_rows(head, s.xn.data(), rows, s.logits.data(), pool_, cfg_);
       for (size_t i = 0; i < rows; ++i)
         std::copy_n(&s.logits[i * head.rows], head.rows, seqs[i].logits);
     } else {
-      kernels::matmul(head, &s.xn[(n - 1) * H], 1, seqs[0].logits, pool_);
+      kernels::matmul(head, &s.xn[(n - 1) * H], 1, seqs[0].logits, pool_, cfg_);
     }
     if (c_.final_logit_softcap > 0.0f) {
       const float cap = c_.final_logit_softcap;

@@ -64,11 +64,14 @@ struct SequenceRows {
 // thread pool takes one caller).
 class Transformer {
  public:
+  // `cfg` is how every kernel of every forward pass computes (the weights
+  // must have been packed for cfg.isa).
   Transformer(const ModelConfig& config, ModelWeights weights, int max_context, ThreadPool& pool,
-              Profiler& profiler, kernels::KvDtype kv_dtype = kernels::KvDtype::fp32);
+              Profiler& profiler, const kernels::ExecConfig& cfg);
 
   KvCache new_kv_cache() const;
-  kernels::KvDtype kv_dtype() const { return kv_dtype_; }
+  kernels::KvDtype kv_dtype() const { return cfg_.kv; }
+  const kernels::ExecConfig& exec_config() const { return cfg_; }
   // Bytes of one sequence's KV cache (new_kv_cache()).
   size_t kv_cache_bytes() const;
 
@@ -110,7 +113,7 @@ class Transformer {
   const ModelConfig& c_;
   ModelWeights weights_;
   size_t max_context_;
-  kernels::KvDtype kv_dtype_;
+  kernels::ExecConfig cfg_;
   ThreadPool& pool_;
   Profiler& prof_;
 

@@ -145,7 +145,7 @@ std::shared_ptr<const kernels::QuantMatrix> pack_quant(
 }
 
 kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const TensorView*> parts,
-                           size_t& bytes) {
+                           size_t& bytes, kernels::Isa isa) {
   if (auto q = pack_quant(quant, parts)) {
     kernels::PackedMatrix m;
     m.rows = q->rows;
@@ -162,7 +162,7 @@ kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const
     n_rows += static_cast<size_t>(t->shape[0]);
   }
   for (const TensorView* t : parts) t->release_pages();
-  kernels::PackedMatrix m = kernels::pack_matrix(rows.data(), n_rows, cols);
+  kernels::PackedMatrix m = kernels::pack_matrix(rows.data(), n_rows, cols, isa);
   bytes += m.byte_size();
   return m;
 }
@@ -254,11 +254,11 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
 // One layer's tensors, checked and packed. Layers are independent, so setup
 // packs them in parallel (validation and packing dominate setup time).
 LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const QuantSource* quant,
-                        size_t& bytes) {
+                        kernels::Isa isa, size_t& bytes) {
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
   LayerWeights L;
   L.attn_norm = to_float(*t.attn_norm, norm_add);
-  L.qkv = pack(quant, {t.q, t.k, t.v}, bytes);
+  L.qkv = pack(quant, {t.q, t.k, t.v}, bytes, isa);
   if (c.attention_bias) {
     for (const TensorView* b : {t.q_bias, t.k_bias, t.v_bias}) {
       auto v = to_float(*b, 0.0f);
@@ -269,14 +269,14 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     L.q_norm = to_float(*t.q_norm, norm_add);
     L.k_norm = to_float(*t.k_norm, norm_add);
   }
-  L.o_proj = pack(quant, {t.o}, bytes);
+  L.o_proj = pack(quant, {t.o}, bytes, isa);
   if (c.sandwich_norms) {
     L.post_attn_norm = to_float(*t.post_attn_norm, norm_add);
     L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
   }
   L.ffn_norm = to_float(*t.ffn_norm, norm_add);
-  L.gate_up = pack(quant, {t.gate, t.up}, bytes);
-  L.down = pack(quant, {t.down}, bytes);
+  L.gate_up = pack(quant, {t.gate, t.up}, bytes, isa);
+  L.down = pack(quant, {t.down}, bytes, isa);
   return L;
 }
 
@@ -294,13 +294,13 @@ void ModelWeights::embed_row(size_t token, float* out) const {
 }
 
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int threads,
-                          const QuantSource* quant) {
+                          const QuantSource* quant, kernels::Isa isa) {
   const WeightPlan plan = plan_weights(ckpt, c);
   ModelWeights w;
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
   if (quant && quant->gguf.count(plan.embed->name)) {  // lookups dequantize rows of the GGUF table
     size_t table_bytes = 0;  // a lookup reads one row per token, not the table
-    w.embed_quant = pack(quant, {plan.embed}, table_bytes);
+    w.embed_quant = pack(quant, {plan.embed}, table_bytes, isa);
   }
 
   std::vector<size_t> layer_bytes(static_cast<size_t>(c.num_layers), 0);
@@ -311,7 +311,7 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int thre
   auto worker = [&] {
     for (int l; (l = next.fetch_add(1)) < c.num_layers;) {
       try {
-        w.layers[l] = load_layer(plan.layers[l], c, quant, layer_bytes[l]);
+        w.layers[l] = load_layer(plan.layers[l], c, quant, isa, layer_bytes[l]);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!first_error) first_error = std::current_exception();
@@ -337,7 +337,7 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int thre
     // Nothing may point into the mapping after setup (the session unmaps it): a
     // tied embedding is read back from the packed lm_head, an untied one copied.
     if (plan.lm_head != plan.embed && !w.embed_quant.quant) append_bf16(*plan.embed, w.embed);
-    w.lm_head = pack(quant, {plan.lm_head}, w.decode_bytes);
+    w.lm_head = pack(quant, {plan.lm_head}, w.decode_bytes, isa);
   }
   return w;
 }

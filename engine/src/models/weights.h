@@ -65,8 +65,10 @@ struct QuantSource {
 
 // Looks up every tensor the config needs (find_layer in weights.cpp), checks
 // its shape and values, and packs it. Errors name the tensor, expected and
-// actual. The result holds no pointer into the checkpoint's mapping.
+// actual. The result holds no pointer into the checkpoint's mapping. bf16
+// matrices are packed for the kernels of tier `isa`.
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, int threads = 1,
-                          const QuantSource* quant = nullptr);
+                          const QuantSource* quant = nullptr,
+                          kernels::Isa isa = kernels::active_isa());
 
 }  // namespace edgellm

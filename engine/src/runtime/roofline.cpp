@@ -146,7 +146,7 @@ __attribute__((target("amx-tile,amx-bf16"))) float amx_loop(int64_t iterations) 
 
 double measure_read_bandwidth(size_t bytes, int threads) {
   threads = std::max(1, threads);
-  const bool avx2 = __builtin_cpu_supports("avx2");
+  const bool avx2 = kernels::detect_isa() >= kernels::Isa::avx2;
   const size_t n = std::max<size_t>(bytes / sizeof(float) / 64 * 64, 64);
   std::unique_ptr<float[], void (*)(void*)> buf(
       static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), std::free);
@@ -163,14 +163,14 @@ double measure_read_bandwidth(size_t bytes, int threads) {
 
 double measure_fma_peak(int threads) {
   threads = std::max(1, threads);
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0.0;
+  if (kernels::detect_isa() < kernels::Isa::avx2) return 0.0;  // avx2 tier = AVX2 + FMA
   const int64_t iters = 20'000'000;
   volatile float sink = 0;
   const double seconds = best_seconds(threads, 3, [&](int) { sink = sink + fma_loop_avx2(iters); });
   return static_cast<double>(threads) * iters * 10 * 8 * 2 / seconds / 1e9;
 }
 
-double measure_matmul_peak(int threads, kernels::Isa isa) {
+double measure_matmul_peak(int threads, kernels::Isa isa, kernels::GemmPrecision precision) {
   threads = std::max(1, threads);
   volatile float sink = 0;
   switch (isa) {
@@ -180,7 +180,7 @@ double measure_matmul_peak(int threads, kernels::Isa isa) {
       return measure_fma_peak(threads);
     case kernels::Isa::avx512: {
       const int64_t iters = 10'000'000;
-      if (kernels::gemm_precision() != kernels::GemmPrecision::bf16) {  // fp32 x: FMAs
+      if (precision != kernels::GemmPrecision::bf16) {  // fp32 x: FMAs
         const double s =
             best_seconds(threads, 3, [&](int) { sink = sink + fma_loop_avx512(iters); });
         return static_cast<double>(threads) * iters * 24 * 32 / s / 1e9;
@@ -197,14 +197,17 @@ double measure_matmul_peak(int threads, kernels::Isa isa) {
   return 0.0;
 }
 
-Roofline measure_roofline(int threads) {
+Roofline measure_roofline(int threads, const kernels::ExecConfig& cfg) {
   // 512 MiB: far beyond the caches, like a decode step's weight stream.
-  const kernels::Isa isa = kernels::active_isa();
   // On amx every precision runs TDPBF16PS, once per bf16 part of x.
-  const double passes =
-      isa == kernels::Isa::amx ? kernels::amx::amx_parts(kernels::gemm_precision()) : 1;
+  const double passes = cfg.isa == kernels::Isa::amx ? kernels::amx::amx_parts(cfg.gemm) : 1;
   return Roofline{measure_read_bandwidth(size_t{512} << 20, threads),
-                  measure_matmul_peak(threads, isa), kernels::isa_name(isa), passes};
+                  measure_matmul_peak(threads, cfg.isa, cfg.gemm), kernels::isa_name(cfg.isa),
+                  passes};
+}
+
+Roofline measure_roofline(int threads) {
+  return measure_roofline(threads, kernels::process_exec_config());
 }
 
 }  // namespace edgellm

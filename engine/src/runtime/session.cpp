@@ -142,21 +142,6 @@ void check_memory(const ModelConfig& c, size_t weight_bytes, int max_context,
                 " available: lower max_context (--max-context)");
 }
 
-// The KV cache dtype: the option, else EDGELLM_KV_CACHE, else fp32 (the
-// calibrated gate's fp32 tier; bf16 is judged at the reduced tier).
-kernels::KvDtype kv_dtype_of(const std::string& option) {
-  if (!option.empty()) {
-    const auto d = kernels::parse_kv_dtype(option);
-    if (!d) throw Error("--kv-cache " + option + ": expected fp32 or bf16");
-    return *d;
-  }
-  const char* env = std::getenv("EDGELLM_KV_CACHE");
-  if (env == nullptr || *env == '\0') return kernels::KvDtype::fp32;
-  const auto d = kernels::parse_kv_dtype(env);
-  if (!d) throw Error(std::string("EDGELLM_KV_CACHE=") + env + ": expected fp32 or bf16");
-  return *d;
-}
-
 // The quantized form of the matrices, if any: the GGUF's blocks or --weights.
 std::optional<QuantSource> quant_source(const std::unique_ptr<GgufWeights>& gguf,
                                         const std::string& weights) {
@@ -194,7 +179,7 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
   check(options.max_context > 0,
         "max_context must be positive, got " + std::to_string(options.max_context));
   const int threads = checked_threads(options.threads);
-  const kernels::KvDtype kv_dtype = kv_dtype_of(options.kv_cache);
+  const kernels::ExecConfig cfg = resolve_exec_config(options);
   auto s = std::make_shared<State>();
   s->profiler.enable(options.profile);
   const auto t0 = std::chrono::steady_clock::now();
@@ -217,7 +202,7 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     const Checkpoint checkpoint = Checkpoint::open(model_dir);
     const size_t weight_bytes = check_weights(checkpoint, s->config);
     s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
-    check_memory(s->config, weight_bytes, s->max_context, kv_dtype);
+    check_memory(s->config, weight_bytes, s->max_context, cfg.kv);
     step = "starting the worker threads";
     s->pool = std::make_unique<ThreadPool>(threads);
     step = "reading the GGUF file";
@@ -225,10 +210,10 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     const auto quant = quant_source(gguf, options.weights);
     step = "packing " + gb_str(weight_bytes) + " of weights";
     ModelWeights weights =
-        load_weights(checkpoint, s->config, s->pool->size(), quant ? &*quant : nullptr);
+        load_weights(checkpoint, s->config, s->pool->size(), quant ? &*quant : nullptr, cfg.isa);
     step = "building the RoPE tables for " + std::to_string(s->max_context) + " positions";
     s->model = std::make_unique<Transformer>(s->config, std::move(weights), s->max_context,
-                                             *s->pool, s->profiler, kv_dtype);
+                                             *s->pool, s->profiler, cfg);
   } catch (const std::bad_alloc&) {
     throw Error("out of memory while " + step);
   } catch (const std::length_error&) {
@@ -276,6 +261,9 @@ size_t Model::weight_bytes() const {
 }
 std::string Model::kv_cache_dtype() const {
   return std::string(kernels::kv_dtype_name(ready_model(state_).model->kv_dtype()));
+}
+const kernels::ExecConfig& Model::exec_config() const {
+  return ready_model(state_).model->exec_config();
 }
 size_t Model::kv_cache_bytes() const {
   return ready_model(state_).model->kv_cache_bytes();

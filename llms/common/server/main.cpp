@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   ServerOptions so;
   int threads = 0, max_context = 2048;
   std::string kv_cache;
+  bool exact = false;
   double drain_seconds = 10;
   CLI::App app{"edgellm_server: OpenAI-compatible HTTP server with continuous batching"};
   app.add_option("--model", model, "checkpoint directory, or its name in the model store")
@@ -33,9 +34,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--kv-cache", kv_cache,
-                 "KV cache element type: fp32, or bf16 for half its memory (default: "
-                 "EDGELLM_KV_CACHE, else fp32)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+                 "KV cache element type: fp32, bf16 or q8_0 (default: EDGELLM_KV_CACHE, else "
+                 "the precision's: fast bf16, exact fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "q8_0"}));
+  app.add_flag("--exact", exact,
+               "the gate's exact fp32 arithmetic instead of the fast default "
+               "(EDGELLM_PRECISION=exact)");
   app.add_option("--parallel", so.scheduler.max_batch, "sequences decoded together")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
@@ -86,7 +90,10 @@ int main(int argc, char** argv) {
     mo.threads = threads;
     mo.max_context = max_context;
     mo.kv_cache = kv_cache;
-    m.setup(dir, mo);
+    if (exact) mo.precision = "exact";
+    m.setup(dir, with_environment_defaults(mo));
+    std::fprintf(stderr, "edgellm server: arithmetic %s\n",
+                 describe_exec_config(m.exec_config()).c_str());
     so.drain = std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
     Server server(m, so);
     std::thread signals([&] {

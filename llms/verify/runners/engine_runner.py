@@ -54,7 +54,13 @@ class EngineRunner:
         threads: int = 0,
         max_context: int | None = None,
         weights: str = "",
+        precision: str = "exact",
     ) -> None:
+        """``precision`` exact: the gate's fp32 tier (stage 1), whatever the environment says;
+        deployed: what ``make run`` runs, the fast default with its EDGELLM_* overrides
+        (stage 2)."""
+        if precision not in ("exact", "deployed"):
+            raise VerifyError(f"engine precision {precision!r}: expected exact or deployed")
         self._py = import_binding()
         self.model_dir = Path(model_dir)
         self.session: Any = self._py.Session()
@@ -64,11 +70,14 @@ class EngineRunner:
             threads=threads,
             max_context=self._py.DEFAULT_MAX_CONTEXT if max_context is None else max_context,
             weights=weights,
+            precision="exact" if precision == "exact" else "",
+            use_environment=precision == "deployed",
         )
+        self.exec_config = dict(self.session.exec_config)
         self.max_context = int(self.session.max_context)
         self.eos_token_ids = tuple(int(i) for i in self.session.eos_token_ids)
         self.num_layers = int(self.session.num_layers)
-        self.isa = str(self._py.active_isa())
+        self.isa = str(self.exec_config["isa"])
         self.precision_path, self.precision_tier = precision_of(
             self._py, self.session, self.isa, self.model_dir, weights
         )
@@ -132,20 +141,16 @@ class EngineRunner:
             record.final_hidden = np.asarray(run.final_hidden)
         return tokens, logits, record
 
+    def prefill_logits(self, tokens: list[int], start_pos: int) -> np.ndarray:
+        """[n, vocab]: every position's logits, each as a decode step computes it (stage 2)."""
+        return np.asarray(self._call(self.session.prefill_logits, list(tokens), int(start_pos)))
+
     def decode_step(self, token: int, pos: int) -> DecodeStepRecord:
         logits = np.asarray(self._call(self.session.decode_step, int(token), int(pos)))
         return DecodeStepRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
 
     def close(self) -> None:
         self.session = None
-
-
-def _declared(obj: Any, name: str) -> str | None:
-    """A precision fact the binding may expose, as an attribute or a no-argument function."""
-    value = getattr(obj, name, None)
-    if callable(value):
-        value = value()
-    return str(value).lower() if value is not None else None
 
 
 def _exact_reference(checkpoint: Path) -> bool:
@@ -162,30 +167,22 @@ def precision_of(
 ) -> tuple[str, str]:
     """(what the report shows, the calibrated lens' tier) for the path this session runs.
 
-    The tier is ``fp32`` only when activations are known to stay fp32 (the binding's
-    ``activation_dtype``, else a known fp32 ISA), the KV cache holds them in fp32 (the
-    session's ``kv_cache_dtype``; absent: fp32, the only cache before it existed) and the
-    weights are the checkpoint's own (the session's ``weight_format`` absent or unquantized,
-    not a .gguf file); otherwise ``reduced``. Weights quantized at setup (``--weights q8_0``)
-    are weights HF never saw: ``requantized``, where the calibrated lens only reports.
+    The tier is ``fp32`` only when the session's resolved config is exact (fp32 GEMM and
+    attention arithmetic, fp32 KV cache and quantized-matmul activations: its ``exec_config``)
+    and the weights are the checkpoint's own (not quantized at setup; a .gguf file only where
+    HF loads its dequantized values exactly); otherwise ``reduced``. Weights quantized at setup
+    (``--weights q8_0``) are weights HF never saw: ``requantized``, where the calibrated lens
+    only reports.
     """
-    activations = _declared(session, "activation_dtype") or _declared(py, "activation_dtype")
-    if activations is None:
-        activations = "f32" if isa in FP32_ISAS else "unknown"
-    weights = _declared(session, "weight_format")
-    if weights is None:
-        weights = "gguf" if model.suffix.lower() == ".gguf" else "checkpoint"
+    cfg = dict(getattr(session, "exec_config", {}) or {})
+    weights = "gguf" if model.suffix.lower() == ".gguf" else "checkpoint"
     if weights == "gguf" and _exact_reference(model.parent):
         # HF loads the GGUF's dequantized values exactly (fp32 beside the file): the
         # engine's fp32-activation path multiplies the same weights as the truth.
         weights = "gguf-exact"
-    kv_cache = _declared(session, "kv_cache_dtype") or "fp32"
+    described = cfg.get("description", f"isa {isa}")
     if quantized_at_setup:
-        weights = f"{quantized_at_setup} (quantized at setup)"
-        path = f"isa {isa}, activations {activations}, kv cache {kv_cache}, weights {weights}"
-        return path, "requantized"
-    path = f"isa {isa}, activations {activations}, kv cache {kv_cache}, weights {weights}"
-    exact = (
-        activations in FP32_NAMES and kv_cache in FP32_NAMES and weights in FULL_PRECISION_WEIGHTS
-    )
+        return f"{described}, weights {quantized_at_setup} (quantized at setup)", "requantized"
+    path = f"{described}, weights {weights}"
+    exact = bool(cfg.get("exact")) and weights in FULL_PRECISION_WEIGHTS
     return path, "fp32" if exact else "reduced"

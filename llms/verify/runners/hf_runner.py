@@ -205,6 +205,23 @@ class HfRunner:
             )
         return out.logits[0].float().numpy().copy()
 
+    def document_logits(self, ids: list[int], chunk: int) -> Any:
+        """Logits [<= chunk, vocab] of a whole document's positions, chunk after chunk: one
+        forward pass over the document, the LM head (and any final softcap) per chunk, so a
+        262k vocab never needs all rows at once."""
+        torch = self._torch
+        model = self.model
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        with torch.inference_mode(), self._autocast():
+            hidden = model.model(
+                input_ids=torch.tensor([list(ids)], dtype=torch.long), use_cache=False
+            ).last_hidden_state[0]
+            for s in range(0, len(ids), chunk):
+                logits = model.lm_head(hidden[s : s + chunk]).float()
+                if cap:
+                    logits = torch.tanh(logits / cap) * cap
+                yield logits.numpy()
+
     def close(self) -> None:
         self._model = None
         self._cache = None
