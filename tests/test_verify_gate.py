@@ -21,14 +21,14 @@ GEMMA_DIR = SMOLLM2_DIR.parent / "gemma3-270m"
 
 
 def run_verify(
-    *args: str, timeout: int = 600, adapter: str = ADAPTER
+    *args: str, timeout: int = 600, adapter: str = ADAPTER, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PYTHON, str(VERIFY_RUNNER), f"--runner={adapter}", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=verify_env(),
+        env={**verify_env(), **(env or {})},
         cwd=REPO,
     )
 
@@ -67,6 +67,35 @@ def test_smollm2_passes_the_gate(
         # The floor is real bf16 noise, and ours is below the tier's margin of it.
         assert p["calibrated"]["floor_mean"] > 0 and p["calibrated"]["passed"]
     assert len(list(tmp_path.glob("*.md"))) == 1
+    # Stage 2: the deployed (fast) path against the exact one, within HF's own bf16 floor.
+    assert "stage 1 (logic: exact path vs HF): PASS" in summary, summary
+    assert "stage 2 (deployed arithmetic vs exact): PASS" in summary, summary
+    s2 = report["stage2"]
+    assert s2["passed"] and s2["deployed"].startswith("fast ("), s2
+    assert s2["corpus"]["n"] > 5000 and s2["prompts"]["n"] == 3 * 32, s2
+    for where, floor in (("corpus", "corpus_floor"), ("prompts", "prompts_floor")):
+        assert 0 < s2[where]["mean"] <= s2[floor]["mean"], s2  # really rounded, within budget
+        assert s2[where]["p99"] <= s2[floor]["p99"], s2
+    assert s2["floor_source"].startswith("stage2_budget.json"), s2
+
+
+def test_stage2_fails_a_deployed_path_out_of_budget(
+    smollm2_checkpoint: Path, engine_binding: Any, tmp_path: Path
+) -> None:
+    """The gate's stage 2 must be able to fail: int8 activations on quantized weights (the
+    opt-in stage 2 keeps out of the default) sit ~10x the floor; stage 1, on the exact path,
+    is unaffected by the deployed path's environment."""
+    proc = run_verify(
+        *("--max-prompts", "1", "--weights", "q4_0", "--report-dir", str(tmp_path)),
+        env={"EDGELLM_QUANT_PRECISION": "int8"},
+    )
+    report = report_of(proc, tmp_path)
+    s2 = report["stage2"]
+    assert not s2["passed"] and "quantized activations int8" in s2["deployed"], s2
+    assert any("KLD" in f for f in s2["failures"]), s2
+    assert "stage 2 (deployed arithmetic vs exact): FAIL" in proc.stdout, proc.stdout
+    assert "quantized activations fp32" in report["meta"]["precision_path"]  # stage 1: exact
+    assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
 def test_weights_quantized_at_setup_are_judged_as_requantized(
@@ -77,7 +106,7 @@ def test_weights_quantized_at_setup_are_judged_as_requantized(
     token lenses still gate, and the KL shows the quantization really ran."""
     proc = run_verify(
         *("--prompts", "topk_token", "--model", "instruct", "--max-prompts", "1"),
-        *("--weights", "q8_0", "--report-dir", str(tmp_path)),
+        *("--weights", "q8_0", "--report-dir", str(tmp_path), "--stage", "1"),
     )
     report = report_of(proc, tmp_path)
     assert report["meta"]["precision_tier"] == "requantized", report["meta"]
@@ -94,7 +123,7 @@ def test_spec_gate_is_the_seeds_gate(
     smollm2_checkpoint: Path, engine_binding: Any, tmp_path: Path
 ) -> None:
     proc = run_verify(
-        "--max-prompts", "1", "--spec-gate", "--report-dir", str(tmp_path)
+        "--max-prompts", "1", "--spec-gate", "--report-dir", str(tmp_path), "--stage", "1"
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = proc.stdout.strip().splitlines()[-1]
@@ -111,8 +140,9 @@ def test_held_out_prompts_do_not_fail(
     """Prompts no margin was chosen on: a correct engine must pass every lens there too."""
     held_out = REPO / "llms" / "verify" / "prompts" / "heldout_instruct.txt"
     proc = run_verify(
-        "--prompts-file", str(held_out), "--max-prompts", "2", "--report-dir", str(tmp_path)
-    )
+        "--prompts-file", str(held_out), "--max-prompts", "2", "--report-dir", str(tmp_path),
+        "--stage", "1",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -161,3 +191,4 @@ def test_gemma3_base_passes_the_gate(engine_binding: Any, tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = report_of(proc, tmp_path)
     assert report["verdict"] == "pass" and report["meta"]["prompt_format"] == "raw"
+    assert report["stage2"]["passed"], report["stage2"]

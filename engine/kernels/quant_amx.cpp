@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/amx_tiles.h"
+#include "kernels/fault_injection.h"
 #include "kernels/avx512.h"
 #include "kernels/quant.h"
 #include "kernels/transpose_avx512.h"
@@ -225,7 +226,11 @@ struct Call {
 template <int KG, bool kMin>
 void segment_panels(const QuantSegment& s, const Call& call, float* y, size_t ldy, size_t p0,
                     size_t p1, Scratch& scratch) {
-  _tile_loadconfig(&tile_config<KG>());
+  // Every call loads the config of its own group shape (K = 16 for Q6_K, 32 for
+  // the rest); the fault keeps the other shape's, as a cached config would.
+  constexpr int kOther = KG == 16 ? 32 : 16;
+  _tile_loadconfig(fault::active() == fault::Fault::stale_tile_config ? &tile_config<kOther>()
+                                                                      : &tile_config<KG>());
   const size_t cols = s.cols, nb = cols / 32, plane = call.n_pad * cols;
   const size_t panel_bytes = cols * kPanel * sizeof(uint16_t);
   const size_t chunk = std::max<size_t>(2, kChunkBytes / panel_bytes / 2 * 2);

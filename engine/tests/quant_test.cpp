@@ -13,6 +13,7 @@
 #include "edgellm/bf16.h"
 #include "edgellm/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kernels/fault_injection.h"
 #include "kernels/quant.h"
 
 namespace edgellm::kernels {
@@ -401,6 +402,34 @@ TEST(QuantTest, QuantizeRowsRoundTrips) {
     }
   }
   EXPECT_ANY_THROW(quantize_rows(BlockFormat::q8_0, x.data(), 1, 33));
+}
+
+// Fast-path mutant: a tile config kept from the previous shape (Q8_0's K = 32
+// groups, then Q6_K's K = 16) must fail the same reference check.
+TEST(QuantTest, AmxStaleTileConfigIsCaught) {
+  if (detect_isa() != Isa::amx) GTEST_SKIP() << "amx tier not on this CPU: mutant not run";
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  const size_t n = 33;
+  for (BlockFormat f : {BlockFormat::q6_k, BlockFormat::q8_0}) {
+    const QuantMatrix w = random_matrix(f, 45, 2 * block_elems(f), rng);
+    const auto x = random_x(n * w.cols, rng);
+    std::vector<float> sums(n * w.cols / 32);
+    block_sums(x.data(), n, w.cols, sums.data());
+    const Fp32Acts acts{.x = x.data(), .block_sum = sums.data(), .n = n, .cols = w.cols};
+    std::vector<float> want(n * w.rows);
+    ref::quant_rows_fp32(w.segments[0], acts, want.data(), w.rows, 0, w.rows);
+    const auto mag = abs_products(w, x, n);
+    std::vector<float> got(n * w.rows);
+    {
+      fault::Scoped stale(fault::Fault::stale_tile_config);
+      amx::quant_matmul_fp32(w, x.data(), n, got.data(), pool);
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      off += !(std::fabs(got[i] - want[i]) <= fp32_tol(mag[i], w.cols));
+    EXPECT_GT(off, 0u) << block_format_name(f) << ": the stale config went unseen";
+  }
 }
 
 // The AMX prefill GEMM (n >= 16 on the amx tier) against the scalar fp32

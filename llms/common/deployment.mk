@@ -47,10 +47,12 @@ SAMPLING_ARGS := $(if $(TEMPERATURE),--temperature '$(TEMPERATURE)') $(if $(TOP_
   $(if $(TOP_P),--top-p '$(TOP_P)') $(if $(SEED),--seed '$(SEED)')
 # WEIGHTS=q8_0|q4_0 quantizes the checkpoint's matrices at setup (run, profile, chat, verify).
 WEIGHTS_ARG = $(if $(WEIGHTS),--weights '$(WEIGHTS)')
-RUN_ARGS = --model '$(MODEL)' --threads $(THREADS) $(WEIGHTS_ARG) $(PROMPT_ARG) $(SAMPLING_ARGS) $(ARGS)
+# The fast arithmetic is the default; EXACT=1 runs the gate's exact fp32 tier (--exact).
+EXACT_ARG = $(if $(filter 1,$(EXACT)),--exact)
+RUN_ARGS = --model '$(MODEL)' --threads $(THREADS) $(WEIGHTS_ARG) $(EXACT_ARG) $(PROMPT_ARG) $(SAMPLING_ARGS) $(ARGS)
 TIMING_ARGS = --n-tokens $(N_TOKENS) $(if $(filter 1,$(IGNORE_EOS)),--ignore-eos)
 
-.PHONY: help compile fetch run profile chat serve verify verify-full diagnosis clean
+.PHONY: help compile fetch run profile chat serve verify verify-full diagnosis stage2-budget quality clean
 
 help:
 	@echo "$(DEPLOYMENT) targets:"
@@ -62,11 +64,14 @@ help:
 	@echo "  verify       gate vs HF transformers bf16 and fp32, every lens (2 prompts x 32 tokens)"
 	@echo "  verify-full  the same gate over all prompts (VERIFY_ARGS=--spec-gate: the seed's gate)"
 	@echo "  diagnosis    per-layer cosine vs HF bf16 and fp32 for PROMPT, with a plot (informational)"
+	@echo "  quality      KLD table of each fast path vs the exact path on the stage-2 corpus"
+	@echo "  stage2-budget  measure HF's bf16 floor on the corpus once into llms/verify/stage2_budget.json"
 	@echo "  clean        remove the binary"
 	@echo "variables: MODEL=$(MODEL) (a choice of deployment.json or a checkpoint dir), PROMPT,"
 	@echo "  N_TOKENS, THREADS=$(THREADS), TEMPERATURE, TOP_K, TOP_P, SEED,"
 	@echo "  IGNORE_EOS=$(IGNORE_EOS) (1: time all N_TOKENS even past EOS), ARGS (more flags, e.g. --json),"
-	@echo "  WEIGHTS=q8_0|q4_0 (quantize the checkpoint at setup; verify reports the requantized tier)"
+	@echo "  WEIGHTS=q8_0|q4_0 (quantize the checkpoint at setup; verify reports the requantized tier),"
+	@echo "  EXACT=1 (the exact fp32 tier instead of the fast default; verify checks both stages)"
 
 compile:
 	@$(MAKE) --no-print-directory -C $(REPO_ROOT) build
@@ -88,7 +93,7 @@ chat: compile fetch
 # The server takes a checkpoint path or its entry in the model store (MODEL's in deployment.json).
 serve: compile fetch
 	@$(BUILD_DIR)/edgellm_server --model '$(call descriptor_get,d["models"].get(m, m))' \
-	  --host $(HOST) --port $(PORT) --threads $(THREADS)
+	  --host $(HOST) --port $(PORT) --threads $(THREADS) $(EXACT_ARG)
 
 verify: compile fetch
 	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --max-prompts 2 $(WEIGHTS_ARG) $(VERIFY_ARGS)
@@ -98,6 +103,15 @@ verify-full: compile fetch
 
 diagnosis: compile fetch
 	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts single --model '$(MODEL)' $(PROMPT_ARG)
+
+# Stage 2's budget: HF fp32 vs HF bf16 on the corpus, measured once and committed.
+stage2-budget: compile fetch
+	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --model '$(MODEL)' --gate-phase floor \
+	  --work-dir $$(mktemp -d) --write-budget
+
+# KLD of each fast configuration against the exact path (llms/verify/quality.py).
+quality: compile fetch
+	@$(LOCKED) $(PY) $(REPO_ROOT)/llms/verify/quality.py --runner=$(RUNNER_ADAPTER) $(QUALITY_ARGS)
 
 clean:
 	rm -f $(BIN)

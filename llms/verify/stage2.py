@@ -142,7 +142,8 @@ class KlAccumulator:
 
 
 def corpus_token_ids(encode: Any) -> list[tuple[str, list[int]]]:
-    """Each document as raw text with the tokenizer's added specials (a base-model prompt)."""
+    """Each document as raw text with the tokenizer's added specials (a base-model prompt):
+    ``encode(text)`` must add them."""
     return [(name, [int(i) for i in encode(text)]) for name, text in corpus_documents()]
 
 

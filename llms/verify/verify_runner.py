@@ -132,10 +132,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gate-phase", choices=PHASES, default="auto")
     p.add_argument(
         "--stage",
-        choices=("1", "2", "both"),
+        choices=("1", "both"),
         default="both",
-        help="1: the logic (exact path vs HF); 2: the deployed arithmetic vs the exact path "
-        "(verify/stage2.py); both (default)",
+        help="both (default): stage 1, the logic (exact path vs HF), and stage 2, the deployed "
+        "arithmetic vs the exact path (verify/stage2.py); 1: stage 1 alone",
     )
     p.add_argument(
         "--write-budget",
@@ -278,7 +278,7 @@ class Context:
 
     @property
     def wants_stage2(self) -> bool:
-        return not self.diagnose and self.args.stage in ("2", "both")
+        return not self.diagnose and self.args.stage == "both"
 
 
 def build_context(args: argparse.Namespace) -> Context:

@@ -26,8 +26,8 @@ struct SessionOptions {
   std::string weights;
   // The arithmetic (runtime/exec_config.cpp), resolved once at setup and kept
   // with the model. "fast" (default): the deployed path - bf16 GEMM
-  // activations and attention products, a compact KV cache, int8 activations
-  // on quantized weights - judged against the exact path by the gate's stage 2.
+  // activations and attention products, a compact KV cache - judged against
+  // the exact path by the gate's stage 2.
   // "exact": the gate's fp32 tier, judged against HF fp32 by stage 1.
   std::string precision;
   // Overrides of the precision's parts ("": the precision's choice):
