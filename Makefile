@@ -79,7 +79,7 @@ test-cpp:
 	cd $(BUILD_DIR) && ctest --output-on-failure -j2
 
 test-py:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 build-sanitize: bootstrap
 	@if [ ! -f $(SAN_DIR)/build.ninja ]; then \

@@ -35,7 +35,7 @@ def worker(gguf: Path) -> dict:
 
     model_dir = gguf.parent
     s = edgellm_py.Session()
-    s.setup(str(gguf), threads=THREADS, max_context=1024)
+    s.setup(str(gguf), threads=THREADS, max_context=1024, use_environment=True)
     ids512 = prompt_ids(model_dir, 512)
     s.prefill(ids512)  # warm: pages in the weights
     t0 = time.perf_counter()
@@ -51,7 +51,7 @@ def worker(gguf: Path) -> dict:
         "tps": tps,
         "ttft_512_ms": ttft * 1e3,
         "weight_bytes": s.weight_bytes,
-        "path": edgellm_py.precision_path(),
+        "path": s.exec_config["description"],
     }
 
 

@@ -52,20 +52,31 @@ def max_context() -> int:
     return max(PROMPT_LENGTHS) + DECODE_STEPS
 
 
-def time_ours(model_dir: Path, reps: int, model: Path | None = None, weights: str = "") -> dict:
+def time_ours(
+    model_dir: Path,
+    reps: int,
+    model: Path | None = None,
+    weights: str = "",
+    precision: str = "",
+) -> dict:
     """Our engine on model_dir, or on `model` (its GGUF) with model_dir's tokenizer;
-    `weights` q8_0|q4_0 quantizes the checkpoint at setup."""
+    `weights` q8_0|q4_0 quantizes the checkpoint at setup; `precision` exact runs the gate's
+    fp32 tier, "" the deployed default (with the EDGELLM_* overrides, as `make run`)."""
     import edgellm_py
 
     session = edgellm_py.Session()
     session.setup(
-        str(model or model_dir), threads=THREADS, max_context=max_context(), weights=weights
+        str(model or model_dir),
+        threads=THREADS,
+        max_context=max_context(),
+        weights=weights,
+        precision=precision,
+        use_environment=True,
     )
     out: dict = {
         "weight_bytes": session.weight_bytes,
         "lm_head_params": session.vocab_size * session.hidden_size,
-        # EDGELLM_KV_CACHE reaches the workers through the environment.
-        "precision": f"{edgellm_py.precision_path()}, KV cache {session.kv_cache_dtype}",
+        "precision": session.exec_config["description"],
     }
     for n in PROMPT_LENGTHS:
         ids = prompt_ids(model_dir, n)
@@ -191,6 +202,8 @@ def worker(args: argparse.Namespace) -> int:
     model_dir = Path(args.model)
     if args.worker == "ours":
         res = time_ours(model_dir, args.reps)
+    elif args.worker == "ours-exact":
+        res = time_ours(model_dir, args.reps, precision="exact")
     elif args.worker == "ours-gguf":
         res = time_ours(model_dir, args.reps, gguf_deployment(model_dir))
     elif args.worker.startswith("ours-"):  # ours-q8_0: quantized at setup
@@ -304,8 +317,9 @@ def main() -> int:
 
     import edgellm_py
 
-    read_bw, fma_peak = edgellm_py.measure_roofline(THREADS)
-    peers = ["ours"]
+    # The deployed path's GEMM instruction: vdpbf16ps / TDPBF16PS (bf16), FMA below avx512.
+    read_bw, fma_peak = edgellm_py.measure_roofline(THREADS, "bf16")
+    peers = ["ours", "ours-exact"]
     if not args.no_hf:
         peers += ["hf-bfloat16"] + ([] if args.no_hf_float32 else ["hf-float32"])
     sections: list[tuple[str, dict[str, dict]]] = []
@@ -313,7 +327,7 @@ def main() -> int:
         rows: dict[str, dict] = {}
         for name in peers:
             if (res := run_worker(name, m, args)) is not None:
-                rows[name] = res
+                rows[name.replace("-", " ") if name.startswith("ours") else name] = res
         if gguf_deployment(Path(m)).exists():  # the GGUF deployment (quantized blocks)
             if (res := run_worker("ours-gguf", m, args)) is not None:
                 rows["ours gguf"] = res
@@ -325,7 +339,7 @@ def main() -> int:
             if (res := run_worker("llamacpp", m, args, Path(path))) is not None:
                 rows[f"llama.cpp {label}"] = res
         sections.append((m, rows))
-    read_bw2, fma_peak2 = edgellm_py.measure_roofline(THREADS)
+    read_bw2, fma_peak2 = edgellm_py.measure_roofline(THREADS, "bf16")
     read_bw, fma_peak = max(read_bw, read_bw2), max(fma_peak, fma_peak2)
     text = "\n".join(render(Path(m).name, rows, read_bw, fma_peak, args) for m, rows in sections)
     print(text)
@@ -356,7 +370,8 @@ def render(
         f"- date: {datetime.date.today()}; machine: {cpu}, {os.cpu_count()} cores; "
         f"medians of {args.reps} repetitions; TTFT in ms; decode in tokens/s over "
         f"{DECODE_STEPS} greedy steps after a prompt of the given length",
-        f"- our precision path: {ours.get('precision', '?')}",
+        f"- our precision path (ours): {ours.get('precision', '?')}; ours exact: "
+        f"{rows.get('ours exact', {}).get('precision', 'not run')}",
         f"- roofline measured in this run: read bandwidth {read_bw:.1f} GB/s, "
         f"matmul peak {peak:.1f} GFLOP/s (the active tier's GEMM instruction); "
         f"decode reads {ours.get('weight_bytes', 0) / 1e6:.0f} MB of weights per token -> "

@@ -34,9 +34,13 @@ if [[ ! -x .venv/bin/python ]]; then
   "$PYTHON" -m venv .venv
 fi
 echo "[bootstrap] installing pinned Python packages (requirements.txt)"
-.venv/bin/pip install --disable-pip-version-check -q -r requirements.txt 2>&1 \
-  | grep -v "is ignored: it is neither a file nor a directory" || true
-.venv/bin/python -c "import torch, transformers, tokenizers, safetensors, gguf, nanobind" \
+# pip's exit status decides (pipefail), not the filter's: a failed install stops here.
+if ! .venv/bin/pip install --disable-pip-version-check -q -r requirements.txt 2>&1 \
+  | { grep -v "is ignored: it is neither a file nor a directory" || true; }; then
+  echo "[bootstrap] pip install -r requirements.txt failed" >&2
+  exit 1
+fi
+.venv/bin/python -c "import torch, transformers, tokenizers, safetensors, gguf, nanobind, ray, openai" \
   || { echo "[bootstrap] Python packages failed to import" >&2; exit 1; }
 echo "$want_stamp" > $STAMP
 echo "[bootstrap] done"

@@ -75,6 +75,9 @@ def test_full_context_is_said(smollm2_bin: Path) -> None:
     proc = chat(smollm2_bin, f"{long}\n{long}\n", "--max-context", "120")
     assert proc.returncode == 0, proc.stderr
     assert "the context is full" in proc.stdout, proc.stdout
+    # The second message was answered in the new conversation: text after the notice.
+    after = proc.stdout.split("starting a new conversation with this message)", 1)
+    assert len(after) == 2 and after[1].strip(" \n>"), proc.stdout
 
 
 def test_message_over_the_context_is_not_sent(smollm2_bin: Path) -> None:

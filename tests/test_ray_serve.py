@@ -15,11 +15,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
+import ray  # noqa: E402, F401  (pinned in requirements.txt: absent fails, never skips)
 from conftest import report_line
 from test_server import NAME, Server
-
-pytest.importorskip("ray", reason="ray[serve] is pinned in requirements.txt")
 
 RECOVERY_BOUND_S = 30  # generation answered again within this after the kill
 REPLACEMENT_BOUND_S = 90  # a new replica process up within this

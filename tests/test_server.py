@@ -56,7 +56,8 @@ def server_command(kind: str, checkpoint: Path, port: int) -> list[str]:
     common = ["--model", str(checkpoint), "--port", str(port), "--threads", "2"]
     common += ["--max-context", "512"]
     if kind == "ray":
-        pytest.importorskip("ray", reason="ray[serve] is pinned in requirements.txt")
+        import ray  # noqa: F401  (pinned in requirements.txt: absent is a failure, not a skip)
+
         return [sys.executable, "-m", "serve_ray", *common, "--replicas", "1", "--num-cpus", "2"]
     assert SERVER.is_file(), f"{SERVER} missing: `make build` builds it"
     return [str(SERVER), *common]
@@ -326,6 +327,24 @@ def test_load_disconnect_and_sigterm(smollm2_checkpoint: Path, kind: str) -> Non
                 assert headers.get("Retry-After") and reply["error"]["type"] == "rate_limit_error"
             else:
                 assert reply["usage"]["completion_tokens"] == 6
+        # Saturated for sure: 2 running + 2 queued long requests, then a fifth must get 429.
+        long_body = json.dumps(
+            {"model": NAME, "prompt": "Count:", "max_tokens": 120, "ignore_eos": True}
+        ).encode()
+        with ThreadPoolExecutor(4) as pool:
+            held = [pool.submit(s.post, "/v1/completions", long_body) for _ in range(4)]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                health = json.loads(s.get("/health")[1])
+                if health["active"] + health["waiting"] >= 4:
+                    break
+                time.sleep(0.05)
+            code, reply, headers = s.post("/v1/completions", body)
+            assert code == 429, (code, reply)
+            assert headers.get("Retry-After") and reply["error"]["type"] == "rate_limit_error"
+            for f in held:
+                code, reply, _ = f.result()
+                assert code == 200 and reply["usage"]["completion_tokens"] == 120, reply
 
         # Disconnect mid-stream: the context is freed long before 400 tokens.
         before = s.metric("edgellm_generation_tokens_total")

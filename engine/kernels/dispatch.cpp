@@ -166,10 +166,9 @@ const std::vector<KernelInfo>& registered_kernels() {
   static const std::vector<KernelInfo> kernels = {
       {"matmul",
        {S, A2, A5, AMX},
-       "W bf16 (pre-packed), x/y fp32, optional fp32 bias; amx (n >= 16) splits x into 3 bf16 "
-       "parts "
-       "(exact, 3 TDPBF16PS passes); EDGELLM_GEMM_PRECISION=bf16 rounds x to bf16 for n > 1 on "
-       "avx512/amx (bf16x2: 2 parts on amx)",
+       "W bf16 (pre-packed), x/y fp32, optional fp32 bias; n > 1 on avx512/amx: the fast "
+       "config rounds x to bf16 once (vdpbf16ps / one TDPBF16PS pass), the exact config keeps "
+       "it fp32 (avx512 FMAs; amx 3 exact bf16 parts, 3 passes); decode (n == 1) keeps x fp32",
        "any rows x cols x n (0 included)",
        all},
       {"matmul_rows",
@@ -180,9 +179,9 @@ const std::vector<KernelInfo>& registered_kernels() {
        all},
       {"matmul_i8",
        {S, A2, A5, AMX},
-       "W int8 + fp32 scale per 32 or 16 (GGUF Q8_0/Q5_0/Q6_K repacked), x/y fp32 (default); amx "
-       "(n >= 16): panels unpacked to bf16 per call, x as 3 exact bf16 parts, C tiles per group "
-       "scaled in fp32",
+       "W int8 + fp32 scale per 32 or 16 (GGUF Q8_0/Q5_0/Q6_K repacked), x/y fp32 (fast and "
+       "exact); amx (n >= 16): panels unpacked to bf16 per call, x as 3 exact bf16 parts, C "
+       "tiles per group scaled in fp32",
        "rows any, cols % 32 == 0, any n",
        "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_u4",
@@ -193,20 +192,22 @@ const std::vector<KernelInfo>& registered_kernels() {
        "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_i8_int8x",
        {S, A2},
-       "W as matmul_i8, x quantized to int8 per 32 (EDGELLM_QUANT_PRECISION=int8)",
+       "W as matmul_i8, x quantized to int8 per 32 (opt-in --quant-activations int8: 10x the "
+       "bf16 floor in stage 2, so not the fast default)",
        "rows any, cols % 32 == 0; AVX-VNNI used where present (avx512 machines included)",
        "smollm2_135m (MODEL=gguf with EDGELLM_QUANT_PRECISION=int8), gemma3_270m (MODEL=gguf with "
        "EDGELLM_QUANT_PRECISION=int8)"},
       {"matmul_u4_int8x",
        {S, A2},
-       "W as matmul_u4, x quantized to int8 per 32 (EDGELLM_QUANT_PRECISION=int8)",
+       "W as matmul_u4, x quantized to int8 per 32 (opt-in --quant-activations int8)",
        "rows any, cols % 32 == 0; AVX-VNNI used where present (avx512 machines included)",
        "smollm2_135m (MODEL=gguf with EDGELLM_QUANT_PRECISION=int8), gemma3_270m (MODEL=gguf with "
        "EDGELLM_QUANT_PRECISION=int8)"},
       {"attention",
        {S, A2, A5, AMX},
-       "q, out fp32; K/V cache fp32, or bf16 widened to fp32 on load (EDGELLM_KV_CACHE=bf16); "
-       "amx: q, K, V, P as 3 exact bf16 parts (6 tile passes per product; 3 on a bf16 cache)",
+       "q, out fp32; K/V cache fp32, or bf16 widened to fp32 on load (the fast default); exact "
+       "precision: fp32 products (amx: q, K, V, P as 3 exact bf16 parts, 6 tile passes per "
+       "product; 3 on a bf16 cache)",
        "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
        "(prefill, n >= 16; decode, n < 16, keys split across threads): head_dim % 16 == 0; amx "
        "(prefill, n >= 16): head_dim % 32 == 0, <= 32 query heads per kv head",

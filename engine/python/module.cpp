@@ -177,11 +177,20 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
 
   m.def(
       "measure_roofline",
-      [](int threads) {
-        const edgellm::Roofline r = edgellm::measure_roofline(threads);
+      [](int threads, const std::string& gemm_precision) {
+        namespace k = edgellm::kernels;
+        k::ExecConfig cfg = k::process_exec_config();
+        if (!gemm_precision.empty()) {
+          const auto p = k::parse_gemm_precision(gemm_precision);
+          if (!p)
+            throw edgellm::Error("gemm_precision " + gemm_precision + ": expected fp32 or bf16");
+          cfg.gemm = *p;
+        }
+        const edgellm::Roofline r = edgellm::measure_roofline(threads, cfg);
         return nb::make_tuple(r.read_gb_per_s, r.fma_gflop_per_s);
       },
-      "threads"_a, "(read GB/s, FMA GFLOP/s) measured now");
+      "threads"_a, "gemm_precision"_a = "",
+      "(read GB/s, GEMM-instruction GFLOP/s at that precision: fp32 FMA or bf16 dot) measured now");
 
   m.def(
       "gguf_dequantize",

@@ -12,8 +12,8 @@
 
 #include "edgellm/bf16.h"
 #include "edgellm/thread_pool.h"
-#include "kernels/kernels.h"
 #include "kernels/fault_injection.h"
+#include "kernels/kernels.h"
 #include "kernels/quant.h"
 
 namespace edgellm::kernels {
