@@ -165,9 +165,12 @@ KvLayout lay_out_kv(const AttentionArgs& a, bool truncate, std::vector<uint32_t>
   return t;
 }
 
-// S^T[j][r] = k_j . q_r for the block's 32 keys and R row vectors.
+// S^T[j][r] = k_j . q_r for the block's 32 keys and R row vectors; mx[r]:
+// each row's max over the 32 (what the softmax needs when no key is masked).
 template <size_t R>
-void scores(const uint32_t* k, const uint32_t* qt, size_t hd, float* st) {
+void scores(const uint32_t* k, const uint32_t* qt, size_t hd, float* st, __m512* mx) {
+#pragma GCC unroll 3
+  for (size_t r = 0; r < R; ++r) mx[r] = _mm512_set1_ps(-INFINITY);
   const size_t hp = hd / 2;
   for (size_t j0 = 0; j0 < kKeys; j0 += kTileKeys) {
     __m512 acc[kTileKeys][R];
@@ -190,7 +193,10 @@ void scores(const uint32_t* k, const uint32_t* qt, size_t hd, float* st) {
 #pragma GCC unroll 8
     for (size_t j = 0; j < kTileKeys; ++j)
 #pragma GCC unroll 3
-      for (size_t r = 0; r < R; ++r) _mm512_store_ps(st + (j0 + j) * kRows + 16 * r, acc[j][r]);
+      for (size_t r = 0; r < R; ++r) {
+        _mm512_store_ps(st + (j0 + j) * kRows + 16 * r, acc[j][r]);
+        mx[r] = _mm512_max_ps(mx[r], acc[j][r]);
+      }
   }
 }
 
@@ -224,7 +230,7 @@ void pv(float* ot, const __m512* alpha, const uint32_t* vt, const uint32_t* pt, 
   }
 }
 
-using ScoresFn = void (*)(const uint32_t*, const uint32_t*, size_t, float*);
+using ScoresFn = void (*)(const uint32_t*, const uint32_t*, size_t, float*, __m512*);
 using PvFn = void (*)(float*, const __m512*, const uint32_t*, const uint32_t*, size_t);
 constexpr ScoresFn kScores[kRowVecs + 1] = {nullptr, scores<1>, scores<2>, scores<3>};
 constexpr PvFn kPv[kRowVecs + 1] = {nullptr, pv<1>, pv<2>, pv<3>};
@@ -232,19 +238,25 @@ constexpr PvFn kPv[kRowVecs + 1] = {nullptr, pv<1>, pv<2>, pv<3>};
 // The online-softmax step of one block for 16 rows (one vector each): S^T
 // column `st` (rows kRows apart) in, P^T column `pt` out, m/l updated (log2
 // units); returns alpha per row. pos/first: each row's position and first
-// visible key; `all` when every key of the block is visible to every row.
+// visible key; `all` when every key of the block is visible to every row;
+// raw_max: the rows' max raw score of the block.
 __m512 softmax_rows(const AttentionArgs& a, size_t p0, bool all, __m512i pos, __m512i first,
-                    float* st, uint32_t* pt, __m512i interleave, bool truncate, __m512& m,
-                    __m512& l) {
+                    float* st, __m512 raw_max, uint32_t* pt, __m512i interleave, bool truncate,
+                    __m512& m, __m512& l) {
   // exp(s) = 2^(s log2 e): scores become x = s * scale * log2 e (softcap
   // applied first), here as an FMA on the raw scores or stored back.
   constexpr float kLog2e = 1.44269504088896341f;
   const bool capped = a.softcap > 0.0f;
-  const __m512 c = _mm512_set1_ps(capped ? 1.0f : a.scale * kLog2e);
+  const float cs = capped ? 1.0f : a.scale * kLog2e;
+  const __m512 c = _mm512_set1_ps(cs);
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
   __m512 mx = neg_inf;
   __mmask16 keep[kKeys];
-  for (size_t j = 0; j < kKeys; ++j) {
+  // With every key visible and no softcap, max(s c) = c max(s) (rounding is
+  // monotone; c > 0): no pass over the scores.
+  const bool fused_max = all && !capped && cs > 0.0f;
+  if (fused_max) mx = _mm512_mul_ps(raw_max, c);
+  for (size_t j = 0; j < kKeys && !fused_max; ++j) {
     __m512 x = _mm512_load_ps(st + j * kRows);
     if (capped) {
       const __m512 cap = _mm512_set1_ps(a.softcap);
@@ -269,13 +281,15 @@ __m512 softmax_rows(const AttentionArgs& a, size_t p0, bool all, __m512i pos, __
   const __m512 alpha =
       _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), seen, exp2_ps(_mm512_sub_ps(m, m_new)));
   __m512 sum = _mm512_setzero_ps();
+  if (fused_max) std::fill(keep, keep + kKeys, static_cast<__mmask16>(0xffff));
   for (size_t j = 0; j < kKeys; j += 2) {
-    // Masked keys get exactly 0, not exp's smallest denormal.
+    // Masked keys (and rows that saw none: -inf - -inf is NaN here) get
+    // exactly 0, not exp's smallest denormal.
     const __m512 e0 = _mm512_maskz_mov_ps(
-        keep[j] & seen, exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(st + j * kRows), c, m_new)));
+        keep[j] & seen, exp2_ps_finite(_mm512_fmsub_ps(_mm512_load_ps(st + j * kRows), c, m_new)));
     const __m512 e1 = _mm512_maskz_mov_ps(
         keep[j + 1] & seen,
-        exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(st + (j + 1) * kRows), c, m_new)));
+        exp2_ps_finite(_mm512_fmsub_ps(_mm512_load_ps(st + (j + 1) * kRows), c, m_new)));
     sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
     _mm512_store_si512(pt + (j / 2) * kRows, to_bf16_pairs(e0, e1, interleave, truncate));
   }
@@ -333,7 +347,7 @@ void attend_item(const AttentionArgs& a, const KvLayout& kv, size_t group, size_
   for (size_t r0 = 0; r0 < vecs * 16; r0 += 16)
     for (size_t i0 = 0; i0 < hp; i0 += 16)
       transpose16(sc.q_rows + r0 * hp + i0, hp, sc.qt + i0 * kRows + r0, kRows);
-  __m512 m[kRowVecs], l[kRowVecs], alpha[kRowVecs];
+  __m512 m[kRowVecs], l[kRowVecs], alpha[kRowVecs], raw_max[kRowVecs];
   __m512i pos_v[kRowVecs], first_v[kRowVecs];
   for (size_t h = 0; h < vecs; ++h) {
     m[h] = _mm512_set1_ps(-INFINITY);
@@ -348,11 +362,11 @@ void attend_item(const AttentionArgs& a, const KvLayout& kv, size_t group, size_
   for (size_t p0 = lo / kKeys * kKeys; p0 < hi; p0 += kKeys) {
     if (skip_diagonal && p0 == diagonal) continue;
     const size_t block = p0 / kKeys;
-    kScores[vecs](kv.k_block(kvh, block), sc.qt, hd, sc.st);
+    kScores[vecs](kv.k_block(kvh, block), sc.qt, hd, sc.st, raw_max);
     const bool all = p0 + kKeys - 1 <= min_pos && p0 >= max_first;
     for (size_t h = 0; h < vecs; ++h)
-      alpha[h] = softmax_rows(a, p0, all, pos_v[h], first_v[h], sc.st + 16 * h, sc.pt + 16 * h,
-                              interleave, truncate, m[h], l[h]);
+      alpha[h] = softmax_rows(a, p0, all, pos_v[h], first_v[h], sc.st + 16 * h, raw_max[h],
+                              sc.pt + 16 * h, interleave, truncate, m[h], l[h]);
     kPv[vecs](sc.ot, alpha, kv.vt_block(kvh, block), sc.pt, hd);
   }
   alignas(64) float inv_l[kRows];
