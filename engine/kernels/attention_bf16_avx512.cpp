@@ -283,8 +283,8 @@ __m512 softmax_rows(const AttentionArgs& a, size_t p0, bool all, __m512i pos, __
   __m512 sum = _mm512_setzero_ps();
   if (fused_max) std::fill(keep, keep + kKeys, static_cast<__mmask16>(0xffff));
   for (size_t j = 0; j < kKeys; j += 2) {
-    // Masked keys (and rows that saw none: -inf - -inf is NaN here) get
-    // exactly 0, not exp's smallest denormal.
+    // Masked keys get exactly 0, not exp's smallest denormal (nor the NaN
+    // exp2_ps_finite gives a masked -inf, or a row that saw no key: s - -inf).
     const __m512 e0 = _mm512_maskz_mov_ps(
         keep[j] & seen, exp2_ps_finite(_mm512_fmsub_ps(_mm512_load_ps(st + j * kRows), c, m_new)));
     const __m512 e1 = _mm512_maskz_mov_ps(
