@@ -5,7 +5,7 @@
 // thread pool's per-op cost. Prints one
 // line per measurement; numbers drift on shared machines, ratios hold.
 //
-//   kernel_bench [--threads N] [--quick]
+//   kernel_bench [--threads N] [--quick] [--attention | --attention-prefill | --gemm]
 #include <immintrin.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -197,6 +198,122 @@ std::pair<double, double> bench_decode_attention(size_t start, size_t heads, siz
   return {t / layers * 1e6, bytes / t / 1e9};
 }
 
+// Seconds of CPU time this process has used, every thread.
+double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Prefill attention of one shape at both precisions (AttnPrecision), timed
+// alternately (fp32, bf16, fp32, ...) so that a shared machine's drift hits
+// both alike: median wall and process-CPU seconds of each. On a shared
+// machine CPU time is the steadier measure (the pool's spin-waits count in
+// it, time other processes take does not).
+struct PrefillShape {
+  const char* what;
+  size_t heads, kv, hd, window;
+};
+
+struct PrecisionTimes {
+  double wall[2], cpu[2];  // [fp32, bf16]
+};
+
+PrecisionTimes bench_prefill_precisions(const PrefillShape& s, size_t n, KvDtype dtype, int reps,
+                                        ThreadPool& pool) {
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> q(n * s.heads * s.hd), k(s.kv * n * s.hd), v(k.size()), out(q.size());
+  for (auto* vec : {&q, &k, &v})
+    for (auto& e : *vec) e = dist(rng);
+  std::vector<uint16_t> k16, v16;
+  AttentionArgs a;
+  a.q = q.data();
+  a.k_cache = k.data();
+  a.v_cache = v.data();
+  if (dtype == KvDtype::bf16) {
+    for (auto [src, dst] : {std::pair{&k, &k16}, std::pair{&v, &v16}})
+      for (float e : *src) dst->push_back(float_to_bf16(e));
+    a.k_cache = k16.data();
+    a.v_cache = v16.data();
+  }
+  a.kv_dtype = dtype;
+  a.out = out.data();
+  a.n = n;
+  a.n_heads = s.heads;
+  a.n_kv_heads = s.kv;
+  a.head_dim = s.hd;
+  a.cache_stride = n;
+  a.window = s.window;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+  std::vector<double> wall[2], cpu[2];
+  for (int r = -1; r < reps; ++r) {  // r = -1: warm-up
+    for (int p = 0; p < 2; ++p) {
+      a.precision = p ? AttnPrecision::bf16 : AttnPrecision::fp32;
+      const double c0 = process_cpu_seconds();
+      const auto t0 = Clock::now();
+      attention(a, pool);
+      if (r < 0) continue;
+      wall[p].push_back(seconds_since(t0));
+      cpu[p].push_back(process_cpu_seconds() - c0);
+    }
+  }
+  PrecisionTimes t;
+  for (int p = 0; p < 2; ++p) {
+    for (auto* v : {&wall[p], &cpu[p]}) std::sort(v->begin(), v->end());
+    t.wall[p] = wall[p][wall[p].size() / 2];
+    t.cpu[p] = cpu[p][cpu[p].size() / 2];
+  }
+  return t;
+}
+
+// SmolLM2's and Gemma 3's prefill attention at 512 to 4096 tokens, fp32 vs
+// bf16 precision on both cache dtypes: wall ms, GFLOP/s of attention_flops()
+// against the fp32 FMA and vdpbf16ps peaks (best of three measurements each),
+// and the speedup in wall and in process CPU time (the steadier of the two
+// when other processes share the cores).
+void attention_prefill_benches(ThreadPool& pool) {
+  const Isa isa = active_isa();
+  const GemmPrecision saved = gemm_precision();
+  double fma_peak = 0.0, bf16_peak = 0.0;
+  for (int i = 0; i < 3; ++i) {
+    fma_peak = std::max(fma_peak, edgellm::measure_matmul_peak(
+                                      pool.size(), std::min(isa, Isa::avx512), GemmPrecision::fp32));
+    if (isa >= Isa::avx512)
+      bf16_peak = std::max(bf16_peak, edgellm::measure_matmul_peak(pool.size(), Isa::avx512,
+                                                                   GemmPrecision::bf16));
+  }
+  set_gemm_precision(saved);
+  std::printf("attn  prefill, %s, %d threads: fp32 FMA peak %.1f GFLOP/s, vdpbf16ps peak %.1f\n",
+              std::string(isa_name(isa)).c_str(), pool.size(), fma_peak, bf16_peak);
+  static const PrefillShape shapes[] = {{"smollm2 9/3x64", 9, 3, 64, 0},
+                                        {"gemma3 global 4/1x256", 4, 1, 256, 0},
+                                        {"gemma3 local 4/1x256 w512", 4, 1, 256, 512}};
+  for (const PrefillShape& s : shapes) {
+    for (size_t n : {512, 2048, 4096}) {
+      AttentionArgs shape;
+      shape.n = n;
+      shape.n_heads = s.heads;
+      shape.head_dim = s.hd;
+      shape.window = s.window;
+      const double flops = attention_flops(shape);
+      for (KvDtype d : {KvDtype::fp32, KvDtype::bf16}) {
+        const int reps = n <= 512 ? 21 : n <= 2048 ? 9 : 5;
+        const PrecisionTimes t = bench_prefill_precisions(s, n, d, reps, pool);
+        const double g32 = flops / t.wall[0] / 1e9, g16 = flops / t.wall[1] / 1e9;
+        std::printf(
+            "attn  prefill %-25s n=%-4zu %-4s cache: fp32 %7.2f ms %6.1f GFLOP/s (%3.0f%% of FMA) "
+            "| bf16 %7.2f ms %6.1f GFLOP/s (%3.0f%% of vdpbf16ps) | x%.2f wall, x%.2f cpu\n",
+            s.what, n, std::string(kv_dtype_name(d)).c_str(), t.wall[0] * 1e3, g32,
+            100.0 * g32 / fma_peak, t.wall[1] * 1e3, g16,
+            bf16_peak > 0 ? 100.0 * g16 / bf16_peak : 0.0, t.wall[0] / t.wall[1],
+            t.cpu[0] / t.cpu[1]);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 // Per-op cost of the pool. "empty": two trivial items (the caller may well
 // run both before the worker looks). "rendezvous": each of two items waits
 // until the other has started, so both threads must take part: the round
@@ -300,7 +417,7 @@ void gemm_benches(Isa isa, ThreadPool& pool, ThreadPool& one, double peak, doubl
 
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, attention_only = false, gemm_only = false;
+  bool quick = false, attention_only = false, gemm_only = false, prefill_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
       threads = std::atoi(argv[++i]);
@@ -310,14 +427,19 @@ int main(int argc, char** argv) {
       attention_only = true;
     else if (std::strcmp(argv[i], "--gemm") == 0)
       gemm_only = true;
+    else if (std::strcmp(argv[i], "--attention-prefill") == 0)
+      prefill_only = true;
     else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads N] [--quick] [--attention | --gemm]\n");
+      std::fprintf(stderr,
+                   "usage: kernel_bench [--threads N] [--quick] [--attention | "
+                   "--attention-prefill | --gemm]\n");
       return 2;
     }
   }
   ThreadPool pool(threads);
-  if (attention_only) {
-    attention_benches(pool, true);
+  if (attention_only || prefill_only) {
+    if (attention_only) attention_benches(pool, true);
+    attention_prefill_benches(pool);
     return 0;
   }
   ThreadPool one(1);
@@ -393,5 +515,6 @@ int main(int argc, char** argv) {
   }
 
   attention_benches(pool, false);
+  if (!quick) attention_prefill_benches(pool);
   return 0;
 }

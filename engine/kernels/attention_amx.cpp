@@ -9,13 +9,13 @@
 // cost more than both tile products together.
 //
 // Precision: fp32 operands are split into bf16 parts as the AMX GEMM splits x
-// (avx512::to_bf16_parts): with P = amx_parts(gemm_precision()) parts (3 by
-// default, exact for fp32), a product a.b is the sum of the part products
-// a_i.b_j with i + j < P; at P = 3 the dropped ones are below 2^-24 of |a||b|,
-// the class of error of an fp32 FMA dot. Products are exact in fp32, sums
-// fp32. A bf16 cache's K and V are their own single part (exact), so it
-// takes P passes per product instead of 2P, and gives the very bits the fp32
-// cache holding the widened values gives (the passes it skips add zeros).
+// (avx512::to_bf16_parts): with P parts, a product a.b is the sum of the part
+// products a_i.b_j with i + j < P. AttnPrecision::fp32 takes P = 3: the
+// dropped ones are below 2^-24 of |a||b|, the class of error of an fp32 FMA
+// dot. AttnPrecision::bf16 takes P = 1: q, K, V and P rounded to bf16 once. Products are exact in
+// fp32, sums fp32. A bf16 cache's K and V are their own single part (exact), so it takes P passes
+// per product instead of 2P, and gives the very bits the fp32 cache holding the widened values
+// gives (the passes it skips add zeros).
 //
 // Layouts (bf16, per part), keys past the cache's end zero:
 //   K   per 32-key block [32 keys][hd]          A tiles of S^T (16 keys x 32 dims)
@@ -215,21 +215,6 @@ ItemScratch scratch(size_t parts, size_t hd) {
           base + q_floats + p_floats, base + q_floats + p_floats + kKeys * kRows};
 }
 
-// 2^x, |relative error| ~1e-7 (Cephes exp2f's polynomial on the reduced
-// argument, scaled by vscalefps); x = -inf and x < -150 give 0.
-inline __m512 exp2_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_sub_ps(x, n);  // exact, |r| <= 1/2
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931472028550421e-1f));
-  return _mm512_scalef_ps(_mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f)), n);
-}
-
 // The online-softmax step of one block for 16 rows (one vector each): S^T
 // column half `st` (rows kRows apart) in, P^T parts out, m/l updated; returns
 // alpha per row. pos/first: each row's position and first visible key; `all`
@@ -260,14 +245,15 @@ __m512 softmax_half(const AttentionArgs& a, size_t p0, bool all, __m512i pos, __
   // Rows that saw no key yet keep m = -inf and alpha = 1 (O^T and l are 0).
   const __mmask16 seen = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_NEQ_OQ);
   const __m512 alpha =
-      _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), seen, exp2_ps(_mm512_sub_ps(m, m_new)));
+      _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), seen, avx512::exp2_ps(_mm512_sub_ps(m, m_new)));
   __m512 sum = _mm512_setzero_ps();
   for (size_t j = 0; j < kKeys; j += 2) {
     // Masked keys get exactly 0, not exp's smallest denormal.
     const __m512 e0 = _mm512_maskz_mov_ps(
-        keep[j] & seen, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(st + j * kRows), m_new)));
+        keep[j] & seen, avx512::exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(st + j * kRows), m_new)));
     const __m512 e1 = _mm512_maskz_mov_ps(
-        keep[j + 1] & seen, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(st + (j + 1) * kRows), m_new)));
+        keep[j + 1] & seen,
+        avx512::exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(st + (j + 1) * kRows), m_new)));
     sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
     split_pairs(e0, e1, parts, pt + (j / 2) * 2 * kRows, kKeys * kRows);
   }
@@ -389,7 +375,7 @@ void attend_item(const AttentionArgs& a, const KvTiles& kv, size_t parts, size_t
 
 void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
   if (a.n == 0 || a.n_heads == 0) return;
-  const size_t parts = amx_parts(gemm_precision());
+  const size_t parts = a.precision == AttnPrecision::bf16 ? 1 : 3;
   const size_t keys = a.start + a.n, group = a.n_heads / a.n_kv_heads;
   // Buffers of the calling thread, read by the workers.
   thread_local std::vector<uint16_t> kbuf, vbuf;

@@ -71,6 +71,13 @@ void to_bf16_tiles(const float* x, size_t n, size_t cols, size_t n_pad, size_t c
 inline constexpr size_t kMinPrefillTokens = 16;
 inline constexpr size_t kMaxGroup = 256;
 void attention_prefill(const AttentionArgs& args, ThreadPool& pool);
+// Prefill attention at AttnPrecision::bf16 (attention_bf16_avx512.cpp): q, K,
+// V and P rounded to bf16 once, vdpbf16ps products, fp32 online softmax over
+// kSoftmaxBlock-key blocks (ref::attention_bf16 is its reference). Needs
+// n >= kMinPrefillTokens, head_dim % 32 == 0, at most kMaxBf16Group query
+// heads per kv head, a K/V cache of fp32 or bf16.
+inline constexpr size_t kMaxBf16Group = 48;
+void attention_prefill_bf16(const AttentionArgs& args, ThreadPool& pool);
 // Decode attention (n < kMinPrefillTokens; keys split across threads at long
 // context); needs head_dim % 16 == 0.
 void attention_decode(const AttentionArgs& args, ThreadPool& pool);
@@ -88,7 +95,7 @@ inline size_t amx_parts(GemmPrecision p) {
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
             GemmPrecision precision);
 // Prefill attention with both products on tiles (attention_amx.cpp), operands
-// in amx_parts(gemm_precision()) bf16 parts; n >= avx512::kMinPrefillTokens,
+// in bf16 parts: 3 at AttnPrecision::fp32 (exact), 1 at bf16; n >= avx512::kMinPrefillTokens,
 // head_dim % 32 == 0, at most kMaxAttentionGroup query heads per kv head.
 inline constexpr size_t kMaxAttentionGroup = 32;
 void attention_prefill(const AttentionArgs& args, ThreadPool& pool);

@@ -342,16 +342,28 @@ void add(float* acc, const float* x, size_t n, Isa isa) {
 void attention(const AttentionArgs& args, ThreadPool& pool, Isa isa) {
   // The AVX2 path works on whole vectors of head_dim; others take the reference.
   // Prefill on amx, else avx512; decode (n < 16) on avx512 (keys split across threads).
-  if (isa == Isa::amx && args.n >= avx512::kMinPrefillTokens && args.head_dim % 32 == 0 &&
+  // AttnPrecision::bf16 runs on the amx prefill (one bf16 part) and the avx512
+  // bf16 prefill; everything else computes fp32 at either precision. Decode
+  // stays fp32 on purpose: it streams the cache once per token, bound by
+  // bandwidth, not by the products.
+  const bool prefill = args.n >= avx512::kMinPrefillTokens;
+  const bool bf16 = args.precision == AttnPrecision::bf16 &&
+                    (args.kv_dtype == KvDtype::fp32 || args.kv_dtype == KvDtype::bf16);
+  if (isa == Isa::amx && prefill && args.head_dim % 32 == 0 &&
       args.n_heads <= amx::kMaxAttentionGroup * args.n_kv_heads)
     return amx::attention_prefill(args, pool);
-  if (isa >= Isa::avx512 && args.n >= avx512::kMinPrefillTokens && args.head_dim % 16 == 0 &&
+  if (isa >= Isa::avx512 && prefill && bf16 && args.head_dim % 32 == 0 &&
+      args.n_heads <= avx512::kMaxBf16Group * args.n_kv_heads)
+    return avx512::attention_prefill_bf16(args, pool);
+  if (isa >= Isa::avx512 && prefill && args.head_dim % 16 == 0 &&
       args.n_heads <= avx512::kMaxGroup * args.n_kv_heads)
     return avx512::attention_prefill(args, pool);
-  if (isa >= Isa::avx512 && args.n < avx512::kMinPrefillTokens && args.head_dim % 16 == 0)
+  if (isa >= Isa::avx512 && !prefill && args.head_dim % 16 == 0)
     return avx512::attention_decode(args, pool);
   if (isa >= Isa::avx2 && args.head_dim % 8 == 0) return avx2::attention(args, pool);
-  ref::attention(args);
+  AttentionArgs fp32 = args;
+  fp32.precision = AttnPrecision::fp32;
+  ref::attention(fp32);
 }
 
 double attention_flops(const AttentionArgs& args) {

@@ -140,10 +140,15 @@ inline size_t kv_dtype_bytes(KvDtype d) {
 // Arithmetic of attention's two products (q.k and p.v). fp32: exact fp32
 // products (amx: q, K, V, P as three exact bf16 parts). bf16: q, K, P and V
 // rounded to bf16 (nearest even) once, products with fp32 accumulation
-// (vdpbf16ps / one TDPBF16PS pass); the softmax stays fp32 in both.
+// (vdpbf16ps / one TDPBF16PS pass); the softmax stays fp32 in both. P is
+// that of an online softmax over blocks of kAttentionKeyBlock keys from
+// multiples of it: exp(s - m) with m the running max of the blocks so far,
+// rounded to bf16 (ref::attention_bf16). bf16 runs on avx512 (no AMX) and amx
+// prefill with an fp32 or bf16 cache; decode and other paths compute fp32.
 enum class AttnPrecision { fp32, bf16 };
 std::string_view attn_precision_name(AttnPrecision p);  // "fp32" | "bf16"
 std::optional<AttnPrecision> parse_attn_precision(std::string_view name);
+inline constexpr size_t kAttentionKeyBlock = 32;
 
 // Causal multi-head attention with grouped KV heads, for `n` query tokens at
 // positions [start, start + n). The cache holds positions [0, start + n):
@@ -200,7 +205,14 @@ void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const flo
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
 void add(float* acc, const float* x, size_t n);
+// Honours args.precision: bf16 (fp32 or bf16 cache) is attention_bf16.
 void attention(const AttentionArgs& args);
+// Attention at AttnPrecision::bf16 (reference_attention_bf16.cpp): q, K, V
+// and P rounded where the bf16 kernels round them, everything between exact
+// (double). `tolerance`, when given ([n][n_heads][head_dim]), receives per
+// output the bound on |kernel - reference| of a kernel that accumulates in
+// fp32 along head_dim and along the keys (derivation in the file).
+void attention_bf16(const AttentionArgs& args, float* tolerance = nullptr);
 void top_k(const float* x, size_t n, size_t k, int32_t* out_indices);
 }  // namespace ref
 

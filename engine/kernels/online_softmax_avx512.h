@@ -15,7 +15,7 @@
 
 namespace edgellm::kernels::avx512 {
 
-inline constexpr size_t kSoftmaxBlock = 32;  // keys per block: two vectors
+inline constexpr size_t kSoftmaxBlock = kAttentionKeyBlock;  // keys per block: two vectors
 
 // The first key a query at `pos` sees (sliding window).
 inline size_t first_key(const AttentionArgs& a, size_t pos) {

@@ -104,6 +104,9 @@ void attention_of(const AttentionArgs& a) {
 }  // namespace
 
 void attention(const AttentionArgs& a) {
+  if (a.precision == AttnPrecision::bf16 &&
+      (a.kv_dtype == KvDtype::fp32 || a.kv_dtype == KvDtype::bf16))
+    return attention_bf16(a);
   if (a.kv_dtype == KvDtype::bf16)
     attention_of<uint16_t>(a);
   else

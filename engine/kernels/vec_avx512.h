@@ -28,6 +28,26 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// 2^x, |relative error| ~1e-7 (Cephes exp2f's polynomial on the reduced
+// argument, scaled by vscalefps); x < -150 gives 0, x = -inf gives NaN (see
+// exp2_ps), for callers that mask those lanes anyway.
+inline __m512 exp2_ps_finite(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, n);  // exact, |r| <= 1/2
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931472028550421e-1f));
+  return _mm512_scalef_ps(_mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f)), n);
+}
+
+// 2^x as exp2_ps_finite, and x = -inf gives 0.
+inline __m512 exp2_ps(__m512 x) {
+  return exp2_ps_finite(_mm512_max_ps(x, _mm512_set1_ps(-150.0f)));
+}
+
 // tanh(x): odd polynomial below |x| = 0.625, else 1 - 2 / (exp(2|x|) + 1).
 inline __m512 tanh_ps(__m512 x) {
   const __m512 ax = _mm512_abs_ps(x);
