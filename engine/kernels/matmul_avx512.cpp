@@ -254,9 +254,10 @@ constexpr size_t kTileChunk = kTileTokens * kChunk;
 // split costs a store and reload of the C tile, and 512 or 1024 (slice in L1)
 // measured 5-15% slower on Zen 5 than 2048.
 constexpr size_t kKc = 2048;
-// Token block: its x over one K block (<= 512 KiB) stays in L2 while the panel
-// pairs sweep over it; W streams from L3/DRAM once per token block.
-constexpr size_t kXBlockBytes = 512 * 1024;
+// Token block: its x over one K block (<= 256 KiB) stays in L2 next to the
+// current and the prefetched W slice while the panel pairs sweep over it; W
+// streams from L3/DRAM once per token block. (512 KiB measured the same.)
+constexpr size_t kXBlockBytes = 256 * 1024;
 
 // Lines [0, lines) after at[0] and at[1] (the next slice's two panels): a
 // tile spreads its share of the prefetch over its chunks, so the next slice
