@@ -5,7 +5,8 @@
 // thread pool's per-op cost. Prints one
 // line per measurement; numbers drift on shared machines, ratios hold.
 //
-//   kernel_bench [--threads N] [--quick] [--attention | --attention-prefill | --gemm]
+//   kernel_bench [--threads N] [--quick] [--attention | --attention-prefill | --gemm |
+//                 --gemm-shapes [--models a,b] [--tokens 128,512]]
 #include <immintrin.h>
 
 #include <algorithm>
@@ -277,11 +278,12 @@ void attention_prefill_benches(ThreadPool& pool) {
   const GemmPrecision saved = gemm_precision();
   double fma_peak = 0.0, bf16_peak = 0.0;
   for (int i = 0; i < 3; ++i) {
-    fma_peak = std::max(fma_peak, edgellm::measure_matmul_peak(
-                                      pool.size(), std::min(isa, Isa::avx512), GemmPrecision::fp32));
+    fma_peak = std::max(
+        fma_peak,
+        edgellm::measure_matmul_peak(pool.size(), std::min(isa, Isa::avx512), GemmPrecision::fp32));
     if (isa >= Isa::avx512)
-      bf16_peak = std::max(bf16_peak, edgellm::measure_matmul_peak(pool.size(), Isa::avx512,
-                                                                   GemmPrecision::bf16));
+      bf16_peak = std::max(
+          bf16_peak, edgellm::measure_matmul_peak(pool.size(), Isa::avx512, GemmPrecision::bf16));
   }
   set_gemm_precision(saved);
   std::printf("attn  prefill, %s, %d threads: fp32 FMA peak %.1f GFLOP/s, vdpbf16ps peak %.1f\n",
@@ -415,12 +417,55 @@ void gemm_benches(Isa isa, ThreadPool& pool, ThreadPool& one, double peak, doubl
   }
 }
 
+// The prefill projections of the supported models, as weights.cpp packs them
+// (q/k/v fused, gate/up fused), at 128, 512 and 2048 tokens
+// (kernel_bench --gemm-shapes [--models a,b] [--tokens 128,512]).
+void model_gemm_benches(Isa isa, ThreadPool& pool, double peak, const std::string& models,
+                        const std::string& tokens, bool quick) {
+  struct ModelShape {
+    const char *model, *what;
+    size_t rows, cols;
+  };
+  static const ModelShape shapes[] = {
+      {"smollm2", "qkv", 960, 576},        {"smollm2", "o", 576, 576},
+      {"smollm2", "gate_up", 3072, 576},   {"smollm2", "down", 576, 1536},
+      {"gemma3", "qkv", 1536, 640},        {"gemma3", "o", 640, 1024},
+      {"gemma3", "gate_up", 4096, 640},    {"gemma3", "down", 640, 2048},
+      {"llama1b", "qkv", 3072, 2048},      {"llama1b", "o", 2048, 2048},
+      {"llama1b", "gate_up", 16384, 2048}, {"llama1b", "down", 2048, 8192}};
+  auto listed = [](const std::string& list, const std::string& item) {
+    return list.empty() || ("," + list + ",").find("," + item + ",") != std::string::npos;
+  };
+  for (size_t n : {128, 512, 2048}) {
+    if (!listed(tokens, std::to_string(n))) continue;
+    for (const ModelShape& s : shapes) {
+      if (!listed(models, s.model)) continue;
+      const double flop = 2.0 * n * s.rows * s.cols;
+      // Enough repetitions for ~0.5 s of work per shape, 3 to 15.
+      const int reps = quick ? 3 : std::clamp(static_cast<int>(0.5 * peak * 1e9 / flop), 3, 15);
+      const MatmulResult r = bench_matmul(n, s.rows, s.cols, isa, pool, reps);
+      std::printf("gemm  %-8s %-8s n=%-5zu %5zux%-5zu %9.1f us %7.1f GFLOP/s (%.1f%% of peak)\n",
+                  s.model, s.what, n, s.rows, s.cols, r.seconds * 1e6, r.gflops,
+                  100.0 * r.gflops / peak);
+      std::fflush(stdout);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   int threads = 0;
-  bool quick = false, attention_only = false, gemm_only = false, prefill_only = false;
+  bool quick = false, attention_only = false, gemm_only = false, prefill_only = false,
+       model_shapes = false;
+  std::string models, tokens;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
       threads = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--models") == 0 && i + 1 < argc)
+      models = argv[++i];
+    else if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc)
+      tokens = argv[++i];
+    else if (std::strcmp(argv[i], "--gemm-shapes") == 0)
+      model_shapes = true;
     else if (std::strcmp(argv[i], "--quick") == 0)
       quick = true;
     else if (std::strcmp(argv[i], "--attention") == 0)
@@ -432,7 +477,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: kernel_bench [--threads N] [--quick] [--attention | "
-                   "--attention-prefill | --gemm]\n");
+                   "--attention-prefill | --gemm | --gemm-shapes [--models a,b] [--tokens "
+                   "128,512]]\n");
       return 2;
     }
   }
@@ -464,6 +510,10 @@ int main(int argc, char** argv) {
                peak = edgellm::measure_matmul_peak(pool.size(), peak_isa, gemm_precision());
   std::printf("ceiling  %s GEMM peak: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n",
               std::string(isa_name(peak_isa)).c_str(), peak1, peak, pool.size());
+  if (model_shapes) {
+    model_gemm_benches(isa, pool, peak, models, tokens, quick);
+    return 0;
+  }
   if (gemm_only) {
     gemm_benches(isa, pool, one, peak, peak1, quick, true);
     return 0;

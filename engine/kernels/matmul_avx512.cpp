@@ -5,18 +5,22 @@
 // pair one 64-byte load gives both columns' 16 rows as fp32 (shift / mask),
 // two broadcasts of x and two FMAs; four pairs in flight (8 accumulators).
 //
-// n > 1 (prefill, GEMM) is compute bound: x is rounded to bf16 once (row
-// major, padded), and a 12-token x 32-row register tile runs vdpbf16ps (two
-// products per lane, fp32 accumulation) over the whole K: per column pair
+// n > 1 (prefill, GEMM) is compute bound. With GemmPrecision::bf16, x is
+// rounded to bf16 once per call into the 12-token tile order the register
+// tile reads (one contiguous stream per tile), and a 12-token x 32-row tile
+// runs vdpbf16ps (two products per lane, fp32 accumulation): per column pair
 // 2 weight loads and 12 broadcasts of an x pair feed 24 vdpbf16ps into 24
-// accumulators. With GemmPrecision::fp32 (and bf16x2, which only amx splits)
-// the same tile keeps x in fp32 and runs two FMAs per pair instead (half the
-// flop rate). The two panels (32 x K bf16) are reused by every tile of a token
-// block from L1/L2; the block's x (<= 256 KiB) stays in L2.
+// accumulators. Loops: token blocks (x in L2) > K blocks (K > 2048 only) >
+// panel pairs (the next pair's slice prefetched into L2 meanwhile) > tiles.
+// On Zen 5 (2 vdpbf16ps zmm a cycle) it runs at 85-100% of that peak per core.
+// With GemmPrecision::fp32 (and bf16x2, which only amx splits) a tile of the
+// same shape keeps x in fp32 (row major) and runs two FMAs per pair instead
+// (half the flop rate) over the whole K; the block's x (<= 256 KiB) stays in L2.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -24,6 +28,7 @@
 
 #include "edgellm/bf16.h"
 #include "kernels/avx512.h"
+#include "kernels/fault_injection.h"
 
 namespace edgellm::kernels {
 
@@ -59,6 +64,7 @@ namespace avx512 {
 
 namespace {
 
+using fault::Fault;
 using vnni::kPanelRows;
 
 // Same measured prefetch distance as the AVX2 GEMV (matmul_avx2.cpp).
@@ -233,6 +239,173 @@ void gemm_panels(const PackedMatrix& w, const X* x, size_t lda, size_t n, float*
   }
 }
 
+// --- bf16 GEMM (vdpbf16ps) -------------------------------------------------------
+
+// x as the bf16 GEMM reads it: per tile of kTileTokens tokens, per 32-column
+// chunk, the tile's tokens one after another, 32 bf16 (64 bytes) each:
+// element (t, c) at ((t / 12 * kchunks + c / 32) * 12 + t % 12) * 32 + c % 32.
+// A tile's K block is one contiguous run and each chunk one 768-byte read.
+constexpr size_t kChunk = vnni::kKBlock;  // columns per chunk (16 pairs)
+constexpr size_t kTileChunk = kTileTokens * kChunk;
+
+// K block (columns): the two panels' slice (32 rows x kKc bf16, 128 KiB) is
+// read from L2 by every tile of the token block, and the next slice is
+// prefetched meanwhile. Only K > kKc is split (Llama's down, K = 8192): each
+// split costs a store and reload of the C tile, and 512 or 1024 (slice in L1)
+// measured 5-15% slower on Zen 5 than 2048.
+constexpr size_t kKc = 2048;
+// Token block: its x over one K block (<= 256 KiB) stays in L2 next to the
+// current and the prefetched W slice while the panel pairs sweep over it; W
+// streams from L3/DRAM once per token block. (512 KiB measured the same.)
+constexpr size_t kXBlockBytes = 256 * 1024;
+
+// Lines [0, lines) after at[0] and at[1] (the next slice's two panels): a
+// tile spreads its share of the prefetch over its chunks, so the next slice
+// comes from L2, not DRAM, when its first tile starts.
+struct Prefetch {
+  const char* at[2];
+  size_t lines;
+};
+
+// C[MR tokens][NP * 16 rows] (+)= x tile * panels^T over `chunks` 32-column
+// chunks. xt: the tile at its first chunk; panel: the first panel at its first
+// pair, the second (NP == 2) `pstride` after. The first K block starts from
+// zero, later ones from C (fp32, as stored: the sum is one fp32 chain per
+// output, in column order); the last adds the bias.
+template <int MR, int NP>
+void tile_bf16(const uint16_t* xt, const uint16_t* panel, size_t pstride, size_t chunks, float* c,
+               size_t ldc, const float* bias, size_t valid, bool first, bool last,
+               const Prefetch& pf) {
+  __m512 acc[MR][NP];
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) {
+      const size_t done = j * kPanelRows;
+      acc[i][j] = first || valid <= done
+                      ? _mm512_setzero_ps()
+                      : _mm512_maskz_loadu_ps(row_mask(valid - done), c + i * ldc + done);
+    }
+  const size_t pf_step = (pf.lines + chunks - 1) / std::max<size_t>(chunks, 1);
+  for (size_t ch = 0; ch < chunks; ++ch) {
+    for (size_t l = ch * pf_step, e = std::min(pf.lines, l + pf_step); l < e; ++l) {
+      _mm_prefetch(pf.at[0] + l * 64, _MM_HINT_T1);
+      _mm_prefetch(pf.at[1] + l * 64, _MM_HINT_T1);
+    }
+    const uint16_t* xc = xt + ch * kTileChunk;
+    const uint16_t* wc = panel + ch * kChunk * kPanelRows;
+#pragma GCC unroll 16
+    for (int u = 0; u < 16; ++u) {
+      __m512i b[NP];
+#pragma GCC unroll 2
+      for (int j = 0; j < NP; ++j) b[j] = _mm512_load_si512(wc + j * pstride + u * 2 * kPanelRows);
+#pragma GCC unroll 12
+      for (int i = 0; i < MR; ++i) {
+        const __m512i av = broadcast_pair(xc + i * kChunk + 2 * u);
+#pragma GCC unroll 2
+        for (int j = 0; j < NP; ++j) acc[i][j] = dp(acc[i][j], av, b[j]);
+      }
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) {
+      const size_t done = j * kPanelRows;
+      if (valid > done)
+        store_rows(c + i * ldc + done, acc[i][j], last && bias ? bias + done : nullptr,
+                   valid - done);
+    }
+}
+
+using Bf16TileFn = void (*)(const uint16_t*, const uint16_t*, size_t, size_t, float*, size_t,
+                            const float*, size_t, bool, bool, const Prefetch&);
+template <int NP, size_t... I>
+constexpr auto make_bf16_tiles(std::index_sequence<I...>) {
+  return std::array<Bf16TileFn, sizeof...(I)>{tile_bf16<static_cast<int>(I) + 1, NP>...};
+}
+constexpr auto kBf16Tiles1 = make_bf16_tiles<1>(std::make_index_sequence<kTileTokens>{});
+constexpr auto kBf16Tiles2 = make_bf16_tiles<2>(std::make_index_sequence<kTileTokens>{});
+
+// Rounds tokens' x (cols floats a row) to bf16 in the tile layout above,
+// tiles [i0, i1); columns >= cols and tokens >= n are zeros. Round to nearest
+// even as torch's .to(bfloat16); Fault::bf16_truncate truncates instead.
+void pack_x_tiles(const float* x, size_t n, size_t cols, size_t kchunks, size_t i0, size_t i1,
+                  uint16_t* out) {
+  const bool truncate = fault::active() == Fault::bf16_truncate;
+  for (size_t i = i0; i < i1; ++i) {
+    for (size_t k = 0; k < kTileTokens; ++k) {
+      const size_t t = i * kTileTokens + k;
+      const float* xr = t < n ? x + t * cols : x;
+      for (size_t ch = 0; ch < kchunks; ++ch) {
+        uint16_t* o = out + (i * kchunks + ch) * kTileChunk + k * kChunk;
+        const size_t c = ch * kChunk, left = t < n && c < cols ? cols - c : 0;
+        const __m512 lo = _mm512_maskz_loadu_ps(row_mask(std::min<size_t>(left, 16)), xr + c);
+        const __m512 hi = _mm512_maskz_loadu_ps(row_mask(left > 16 ? left - 16 : 0), xr + c + 16);
+        __m512i v;
+        if (truncate) {
+          const __m256i l = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16));
+          const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16));
+          v = _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1);
+        } else {
+          v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // result order (lo, hi)
+        }
+        _mm512_store_si512(o, v);
+      }
+    }
+  }
+}
+
+// Panels [p0, p1) for every token over the packed x (kchunks chunks a tile).
+void gemm_bf16_panels(const PackedMatrix& w, const uint16_t* xp, size_t n, size_t kchunks, float* y,
+                      size_t p0, size_t p1) {
+  const size_t rows = w.rows, kpad = kchunks * kChunk, pstride = kpad * kPanelRows;
+  const uint16_t* base = w.data.data() + w.offset;
+  // K blocks of near-equal size (whole chunks); Fault::drop_k_tail leaves the
+  // last chunk out.
+  const size_t kblocks = (kchunks * kChunk + kKc - 1) / kKc;
+  const size_t kb_chunks = (kchunks + kblocks - 1) / kblocks;
+  const size_t end_chunks = fault::active() == Fault::drop_k_tail ? kchunks - 1 : kchunks;
+  const size_t tiles = (n + kTileTokens - 1) / kTileTokens;
+  const size_t max_tiles =
+      std::max<size_t>(1, kXBlockBytes / (kb_chunks * kTileChunk * sizeof(uint16_t)));
+  const size_t tblocks = (tiles + max_tiles - 1) / max_tiles;
+  const size_t block_tiles = (tiles + tblocks - 1) / tblocks;
+  for (size_t i0 = 0; i0 < tiles; i0 += block_tiles) {
+    const size_t i1 = std::min(tiles, i0 + block_tiles);
+    for (size_t c0 = 0; c0 < kchunks; c0 += kb_chunks) {
+      const size_t c1 = std::min(kchunks, c0 + kb_chunks);
+      const bool first = c0 == 0, last = c1 == kchunks;
+      const size_t chunks = std::min(c1, end_chunks) - std::min(c0, end_chunks);
+      for (size_t p = p0; p < p1; p += 2) {
+        const size_t np = std::min<size_t>(2, p1 - p);
+        const size_t r0 = p * kPanelRows, valid = std::min(np * kPanelRows, rows - r0);
+        const float* bias = w.bias ? w.bias + r0 : nullptr;
+        const uint16_t* panel = base + p * pstride + c0 * kChunk * kPanelRows;
+        // The slice after this one in the loop order (here: none after the last).
+        size_t nc0 = c0, np0 = p + 2, next_chunks = 0;
+        if (np0 >= p1) {
+          np0 = p0;
+          nc0 = c1 < kchunks ? c1 : i1 < tiles ? 0 : kchunks;
+        }
+        if (nc0 < kchunks) next_chunks = std::min(kchunks, nc0 + kb_chunks) - nc0;
+        const char* next =
+            reinterpret_cast<const char*>(base + np0 * pstride + nc0 * kChunk * kPanelRows);
+        const char* next1 = np0 + 1 < p1 ? next + pstride * sizeof(uint16_t) : next;
+        const size_t lines = next_chunks * kChunk * kPanelRows * sizeof(uint16_t) / 64;
+        const auto& fns = np == 2 ? kBf16Tiles2 : kBf16Tiles1;
+        for (size_t i = i0; i < i1; ++i) {
+          const size_t t = i * kTileTokens, mr = std::min(kTileTokens, n - t);
+          const size_t l0 = lines * (i - i0) / (i1 - i0), l1 = lines * (i + 1 - i0) / (i1 - i0);
+          const Prefetch pf{{next + l0 * 64, next1 + l0 * 64}, l1 - l0};
+          fns[mr - 1](xp + (i * kchunks + c0) * kTileChunk, panel, pstride, chunks,
+                      y + t * rows + r0, rows, bias, valid, first, last, pf);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 uint16_t* bf16_scratch(size_t count) {
@@ -315,10 +488,12 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
     });
     return;
   }
-  uint16_t* xb = bf16_scratch(n * kpad);
-  to_bf16_parts(x, n, w.cols, n, kpad, 1, xb, pool);
+  const size_t kchunks = kpad / kChunk, tiles = (n + kTileTokens - 1) / kTileTokens;
+  uint16_t* xp = bf16_scratch(tiles * kchunks * kTileChunk);
+  pool.parallel_chunks(
+      tiles, [&](size_t i0, size_t i1) { pack_x_tiles(x, n, w.cols, kchunks, i0, i1, xp); });
   pool.parallel_chunks(pairs, [&](size_t q0, size_t q1) {
-    gemm_panels(w, static_cast<const uint16_t*>(xb), kpad, n, y, 2 * q0, std::min(panels, 2 * q1));
+    gemm_bf16_panels(w, xp, n, kchunks, y, 2 * q0, std::min(panels, 2 * q1));
   });
 }
 

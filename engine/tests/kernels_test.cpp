@@ -163,11 +163,56 @@ class PrecisionScope {
   GemmPrecision saved_;
 };
 
+// The avx512 bf16 GEMM (vdpbf16ps, matmul_avx512.cpp) sums each output as one
+// fp32 chain over the column pairs in order: acc <- acc + p_2q + p_2q+1, the
+// products exact (8 x 8 significant bits), at most one rounding per addition
+// (two per pair in either order, or the pair's sum first, or one fused), then
+// y = acc + bias. A rounding errs by at most u = 2^-24 times the value it
+// rounds, so to first order, with m_q = max(|S_2q + p_2q|, |S_2q + p_2q+1|,
+// |p_2q + p_2q+1|),
+//   |y - exact| <= u * (sum_q (m_q + |S_2q+2|) + |y|)
+// with S_k the exact partial sums (in double): the rounding-aware bound of the
+// check below, derived per output from the terms themselves. On random
+// signs the partial sums grow like sqrt(k), so it is ~0.7 sqrt(K) u sum|w x|
+// (simulated): 4e-7 sum|w x| at K = 64, 4e-6 at K = 8192, where the generic
+// check allows 1e-5.
+struct Bf16Chain {
+  double value = 0.0, bound = 0.0;
+};
+Bf16Chain bf16_chain(const uint16_t* w_row, const float* x_seen, size_t cols, double bias) {
+  constexpr double u = 0x1p-24;
+  Bf16Chain c;
+  for (size_t q = 0; 2 * q < cols; ++q) {
+    const double a = static_cast<double>(bf16_to_float(w_row[2 * q])) * x_seen[2 * q];
+    const double b = 2 * q + 1 < cols
+                         ? static_cast<double>(bf16_to_float(w_row[2 * q + 1])) * x_seen[2 * q + 1]
+                         : 0.0;
+    const double m = std::max({std::fabs(c.value + a), std::fabs(c.value + b), std::fabs(a + b)});
+    c.bound += u * (m + std::fabs(c.value + a + b));
+    c.value += a + b;
+  }
+  c.value += bias;
+  c.bound += u * std::fabs(c.value);
+  // Second order: the rounded partial sums exceed the exact ones by at most
+  // the error so far (< K u of them).
+  c.bound *= 1.0 + 0x1p-24 * static_cast<double>(cols + 2) + 1e-12;
+  return c;
+}
+
+// Whether `isa` runs the avx512 vdpbf16ps GEMM for n tokens at the current
+// precision (amx runs it below kMinTokens, but its own tiles above).
+bool runs_avx512_bf16_gemm(Isa isa, size_t n) {
+  return isa == Isa::avx512 && n > 1 && gemm_precision() == GemmPrecision::bf16;
+}
+
 // Checks matmul(isa) against ref::matmul for one shape; returns false (after
-// reporting) on the first mismatch so sweeps stop early. The reference sees x
-// exactly as the tier does (bf16-rounded, or the sum of its bf16 parts).
+// reporting, unless `report` is false) on the first mismatch so sweeps stop
+// early. The reference sees x exactly as the tier does (bf16-rounded, or the
+// sum of its bf16 parts). The avx512 bf16 GEMM is held to the rounding-aware
+// bound of its fp32 chain (bf16_chain); every other path to 1e-5 sum|w x|.
+// `worst` (if given) collects the largest |error| / tolerance seen.
 bool check_matmul(Isa isa, size_t rows, size_t cols, size_t n, bool with_bias, std::mt19937& rng,
-                  ThreadPool& pool) {
+                  ThreadPool& pool, bool report = true, double* worst = nullptr) {
   const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
   const OddBuffer x = random_buffer(n * cols, rng);
   const OddBuffer bias = random_buffer(rows, rng);
@@ -187,17 +232,29 @@ bool check_matmul(Isa isa, size_t rows, size_t cols, size_t n, bool with_bias, s
     matmul(opt_w, x.data(), n, got.data(), pool);
   }
   EXPECT_TRUE(got.guard_intact()) << "store out of bounds";
+  const bool chain = runs_avx512_bf16_gemm(isa, n);
   for (size_t t = 0; t < n; ++t) {
     for (size_t r = 0; r < rows; ++r) {
-      double mag = with_bias ? std::fabs(bias[r]) : 0.0;
-      for (size_t c = 0; c < cols; ++c)
-        mag += std::fabs(bf16_to_float(w[r * cols + c]) * x_seen[t * cols + c]);
-      const float e = expected[t * rows + r], g = got[t * rows + r];
-      const double tol = 1e-5 * mag + 1e-30;
-      if (!(std::fabs(e - g) <= tol)) {
-        ADD_FAILURE() << isa_name(isa) << " rows=" << rows << " cols=" << cols << " n=" << n
-                      << " bias=" << with_bias << " at t=" << t << " r=" << r << ": got " << g
-                      << " want " << e << " tol " << tol;
+      double e = expected[t * rows + r], tol;
+      if (chain) {
+        const Bf16Chain c = bf16_chain(&w[r * cols], &x_seen[t * cols], cols,
+                                       with_bias ? static_cast<double>(bias[r]) : 0.0);
+        e = c.value;
+        tol = c.bound;
+      } else {
+        double mag = with_bias ? std::fabs(bias[r]) : 0.0;
+        for (size_t c = 0; c < cols; ++c)
+          mag += std::fabs(bf16_to_float(w[r * cols + c]) * x_seen[t * cols + c]);
+        tol = 1e-5 * mag + 1e-30;
+      }
+      const float g = got[t * rows + r];
+      const double err = std::fabs(e - g);
+      if (worst && tol > 0) *worst = std::max(*worst, err / tol);
+      if (!(err <= tol)) {
+        if (report)
+          ADD_FAILURE() << isa_name(isa) << " rows=" << rows << " cols=" << cols << " n=" << n
+                        << " bias=" << with_bias << " at t=" << t << " r=" << r << ": got " << g
+                        << " want " << e << " tol " << tol;
         return false;
       }
     }
@@ -247,6 +304,52 @@ void check_precision_shapes(Isa isa, GemmPrecision p, unsigned seed) {
 // EDGELLM_GEMM_PRECISION=bf16: x rounded to bf16 (the avx512/amx GEMM).
 TEST_P(KernelMatmul, Bf16PrecisionShapes) {
   check_precision_shapes(isa(), GemmPrecision::bf16, 19);
+}
+
+// The avx512 bf16 GEMM on the shapes its blocking has edges at, against its
+// rounding-aware bound (bf16_chain): n not a multiple of the 12-token tile,
+// rows not a multiple of the 32-row panel pair (odd panel counts), cols odd
+// and < 32 (one zero-padded chunk), several K blocks (cols > 2048, unequal)
+// and token blocks, bias on and off, 1, 2 and 3 threads.
+TEST_P(KernelMatmul, Bf16GemmRoundingAware) {
+  PrecisionScope precision(GemmPrecision::bf16);
+  if (!runs_avx512_bf16_gemm(isa(), 2)) GTEST_SKIP() << isa_name(isa()) << " has no such path";
+  std::mt19937 rng(31);
+  ThreadPool one(1), two(2);
+  ThreadPool* pools[] = {&one, &two, &test_pool()};
+  double worst = 0.0;
+  size_t i = 0;
+  for (size_t n : {2, 11, 13, 25, 37})
+    for (size_t rows : {1, 15, 17, 33, 47, 80})
+      for (size_t cols : {1, 2, 3, 31, 33, 63, 100, 577}) {
+        ThreadPool& pool = *pools[i % 3];
+        ASSERT_TRUE(check_matmul(isa(), rows, cols, n, ++i % 2 == 0, rng, pool, true, &worst));
+      }
+  // Three K blocks of 43 chunks (the last chunk 4 columns), two token blocks.
+  ASSERT_TRUE(check_matmul(isa(), 37, 4100, 200, true, rng, two, true, &worst));
+  ASSERT_TRUE(check_matmul(isa(), 50, 8192, 30, false, rng, one, true, &worst));
+  std::printf("[ bf16     ] worst |err| / rounding-aware bound: %.3f\n", worst);
+}
+
+// The rounding-aware check fails on the real kernel with each fault on (and
+// passes on the same data without): truncating x instead of rounding it, and
+// leaving the last K chunk (32 columns) out of the sum.
+TEST_P(KernelMatmul, Bf16GemmFaultsAreCaught) {
+  PrecisionScope precision(GemmPrecision::bf16);
+  if (!runs_avx512_bf16_gemm(isa(), 2)) GTEST_SKIP() << isa_name(isa()) << " has no such path";
+  ThreadPool two(2);
+  constexpr std::tuple<size_t, size_t, size_t> kShapes[] = {
+      {17, 40, 5}, {33, 577, 13}, {37, 4100, 30}, {5, 3, 2}};
+  for (const fault::Fault f :
+       {fault::Fault::none, fault::Fault::bf16_truncate, fault::Fault::drop_k_tail}) {
+    for (const auto& [rows, cols, n] : kShapes) {
+      std::mt19937 rng(37);
+      fault::Scoped scoped(f);
+      const bool passed = check_matmul(isa(), rows, cols, n, true, rng, two, false);
+      EXPECT_EQ(passed, f == fault::Fault::none)
+          << fault::name(f) << " " << rows << "x" << cols << " n=" << n;
+    }
+  }
 }
 
 // EDGELLM_GEMM_PRECISION=bf16x2: two bf16 parts on amx, fp32 elsewhere.
