@@ -312,7 +312,10 @@ def test_report_pass_fail_and_files(tmp_path: Path) -> None:
         data["verdict"] == "fail" and data["prompts"][0]["first_divergence"]["divergence_step"] == 0
     )
     assert "FAIL" in md_path.read_text() and "first-divergence" in bad.summary_line()
-    assert "\n" not in good.summary_line() and good.summary_line().count("PASS") == 1
+    # One line; the run's verdict and stage 1's (no stage 2 ran here).
+    line = good.summary_line()
+    assert "\n" not in line and line.count("PASS") == 2 and "stage 2" not in line, line
+    assert "stage 1 (logic: exact path vs HF): FAIL" in bad.summary_line()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp leftovers
 
 
