@@ -17,6 +17,10 @@ SWEEP ?= smollm2_135m:instruct:instruct smollm2_135m:instruct:heldout_instruct \
 SWEEP_ARGS ?= --max-prompts 2
 LOCK := /tmp/edgellm-cpu.lock
 LOCKED := { flock -n $(LOCK) true || echo "[make] waiting for the CPU lock $(LOCK): another timed run holds it" >&2; } && flock -x -w 1800 $(LOCK)
+# ccache for all three builds; the base dir makes a fresh clone elsewhere hit the same entries.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := true
+CMAKE_LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 RAY_ENV := PYTHONPATH=$(CURDIR)/build/python:$(CURDIR)/llms:$(CURDIR) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 .PHONY: help bootstrap build fetch run serve serve-ray verify-sweep test test-cpp test-py test-sanitize build-sanitize \
@@ -43,7 +47,7 @@ bootstrap:
 
 build: bootstrap
 	@if [ ! -f $(BUILD_DIR)/build.ninja ]; then \
-	  cmake -S . -B $(BUILD_DIR) -G Ninja -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python >/dev/null; fi
+	  cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_LAUNCHER) -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python >/dev/null; fi
 	@cmake --build $(BUILD_DIR) -- --quiet
 
 fetch: bootstrap
@@ -83,7 +87,7 @@ test-py:
 
 build-sanitize: bootstrap
 	@if [ ! -f $(SAN_DIR)/build.ninja ]; then \
-	  cmake -S . -B $(SAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DEDGELLM_SANITIZE=ON \
+	  cmake -S . -B $(SAN_DIR) -G Ninja $(CMAKE_LAUNCHER) -DCMAKE_BUILD_TYPE=Debug -DEDGELLM_SANITIZE=ON \
 	    -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python >/dev/null; fi
 	@cmake --build $(SAN_DIR) --target edgellm_tests smollm2_135m_inference -- --quiet
 
@@ -94,7 +98,7 @@ test-sanitize: build-sanitize fetch
 
 build-fuzz: bootstrap
 	@if [ ! -f $(FUZZ_DIR)/build.ninja ]; then \
-	  cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+	  cmake -S . -B $(FUZZ_DIR) -G Ninja $(CMAKE_LAUNCHER) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
 	    -DEDGELLM_SANITIZE=ON -DEDGELLM_FUZZ=ON \
 	    -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python >/dev/null; fi
 	@cmake --build $(FUZZ_DIR) --target fuzz_targets -- --quiet

@@ -6,10 +6,12 @@ cd "$(dirname "$0")/.."
 
 # clang + libclang-rt-14-dev (libFuzzer, sanitizer runtimes): make test-sanitize / make fuzz.
 APT_PACKAGES=(g++ make cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libgtest-dev
-  libcli11-dev clang-format util-linux clang libclang-rt-14-dev libcpp-httplib-dev libedit-dev tmux)
+  libcli11-dev clang-format util-linux clang libclang-rt-14-dev libcpp-httplib-dev libedit-dev tmux
+  ccache)
 PYTHON=${PYTHON:-python3}
 STAMP=.bootstrap-stamp
-want_stamp="$(cat requirements.txt scripts/bootstrap.sh | sha256sum | cut -c1-16)"
+# The venv's key: what goes into it (the pins and the interpreter), not this script.
+want_stamp="$({ cat requirements.txt; "$PYTHON" --version; } | sha256sum | cut -c1-16)"
 
 missing_apt=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -26,12 +28,25 @@ if ((${#missing_apt[@]})); then
   fi
 fi
 
-if [[ -x .venv/bin/python && -f $STAMP && "$(cat $STAMP)" == "$want_stamp" ]]; then
+# Caches outside the clone, keyed by content (a new machine just misses them): the venv per
+# requirements hash, and the model store. .venv and models are links to them unless they
+# already exist as directories (or EDGELLM_MODELS names another store).
+CACHE=${EDGELLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgellm}
+mkdir -p "$CACHE"
+venv_dir="$CACHE/venv-$want_stamp"
+if [[ -L .venv && "$(readlink .venv)" != "$venv_dir" ]]; then rm .venv; fi
+[[ -e .venv ]] || ln -s "$venv_dir" .venv
+if [[ -z "${EDGELLM_MODELS:-}" && ! -e models ]]; then
+  mkdir -p "$CACHE/models"
+  ln -s "$CACHE/models" models
+fi
+# A complete venv carries its own stamp, so every clone that links it skips the install.
+if [[ -x .venv/bin/python && -f .venv/$STAMP && "$(cat .venv/$STAMP)" == "$want_stamp" ]]; then
   exit 0
 fi
 if [[ ! -x .venv/bin/python ]]; then
-  echo "[bootstrap] creating .venv with $($PYTHON --version)"
-  "$PYTHON" -m venv .venv
+  echo "[bootstrap] creating the venv ($($PYTHON --version)) in $(readlink -f .venv)"
+  "$PYTHON" -m venv "$(readlink -f .venv 2>/dev/null || echo .venv)"
 fi
 echo "[bootstrap] installing pinned Python packages (requirements.txt)"
 # pip's exit status decides (pipefail), not the filter's: a failed install stops here.
@@ -42,5 +57,5 @@ if ! .venv/bin/pip install --disable-pip-version-check -q -r requirements.txt 2>
 fi
 .venv/bin/python -c "import torch, transformers, tokenizers, safetensors, gguf, nanobind, ray, openai" \
   || { echo "[bootstrap] Python packages failed to import" >&2; exit 1; }
-echo "$want_stamp" > $STAMP
+echo "$want_stamp" > .venv/$STAMP
 echo "[bootstrap] done"
