@@ -59,14 +59,26 @@ def test_json_figures(smollm2_bin: Path) -> None:
     assert j["decode_steps"] == 5 and j["tokens_per_s"] > 0 and j["ttft_ms"] > 0
 
 
-def test_kv_cache_dtype_is_an_option_and_reported(smollm2_bin: Path) -> None:
-    fp32 = as_json(smollm2_bin, "--n-tokens", "6", "--max-context", "256")
-    bf16 = as_json(smollm2_bin, "--n-tokens", "6", "--max-context", "256", "--kv-cache", "bf16")
-    assert fp32["kv_cache_dtype"] == "fp32" and bf16["kv_cache_dtype"] == "bf16"
-    assert bf16["kv_cache_bytes"] * 2 == fp32["kv_cache_bytes"] > 0
-    assert bf16["answer"].startswith("The capital of France")
-    proc = run(smollm2_bin, "--n-tokens", "2", "--max-context", "256", "--kv-cache", "bf16")
+def test_fast_by_default_exact_on_request_and_reported(smollm2_bin: Path) -> None:
+    args = ["--n-tokens", "6", "--max-context", "256"]
+    fast = as_json(smollm2_bin, *args)
+    exact = as_json(smollm2_bin, *args, "--exact")
+    fast_fp32_kv = as_json(smollm2_bin, *args, "--kv-cache", "fp32")
+    assert fast["precision"].startswith("fast (") and exact["precision"].startswith("exact (")
+    assert fast["kv_cache_dtype"] == "bf16" and exact["kv_cache_dtype"] == "fp32"
+    assert fast_fp32_kv["kv_cache_dtype"] == "fp32" and "GEMM" in fast_fp32_kv["precision"]
+    assert fast["kv_cache_bytes"] * 2 == exact["kv_cache_bytes"] > 0
+    for r in (fast, exact):
+        assert r["answer"].startswith("The capital of France"), r["answer"]
+    proc = run(smollm2_bin, "--n-tokens", "2", "--max-context", "256")
     assert "KV cache:         bf16, 5.9 MB for 256 positions" in proc.stderr, proc.stderr
+    assert "arithmetic:       fast (" in proc.stderr, proc.stderr
+    env = {**os.environ, "EDGELLM_PRECISION": "exact"}  # the front end's default
+    proc = subprocess.run(
+        [str(smollm2_bin), "--n-tokens", "2", "--max-context", "256"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert "arithmetic:       exact (" in proc.stderr, proc.stderr
 
 
 def test_tps_over_all_n_tokens_with_ignore_eos(smollm2_bin: Path) -> None:

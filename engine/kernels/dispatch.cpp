@@ -205,9 +205,10 @@ const std::vector<KernelInfo>& registered_kernels() {
        "EDGELLM_QUANT_PRECISION=int8)"},
       {"attention",
        {S, A2, A5, AMX},
-       "q, out fp32; K/V cache fp32, or bf16 widened to fp32 on load (the fast default); exact "
-       "precision: fp32 products (amx: q, K, V, P as 3 exact bf16 parts, 6 tile passes per "
-       "product; 3 on a bf16 cache)",
+       "q, out fp32; K/V cache fp32, or bf16 (the fast default) widened on load. Exact: fp32 "
+       "products (amx: q, K, V, P as 3 exact bf16 parts, 6 tile passes per product; 3 on a bf16 "
+       "cache). Fast (bf16) prefill: q, K, V, P rounded to bf16 once, vdpbf16ps (avx512, "
+       "attention_bf16_avx512.cpp) or one TDPBF16PS pass (amx); decode stays fp32 (bandwidth)",
        "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
        "(prefill, n >= 16; decode, n < 16, keys split across threads): head_dim % 16 == 0; amx "
        "(prefill, n >= 16): head_dim % 32 == 0, <= 32 query heads per kv head",
