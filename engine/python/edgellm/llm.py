@@ -35,10 +35,11 @@ def resolve(model: str | os.PathLike[str]) -> Path:
         if given and not path.is_absolute() and ".." not in path.parts and _is_model(in_store):
             path = in_store
         else:
-            held = sorted(p.name for p in store.iterdir() if p.is_dir()) if store.is_dir() else []
+            entries = sorted(store.iterdir()) if store.is_dir() else []
+            held = [p.name for p in entries if p.is_dir() and not p.name.startswith(".")]
             raise Error(
                 f"model {given!r}: not a checkpoint directory, a .gguf file or a name in the "
-                f"model store {store} (tried {path} and {in_store}; the store holds: "
+                f"model store {store} (tried {path.absolute()} and {in_store}; the store holds: "
                 f"{', '.join(held) or 'nothing'}; EDGELLM_MODELS sets it, `make fetch` fills it)"
             )
     checkpoint = path.parent if path.suffix == ".gguf" else path
