@@ -84,6 +84,18 @@ def engine_binding(smollm2_checkpoint: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
+def edgellm_package(smollm2_checkpoint: Path) -> Any:
+    """The `edgellm` package (build/python/edgellm, laid out by the build): absent is a failure."""
+    try:
+        import edgellm
+    except ImportError as e:
+        pytest.fail(
+            f"package edgellm not importable ({e}): cmake --build build --target edgellm_package"
+        )
+    return edgellm
+
+
+@pytest.fixture(scope="session")
 def mutant_table(request: pytest.FixtureRequest) -> list[tuple[str, str, str]]:
     """Rows (mutant, kind, lenses that caught it) printed after the run."""
     return request.config.stash.setdefault(MUTANT_TABLE, [])

@@ -1,16 +1,25 @@
 """edgellm: a C++20 LLM inference engine for CPUs, embedded in Python.
 
+Two lines, with OpenAI-shaped replies (llm.py; also complete(), tokenize(), stream=True):
+
     import edgellm
+
+    llm = edgellm.load("smollm2-135m-instruct")  # a model-store name, checkpoint dir or .gguf
+    reply = llm.chat([{"role": "user", "content": "Hi!"}], max_tokens=32)
+    print(reply["choices"][0]["message"]["content"])
+
+Underneath, the engine's own objects:
 
     model = edgellm.Model()
     model.setup("models/smollm2-135m-instruct", max_context=2048)  # once: load, pack, threads
     context = edgellm.Context(model)  # one sequence (KV cache); many may share the model
-    prompt = model.tokenizer.encode(model.chat_template.render([("user", "Hi!")], True))
+    prompt = edgellm.encode_conversation(model.tokenizer, model.chat_template, [("user", "Hi!")])
     for text in edgellm.generate(context, prompt, max_tokens=32):
         print(text, end="", flush=True)
 
-Objects used before setup raise edgellm.Error. Scheduler is edgellm_server's continuous
-batching over one Model (the Ray Serve replicas use it, llms/serve_ray/).
+Objects used before setup, bad arguments and unknown models raise edgellm.Error (one line).
+Scheduler is edgellm_server's continuous batching over one Model (the Ray Serve replicas use
+it, llms/serve_ray/).
 """
 
 from ._core import (
@@ -32,11 +41,13 @@ from ._core import (
     generate,
     model_store,
 )
+from .llm import LLM, load
 
 __all__ = [
     "ChatTemplate",
     "Context",
     "Error",
+    "LLM",
     "Model",
     "RequestStream",
     "Sampler",
@@ -50,5 +61,6 @@ __all__ = [
     "decode_batch",
     "encode_conversation",
     "generate",
+    "load",
     "model_store",
 ]
