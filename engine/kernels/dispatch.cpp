@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "edgellm/bf16.h"
@@ -125,10 +126,10 @@ std::string_view attn_precision_name(AttnPrecision p) {
 }
 
 std::string_view kv_dtype_name(KvDtype d) {
-  return d == KvDtype::bf16 ? "bf16" : "fp32";
+  return d == KvDtype::q8_0 ? "q8_0" : d == KvDtype::bf16 ? "bf16" : "fp32";
 }
 std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
-  for (KvDtype d : {KvDtype::fp32, KvDtype::bf16})
+  for (KvDtype d : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0})
     if (kv_dtype_name(d) == name) return d;
   return std::nullopt;
 }
@@ -204,9 +205,11 @@ const std::vector<KernelInfo>& registered_kernels() {
        "EDGELLM_QUANT_PRECISION=int8)"},
       {"attention",
        {S, A2, A5, AMX},
-       "q, out fp32; K/V cache fp32, or bf16 widened to fp32 on load (EDGELLM_KV_CACHE=bf16); "
-       "amx: q, K, V, P as 3 exact bf16 parts (6 tile passes per product; 3 on a bf16 cache)",
-       "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
+       "q, out fp32; K/V cache fp32, or bf16 / q8_0 (int8 + half scale per 32) widened exactly "
+       "to fp32 on load (EDGELLM_KV_CACHE=bf16|q8_0); amx: q, K, V, P as 3 exact bf16 parts (6 "
+       "tile passes per product; 3 on a bf16 cache)",
+       "causal, GQA, any n / start, sliding window, softcap; q8_0: head_dim % 32 == 0; avx2: "
+       "head_dim % 8 == 0; avx512 "
        "(prefill, n >= 16; decode, n < 16, keys split across threads): head_dim % 16 == 0; amx "
        "(prefill, n >= 16): head_dim % 32 == 0, <= 32 query heads per kv head",
        all},
@@ -328,6 +331,9 @@ void add(float* acc, const float* x, size_t n) {
 }
 
 void attention(const AttentionArgs& args, ThreadPool& pool) {
+  // Setup refuses such a model (Transformer); a q8_0 block never straddles two keys.
+  if (args.kv_dtype == KvDtype::q8_0 && args.head_dim % kKvQ8Block != 0)
+    throw std::invalid_argument("attention: a q8_0 KV cache needs head_dim % 32 == 0");
   // The AVX2 path works on whole vectors of head_dim; others take the reference.
   // Prefill on amx, else avx512; decode (n < 16) on avx512 (keys split across threads).
   if (active_isa() == Isa::amx && args.n >= avx512::kMinPrefillTokens && args.head_dim % 32 == 0 &&

@@ -287,8 +287,8 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def_prop_ro("max_context", &edgellm::Session::max_context)
       .def_prop_ro("weight_bytes", &edgellm::Session::weight_bytes)
       .def_prop_ro("kv_cache_dtype", &edgellm::Session::kv_cache_dtype,
-                   "the KV cache's element type, fp32 or bf16 (the gate's precision tier reads "
-                   "it)")
+                   "the KV cache's element type, fp32, bf16 or q8_0 (the gate's precision tier "
+                   "reads it)")
       .def_prop_ro("kv_cache_bytes", &edgellm::Session::kv_cache_bytes)
       .def_prop_ro("vocab_size", [](const edgellm::Session& s) { return s.config().vocab_size; })
       .def_prop_ro("num_layers", [](const edgellm::Session& s) { return s.config().num_layers; })
@@ -372,8 +372,8 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           },
           "model_dir"_a, "threads"_a = 0, "max_context"_a = 4096, "kv_cache"_a = "",
           "Loads and validates a checkpoint directory, packs the weights, starts the threads. "
-          "max_context is the KV cache size of each Context; kv_cache its element type (fp32 "
-          "or bf16; \"\": EDGELLM_KV_CACHE, else fp32).")
+          "max_context is the KV cache size of each Context; kv_cache its element type (fp32, "
+          "bf16 or q8_0; \"\": EDGELLM_KV_CACHE, else fp32).")
       .def_prop_ro("ready", &edgellm::Model::ready)
       .def_prop_ro("tokenizer", &edgellm::Model::tokenizer, nb::rv_policy::reference_internal)
       .def_prop_ro("chat_template", &edgellm::Model::chat_template,

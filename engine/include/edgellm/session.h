@@ -23,8 +23,10 @@ struct SessionOptions {
   // Matrices as stored (""), or a bf16 checkpoint's matrices quantized at
   // setup: "q8_0" or "q4_0" (kernels/quant.h).
   std::string weights;
-  // KV cache element type: "fp32" or "bf16" (half the memory and decode
-  // attention bytes; K/V rounded to bf16). "": EDGELLM_KV_CACHE, else fp32.
+  // KV cache element type: "fp32", "bf16" (half the memory and decode
+  // attention bytes; K/V rounded to bf16) or "q8_0" (int8 + a half scale per
+  // 32 elements, 1.0625 bytes each; head_dim % 32 == 0). "": EDGELLM_KV_CACHE,
+  // else fp32.
   std::string kv_cache;
 };
 
@@ -61,7 +63,7 @@ class Model {
   int max_context() const;
   int threads() const;
   size_t weight_bytes() const;         // bytes one decode step streams from the weights
-  std::string kv_cache_dtype() const;  // "fp32" | "bf16"
+  std::string kv_cache_dtype() const;  // "fp32" | "bf16" | "q8_0"
   size_t kv_cache_bytes() const;       // of each Context's KV cache
 
   struct State;  // opaque (session.cpp)

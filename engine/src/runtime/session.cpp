@@ -143,17 +143,17 @@ void check_memory(const ModelConfig& c, size_t weight_bytes, int max_context,
 }
 
 // The KV cache dtype: the option, else EDGELLM_KV_CACHE, else fp32 (the
-// calibrated gate's fp32 tier; bf16 is judged at the reduced tier).
+// calibrated gate's fp32 tier; bf16 and q8_0 are judged at the reduced tier).
 kernels::KvDtype kv_dtype_of(const std::string& option) {
   if (!option.empty()) {
     const auto d = kernels::parse_kv_dtype(option);
-    if (!d) throw Error("--kv-cache " + option + ": expected fp32 or bf16");
+    if (!d) throw Error("--kv-cache " + option + ": expected fp32, bf16 or q8_0");
     return *d;
   }
   const char* env = std::getenv("EDGELLM_KV_CACHE");
   if (env == nullptr || *env == '\0') return kernels::KvDtype::fp32;
   const auto d = kernels::parse_kv_dtype(env);
-  if (!d) throw Error(std::string("EDGELLM_KV_CACHE=") + env + ": expected fp32 or bf16");
+  if (!d) throw Error(std::string("EDGELLM_KV_CACHE=") + env + ": expected fp32, bf16 or q8_0");
   return *d;
 }
 
@@ -204,6 +204,9 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     s->model_dir = model_dir;
     s->config = load_model_config(model_dir / "config.json");
     merge_generation_eos(model_dir, s->config);
+    check(kv_dtype != kernels::KvDtype::q8_0 || s->config.head_dim % kernels::kKvQ8Block == 0,
+          "a q8_0 KV cache quantizes blocks of 32 head dims, and this model's head_dim is " +
+              std::to_string(s->config.head_dim) + ": use --kv-cache fp32 or bf16");
     step = "loading the tokenizer";
     s->tokenizer.emplace(Tokenizer::load(model_dir));
     s->chat_template = ChatTemplate::load(model_dir);

@@ -33,9 +33,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--kv-cache", kv_cache,
-                 "KV cache element type: fp32, or bf16 for half its memory (default: "
-                 "EDGELLM_KV_CACHE, else fp32)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+                 "KV cache element type: fp32, bf16 for half its memory, or q8_0 (int8 + a scale "
+                 "per 32) for ~a quarter (default: EDGELLM_KV_CACHE, else fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "q8_0"}));
   app.add_option("--parallel", so.scheduler.max_batch, "sequences decoded together")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
