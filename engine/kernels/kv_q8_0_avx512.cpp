@@ -10,6 +10,19 @@
 
 namespace edgellm::kernels::avx512 {
 
+namespace {
+
+// One block of 32 int8 times its scale into out[0, 32).
+inline void widen_block(const int8_t* q, float scale, float* out) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), sv));
+  _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), sv));
+}
+
+}  // namespace
+
 void dequantize_q8_0(const int8_t* q, const uint16_t* scales, size_t rows, size_t hd, float* out,
                      size_t out_stride, const Q8Dequant& opt) {
   const size_t nb = hd / kKvQ8Block, blocks = rows * nb;  // rows' blocks are contiguous
@@ -36,16 +49,16 @@ void dequantize_q8_0(const int8_t* q, const uint16_t* scales, size_t rows, size_
       // The scales are 1/16 of the int8 bytes: the same keys ahead is 1/16 the distance.
       if (f0 % 32 == 0) _mm_prefetch(s_bytes + f0 * 2 + opt.prefetch_ahead / 16, _MM_HINT_T1);
     }
-    size_t r = f0 / nb, b = f0 % nb;  // the chunk's first block: row r, block b
-    for (size_t u = 0; u < chunk; ++u) {
-      const int8_t* qb = q + (f0 + u) * kKvQ8Block;
-      float* o = out + r * out_stride + b * kKvQ8Block;
-      if (++b == nb) b = 0, ++r;
-      const __m512 sv = _mm512_set1_ps(s[u]);
-      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb));
-      const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + 16));
-      _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), sv));
-      _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), sv));
+    const int8_t* qb = q + f0 * kKvQ8Block;
+    if (out_stride == hd) {  // contiguous rows: block f at out + 32 f
+      float* o = out + f0 * kKvQ8Block;
+      for (size_t u = 0; u < chunk; ++u) widen_block(qb + u * kKvQ8Block, s[u], o + u * kKvQ8Block);
+    } else {
+      size_t r = f0 / nb, b = f0 % nb;  // the chunk's first block: row r, block b
+      for (size_t u = 0; u < chunk; ++u) {
+        widen_block(qb + u * kKvQ8Block, s[u], out + r * out_stride + b * kKvQ8Block);
+        if (++b == nb) b = 0, ++r;
+      }
     }
   }
 }
