@@ -153,7 +153,8 @@ double bench_attention(size_t n, size_t start, size_t heads, size_t kv, size_t h
 }
 
 // Decode attention at `start` keys over `layers` caches (one per layer, as a
-// model streams them from DRAM) of the given dtype: (us per layer, GB/s of K/V read).
+// model streams them from DRAM) of the given dtype: (us per layer, GB/s of K/V
+// read, scales included).
 std::pair<double, double> bench_decode_attention(size_t start, size_t heads, size_t kv, size_t hd,
                                                  size_t layers, KvDtype dtype, ThreadPool& pool) {
   std::mt19937 rng(3);
@@ -161,20 +162,32 @@ std::pair<double, double> bench_decode_attention(size_t start, size_t heads, siz
   const size_t stride = start + 1, elems = kv * stride * hd;
   std::vector<float> q(heads * hd), out(q.size());
   for (auto& e : q) e = dist(rng);
-  std::vector<std::vector<float>> k32(layers), v32(layers);
-  std::vector<std::vector<uint16_t>> k16(layers), v16(layers);
-  for (size_t l = 0; l < layers; ++l) {
-    for (auto* c : {&k32[l], &v32[l]}) {
-      c->resize(elems);
-      for (auto& e : *c) e = dist(rng);
-    }
+  // Per layer: K and V as the dtype stores them, scales (q8_0) after.
+  struct Layer {
+    std::vector<float> k32, v32;
+    std::vector<uint16_t> k16, v16, ks, vs;
+    std::vector<int8_t> k8, v8;
+  };
+  std::vector<Layer> cache(layers);
+  std::vector<float> k(elems), v(elems);
+  for (Layer& c : cache) {
+    for (auto* x : {&k, &v})
+      for (auto& e : *x) e = dist(rng);
     if (dtype == KvDtype::bf16) {
-      for (auto [src, dst] : {std::pair{&k32[l], &k16[l]}, std::pair{&v32[l], &v16[l]}}) {
+      for (auto [src, dst] : {std::pair{&k, &c.k16}, std::pair{&v, &c.v16}}) {
         dst->resize(elems);
         for (size_t i = 0; i < elems; ++i) (*dst)[i] = float_to_bf16((*src)[i]);
-        src->clear();
-        src->shrink_to_fit();
       }
+    } else if (dtype == KvDtype::q8_0) {
+      c.k8.resize(elems);
+      c.v8.resize(elems);
+      c.ks.resize(elems / kKvQ8Block);
+      c.vs.resize(elems / kKvQ8Block);
+      quantize_kv_q8_0(k.data(), elems, c.k8.data(), c.ks.data());
+      quantize_kv_q8_0(v.data(), elems, c.v8.data(), c.vs.data());
+    } else {
+      c.k32 = k;
+      c.v32 = v;
     }
   }
   AttentionArgs a;
@@ -189,13 +202,19 @@ std::pair<double, double> bench_decode_attention(size_t start, size_t heads, siz
   a.kv_dtype = dtype;
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const double t = median_time(7, [&] {
-    for (size_t l = 0; l < layers; ++l) {
-      a.k_cache = dtype == KvDtype::bf16 ? static_cast<const void*>(k16[l].data()) : k32[l].data();
-      a.v_cache = dtype == KvDtype::bf16 ? static_cast<const void*>(v16[l].data()) : v32[l].data();
+    for (const Layer& c : cache) {
+      a.k_cache = dtype == KvDtype::bf16   ? static_cast<const void*>(c.k16.data())
+                  : dtype == KvDtype::q8_0 ? static_cast<const void*>(c.k8.data())
+                                           : c.k32.data();
+      a.v_cache = dtype == KvDtype::bf16   ? static_cast<const void*>(c.v16.data())
+                  : dtype == KvDtype::q8_0 ? static_cast<const void*>(c.v8.data())
+                                           : c.v32.data();
+      a.k_scale = c.ks.data();
+      a.v_scale = c.vs.data();
       attention(a, pool);
     }
   });
-  const double bytes = 2.0 * layers * elems * kv_dtype_bytes(dtype);
+  const double bytes = 2.0 * layers * static_cast<double>(kv_bytes(dtype, elems));
   return {t / layers * 1e6, bytes / t / 1e9};
 }
 
@@ -361,16 +380,25 @@ void attention_benches(ThreadPool& pool, bool with_bandwidth) {
               bench_attention(4, 1020, 9, 3, 64, pool) * 1e6);
   if (with_bandwidth)
     std::printf("read bandwidth %.1f GB/s\n", measure_roofline(pool.size()).read_gb_per_s);
-  // 30 layers stream from DRAM as decode does; one layer (3-6 MB) stays in
-  // cache, which shows the kernel's arithmetic bound.
-  for (size_t layers : {30, 1}) {
-    for (KvDtype d : {KvDtype::fp32, KvDtype::bf16}) {
-      const auto [us, gbs] = bench_decode_attention(4095, 9, 3, 64, layers, d, pool);
-      std::printf(
-          "attn  decode smollm2 (9/3 x 64) at 4096 keys, %s cache, %s: %.1f us/layer, "
-          "%.1f GB/s\n",
-          std::string(kv_dtype_name(d)).c_str(),
-          layers > 1 ? "30 layers from DRAM" : "1 layer from cache", us, gbs);
+  // 30 layers (SmolLM2; Gemma 3 270M has 18) stream from DRAM as decode does;
+  // one layer (SmolLM2: 1.6-6 MB) stays in cache, which shows the kernel's
+  // arithmetic bound.
+  struct DecodeShape {
+    const char* name;
+    size_t heads, kv, hd, layers;
+  };
+  for (const DecodeShape& sh : {DecodeShape{"smollm2 (9/3 x 64)", 9, 3, 64, 30},
+                                DecodeShape{"gemma3 (4/1 x 256)", 4, 1, 256, 18}}) {
+    for (size_t layers : {sh.layers, size_t{1}}) {
+      for (KvDtype d : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
+        const auto [us, gbs] =
+            bench_decode_attention(4095, sh.heads, sh.kv, sh.hd, layers, d, pool);
+        std::printf("attn  decode %s at 4096 keys, %s cache, %s: %.1f us/layer, %.1f GB/s\n",
+                    sh.name, std::string(kv_dtype_name(d)).c_str(),
+                    layers > 1 ? (std::to_string(layers) + " layers from DRAM").c_str()
+                               : "1 layer from cache",
+                    us, gbs);
+      }
     }
   }
   for (KvDtype d : {KvDtype::fp32, KvDtype::bf16}) {

@@ -1,4 +1,4 @@
-"""The KV cache dtype (EDGELLM_KV_CACHE=fp32|bf16): decode speed by position, and peak RSS.
+"""The KV cache dtype (EDGELLM_KV_CACHE=fp32|bf16|q8_0): decode speed by position, and peak RSS.
 
 SmolLM2-135M, 2 threads. For each KV dtype, fresh processes (one per repetition, medians
 of --reps) time 32 greedy decode steps after a 512- and a 4096-token prompt on the bf16
@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "build" / "python"))
 MODEL_DIR = REPO / "models" / "smollm2-135m-instruct"
-KV_DTYPES = ("fp32", "bf16")
+KV_DTYPES = ("fp32", "bf16", "q8_0")
 POSITIONS = (512, 4096)
 RSS_CONTEXT = 1024
 THREADS = 2

@@ -12,10 +12,15 @@
 // (avx512::to_bf16_parts): with P parts, a product a.b is the sum of the part
 // products a_i.b_j with i + j < P. AttnPrecision::fp32 takes P = 3: the
 // dropped ones are below 2^-24 of |a||b|, the class of error of an fp32 FMA
-// dot. AttnPrecision::bf16 takes P = 1: q, K, V and P rounded to bf16 once. Products are exact in
-// fp32, sums fp32. A bf16 cache's K and V are their own single part (exact), so it takes P passes
-// per product instead of 2P, and gives the very bits the fp32 cache holding the widened values
-// gives (the passes it skips add zeros).
+// dot. AttnPrecision::bf16 takes P = 1: q, K, V and P rounded to bf16 once.
+// Products are exact in fp32, sums fp32. A bf16 cache's K and V are their own
+// single part (exact), so it takes P passes per product instead of 2P, and
+// gives the very bits the fp32 cache holding the widened values gives (the
+// passes it skips add zeros). A q8_0 cache is widened to fp32 first (exact:
+// int8 times a half scale, up to 18 significant bits, so it needs the P parts
+// of an fp32 value) and laid out as the fp32 cache holding those values; the
+// widening is a small part of the once-per-call layout pass, and it keeps
+// prefill on the tiles.
 //
 // Layouts (bf16, per part), keys past the cache's end zero:
 //   K   per 32-key block [32 keys][hd]          A tiles of S^T (16 keys x 32 dims)
@@ -146,6 +151,39 @@ void row_parts(const T* row, size_t hd, size_t parts, uint16_t* out, size_t stri
   }
 }
 
+// One 32-key block's `count` K and V rows (hd apart) as its K and V^T parts
+// (layouts above; keys past count zero).
+template <typename T>
+void lay_out_block(const T* k, const T* v, size_t count, size_t parts, const KvTiles& t,
+                   uint16_t* kdst, uint16_t* vdst) {
+  const size_t hd = t.hd, block_elems = parts * t.part_elems();
+  std::fill(kdst, kdst + block_elems, uint16_t{0});
+  for (size_t j = 0; j < count; ++j)
+    row_parts(k + j * hd, hd, parts, kdst + j * hd, t.part_elems());
+  thread_local std::vector<uint16_t> rows;  // V as [part][32 keys][hd], then transposed
+  rows.assign(block_elems, 0);
+  for (size_t j = 0; j < count; ++j)
+    row_parts(v + j * hd, hd, parts, rows.data() + j * hd, t.part_elems());
+  // V^T: keys (2i, 2i + 1) interleaved per head dim ([16 pairs][hd] of
+  // uint32), then that transposed: [hd][16 pairs] is [hd][32 keys].
+  thread_local std::vector<uint32_t> pairs;
+  pairs.resize(kKeys / 2 * hd);
+  for (size_t p = 0; p < parts; ++p) {
+    const uint16_t* src = rows.data() + p * t.part_elems();
+    for (size_t i = 0; i < kKeys / 2; ++i)
+      for (size_t d = 0; d < hd; d += 16) {
+        const __m512i e = _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i * hd + d)));
+        const __m512i o = _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (2 * i + 1) * hd + d)));
+        _mm512_storeu_si512(pairs.data() + i * hd + d,
+                            _mm512_or_si512(e, _mm512_slli_epi32(o, 16)));
+      }
+    auto* dst = reinterpret_cast<uint32_t*>(vdst + p * t.part_elems());
+    for (size_t d = 0; d < hd; d += 16) transpose16(pairs.data() + d, hd, dst + d * 16, 16);
+  }
+}
+
 template <typename T>
 KvTiles lay_out_kv(const AttentionArgs& a, size_t keys, size_t parts, std::vector<uint16_t>& kbuf,
                    std::vector<uint16_t>& vbuf, ThreadPool& pool) {
@@ -161,34 +199,20 @@ KvTiles lay_out_kv(const AttentionArgs& a, size_t keys, size_t parts, std::vecto
   pool.parallel_for(a.n_kv_heads * t.blocks, [&](size_t item) {
     const size_t kvh = item / t.blocks, p0 = (item % t.blocks) * kKeys;
     const size_t count = std::min(kKeys, keys - p0);
-    const T* k = static_cast<const T*>(a.k_cache) + (kvh * a.cache_stride + p0) * hd;
-    const T* v = static_cast<const T*>(a.v_cache) + (kvh * a.cache_stride + p0) * hd;
+    const size_t first = (kvh * a.cache_stride + p0) * hd;  // the block's first element
+    const T* k = static_cast<const T*>(a.k_cache) + first;
+    const T* v = static_cast<const T*>(a.v_cache) + first;
     uint16_t* kdst = kbase + item * block_elems;
-    std::fill(kdst, kdst + block_elems, uint16_t{0});
-    for (size_t j = 0; j < count; ++j)
-      row_parts(k + j * hd, hd, parts, kdst + j * hd, t.part_elems());
-    thread_local std::vector<uint16_t> rows;  // V as [part][32 keys][hd], then transposed
-    rows.assign(block_elems, 0);
-    for (size_t j = 0; j < count; ++j)
-      row_parts(v + j * hd, hd, parts, rows.data() + j * hd, t.part_elems());
-    // V^T: keys (2i, 2i + 1) interleaved per head dim ([16 pairs][hd] of
-    // uint32), then that transposed: [hd][16 pairs] is [hd][32 keys].
     uint16_t* vdst = vbase + item * block_elems;
-    thread_local std::vector<uint32_t> pairs;
-    pairs.resize(kKeys / 2 * hd);
-    for (size_t p = 0; p < parts; ++p) {
-      const uint16_t* src = rows.data() + p * t.part_elems();
-      for (size_t i = 0; i < kKeys / 2; ++i)
-        for (size_t d = 0; d < hd; d += 16) {
-          const __m512i e = _mm512_cvtepu16_epi32(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i * hd + d)));
-          const __m512i o = _mm512_cvtepu16_epi32(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (2 * i + 1) * hd + d)));
-          _mm512_storeu_si512(pairs.data() + i * hd + d,
-                              _mm512_or_si512(e, _mm512_slli_epi32(o, 16)));
-        }
-      auto* dst = reinterpret_cast<uint32_t*>(vdst + p * t.part_elems());
-      for (size_t d = 0; d < hd; d += 16) transpose16(pairs.data() + d, hd, dst + d * 16, 16);
+    if constexpr (std::is_same_v<T, int8_t>) {  // widened rows, laid out as an fp32 cache's
+      thread_local std::vector<float> kw, vw;
+      kw.resize(kKeys * hd);
+      vw.resize(kKeys * hd);
+      avx512::dequantize_q8_0(k, a.k_scale + first / kKvQ8Block, count, hd, kw.data(), hd);
+      avx512::dequantize_q8_0(v, a.v_scale + first / kKvQ8Block, count, hd, vw.data(), hd);
+      lay_out_block(kw.data(), vw.data(), count, parts, t, kdst, vdst);
+    } else {
+      lay_out_block(k, v, count, parts, t, kdst, vdst);
     }
   });
   t.k = kbase;
@@ -379,9 +403,10 @@ void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
   const size_t keys = a.start + a.n, group = a.n_heads / a.n_kv_heads;
   // Buffers of the calling thread, read by the workers.
   thread_local std::vector<uint16_t> kbuf, vbuf;
-  const KvTiles kv = a.kv_dtype == KvDtype::bf16
-                         ? lay_out_kv<uint16_t>(a, keys, 1, kbuf, vbuf, pool)
-                         : lay_out_kv<float>(a, keys, parts, kbuf, vbuf, pool);
+  const KvTiles kv =
+      a.kv_dtype == KvDtype::bf16   ? lay_out_kv<uint16_t>(a, keys, 1, kbuf, vbuf, pool)
+      : a.kv_dtype == KvDtype::q8_0 ? lay_out_kv<int8_t>(a, keys, parts, kbuf, vbuf, pool)
+                                    : lay_out_kv<float>(a, keys, parts, kbuf, vbuf, pool);
   const size_t tile_tokens = kRows / group;
   const size_t q_tiles = (a.n + tile_tokens - 1) / tile_tokens;
   static const TileConfig cfg = uniform_tile_config();

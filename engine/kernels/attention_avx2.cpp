@@ -9,13 +9,17 @@
 // tile per kv head, too few for the pool, so its keys are split and the
 // partial (m, l, o) combined afterwards (flash-decoding).
 //
-// The cache is fp32 or bf16 (KvDtype): bf16 elements widen to fp32 in
+// The cache is fp32, bf16 or q8_0 (KvDtype): bf16 elements widen to fp32 in
 // registers as they are loaded (a 16-bit shift, exact), so the arithmetic is
-// the same and decode streams half the bytes.
+// the same and decode streams half the bytes; a q8_0 block of keys is widened
+// (int8 times its half scale, exact) into this thread's fp32 rows before its
+// rows attend, and the same fp32 code runs on them.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/avx2.h"
+#include "kernels/fault_injection.h"
 #include "kernels/vec_avx2.h"
 
 namespace edgellm::kernels::avx2 {
@@ -34,6 +38,10 @@ struct Plan {
   size_t q_tiles = 0;
   size_t splits = 0;  // key splits per tile
   size_t block = 0;   // keys per block: K and V blocks together ~32 KiB
+  // q8_0: the scales V is read with (v_scale; k_scale under Fault::v_through_k_scale)
+  // and Fault::kv_scale_wrong_block.
+  const uint16_t* v_scale = nullptr;
+  bool neighbour_scale = false;
 };
 
 inline size_t first_key(const AttentionArgs& a, size_t pos) {
@@ -47,6 +55,23 @@ inline __m256 load8(const float* p) {
 inline __m256 load8(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// Rows [0, rows) of a q8_0 cache (int8 rows hd apart, hd / 32 half scales
+// each) as fp32 rows hd apart: exact. `neighbour`: Fault::kv_scale_wrong_block.
+void dequantize_q8_0(const int8_t* q, const uint16_t* scales, size_t rows, size_t hd, float* out,
+                     bool neighbour) {
+  const size_t nb = hd / kKvQ8Block;
+  for (size_t f = 0; f < rows * nb; ++f) {  // a row's blocks, then the next row's
+    const size_t b = f % nb, sb = !neighbour || nb < 2 ? b : (b ^ 1) < nb ? b ^ 1 : b - 1;
+    const __m256 sv = _mm256_set1_ps(_cvtsh_ss(scales[f - b + sb]));
+    const int8_t* qb = q + f * kKvQ8Block;
+    float* o = out + f * kKvQ8Block;  // rows of hd floats are contiguous too
+    for (int i = 0; i < 4; ++i) {
+      const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qb + 8 * i));
+      _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)), sv));
+    }
+  }
 }
 
 // scores[j] = q . k_j for j in [0, count), keys `hd` elements apart.
@@ -104,19 +129,74 @@ constexpr PvFn<T> kPv[9] = {nullptr,
                             accumulate_pv<T, 7>,
                             accumulate_pv<T, 8>};
 
+// The rows of query tokens [t0, t1) of kv head `kvh` over keys [p0, p1) of
+// one block, whose K and V rows (hd apart) start at k and v: one online-softmax
+// step of the per-row state m[rows], l[rows], o[rows][hd] (row = (t - t0) *
+// group + g).
+template <typename T>
+void attend_block(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t t0, size_t t1,
+                  size_t p0, size_t p1, const T* k, const T* v, float* m, float* l, float* o) {
+  const size_t hd = a.head_dim, group = plan.group;
+  alignas(32) float s[kMaxBlockKeys];
+  for (size_t t = t0; t < t1; ++t) {
+    const size_t pos = a.start + t;
+    // This row's keys within the block: [j0, j1) relative to p0.
+    const size_t r_lo = std::max(p0, first_key(a, pos)), r_hi = std::min(p1, pos + 1);
+    if (r_lo >= r_hi) continue;
+    const size_t j0 = r_lo - p0, j1 = r_hi - p0;
+    // Vector range over s, widened to whole vectors; lanes outside [j0, j1) are -inf.
+    const size_t v0 = j0 / 8 * 8, v1 = std::min((j1 + 7) / 8 * 8, kMaxBlockKeys);
+    for (size_t g = 0; g < group; ++g) {
+      const size_t h = kvh * group + g, row = (t - t0) * group + g;
+      const float* q = a.q + (t * a.n_heads + h) * hd;
+      dot_keys(q, k + j0 * hd, j1 - j0, hd, s + j0);
+      const __m256 scale = _mm256_set1_ps(a.scale);
+      for (size_t j = v0; j < v1; j += 8) {  // lanes outside [j0, j1) are masked below
+        __m256 x = _mm256_mul_ps(_mm256_load_ps(s + j), scale);
+        if (a.softcap > 0.0f) {
+          const __m256 cap = _mm256_set1_ps(a.softcap);
+          x = _mm256_mul_ps(cap, tanh_ps(_mm256_div_ps(x, cap)));
+        }
+        _mm256_store_ps(s + j, x);
+      }
+      for (size_t j = v0; j < j0; ++j) s[j] = -INFINITY;
+      for (size_t j = j1; j < v1; ++j) s[j] = -INFINITY;
+      __m256 vmax = _mm256_set1_ps(-INFINITY);
+      for (size_t j = v0; j < v1; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(s + j));
+      const float m_old = m[row];
+      const float m_new = std::max(m_old, hmax(vmax));
+      // m_old = -inf on a row's first block: alpha = 0 scales the zero o.
+      const float alpha = std::exp(m_old - m_new);
+      const __m256 vm = _mm256_set1_ps(m_new);
+      __m256 vsum = _mm256_setzero_ps();
+      for (size_t j = v0; j < v1; j += 8) {
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_load_ps(s + j), vm));  // -inf -> 0
+        _mm256_store_ps(s + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+      }
+      l[row] = l[row] * alpha + hsum(vsum);
+      m[row] = m_new;
+      float* o_row = o + row * hd;
+      for (size_t d = 0; d < hd; d += 64) {
+        const size_t nv = std::min<size_t>(8, (hd - d) / 8);
+        kPv<T>[nv](o_row + d, alpha, s + j0, v + j0 * hd + d, j1 - j0, hd);
+      }
+    }
+  }
+}
+
 // Runs the online softmax for query tokens [t0, t1) of kv head `kvh` over keys
 // [kb, ke), updating per-row state m[rows], l[rows], o[rows][hd] (row =
 // (t - t0) * group + g). The caller initialises the state.
 template <typename T>
 void attend_tile(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t t0, size_t t1,
                  size_t kb, size_t ke, float* m, float* l, float* o) {
-  const size_t hd = a.head_dim, group = plan.group;
+  const size_t hd = a.head_dim;
   const T* k_base = static_cast<const T*>(a.k_cache) + kvh * a.cache_stride * hd;
   const T* v_base = static_cast<const T*>(a.v_cache) + kvh * a.cache_stride * hd;
   // Keys any row of the tile sees: rows are ordered by position.
   const size_t lo = std::max(kb, first_key(a, a.start + t0));
   const size_t hi = std::min(ke, a.start + t1);
-  alignas(32) float s[kMaxBlockKeys];
   for (size_t p0 = lo; p0 < hi; p0 += plan.block) {
     const size_t p1 = std::min(hi, p0 + plan.block);
     // Prefetch the next block's K and V while this one computes: the hardware
@@ -130,50 +210,16 @@ void attend_tile(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t t0
         _mm_prefetch(next_v + b, _MM_HINT_T0);
       }
     }
-    for (size_t t = t0; t < t1; ++t) {
-      const size_t pos = a.start + t;
-      // This row's keys within the block: [j0, j1) relative to p0.
-      const size_t r_lo = std::max(p0, first_key(a, pos)), r_hi = std::min(p1, pos + 1);
-      if (r_lo >= r_hi) continue;
-      const size_t j0 = r_lo - p0, j1 = r_hi - p0;
-      // Vector range over s, widened to whole vectors; lanes outside [j0, j1) are -inf.
-      const size_t v0 = j0 / 8 * 8, v1 = std::min((j1 + 7) / 8 * 8, kMaxBlockKeys);
-      for (size_t g = 0; g < group; ++g) {
-        const size_t h = kvh * group + g, row = (t - t0) * group + g;
-        const float* q = a.q + (t * a.n_heads + h) * hd;
-        dot_keys(q, k_base + r_lo * hd, j1 - j0, hd, s + j0);
-        const __m256 scale = _mm256_set1_ps(a.scale);
-        for (size_t j = v0; j < v1; j += 8) {  // lanes outside [j0, j1) are masked below
-          __m256 x = _mm256_mul_ps(_mm256_load_ps(s + j), scale);
-          if (a.softcap > 0.0f) {
-            const __m256 cap = _mm256_set1_ps(a.softcap);
-            x = _mm256_mul_ps(cap, tanh_ps(_mm256_div_ps(x, cap)));
-          }
-          _mm256_store_ps(s + j, x);
-        }
-        for (size_t j = v0; j < j0; ++j) s[j] = -INFINITY;
-        for (size_t j = j1; j < v1; ++j) s[j] = -INFINITY;
-        __m256 vmax = _mm256_set1_ps(-INFINITY);
-        for (size_t j = v0; j < v1; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(s + j));
-        const float m_old = m[row];
-        const float m_new = std::max(m_old, hmax(vmax));
-        // m_old = -inf on a row's first block: alpha = 0 scales the zero o.
-        const float alpha = std::exp(m_old - m_new);
-        const __m256 vm = _mm256_set1_ps(m_new);
-        __m256 vsum = _mm256_setzero_ps();
-        for (size_t j = v0; j < v1; j += 8) {
-          const __m256 e = exp_ps(_mm256_sub_ps(_mm256_load_ps(s + j), vm));  // -inf -> 0
-          _mm256_store_ps(s + j, e);
-          vsum = _mm256_add_ps(vsum, e);
-        }
-        l[row] = l[row] * alpha + hsum(vsum);
-        m[row] = m_new;
-        float* o_row = o + row * hd;
-        for (size_t d = 0; d < hd; d += 64) {
-          const size_t nv = std::min<size_t>(8, (hd - d) / 8);
-          kPv<T>[nv](o_row + d, alpha, s + j0, v_base + r_lo * hd + d, j1 - j0, hd);
-        }
-      }
+    if constexpr (std::is_same_v<T, int8_t>) {
+      thread_local Scratch k_scratch, v_scratch;
+      float* kw = k_scratch.get(plan.block * hd);
+      float* vw = v_scratch.get(plan.block * hd);
+      const size_t s0 = (kvh * a.cache_stride + p0) * (hd / kKvQ8Block);  // the block's first scale
+      dequantize_q8_0(k_base + p0 * hd, a.k_scale + s0, p1 - p0, hd, kw, plan.neighbour_scale);
+      dequantize_q8_0(v_base + p0 * hd, plan.v_scale + s0, p1 - p0, hd, vw, plan.neighbour_scale);
+      attend_block<float>(a, plan, kvh, t0, t1, p0, p1, kw, vw, m, l, o);
+    } else {
+      attend_block<T>(a, plan, kvh, t0, t1, p0, p1, k_base + p0 * hd, v_base + p0 * hd, m, l, o);
     }
   }
 }
@@ -198,7 +244,10 @@ Plan make_plan(const AttentionArgs& a, size_t threads) {
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   if (a.n == 0 || a.n_heads == 0) return;
   const size_t hd = a.head_dim;
-  const Plan plan = make_plan(a, static_cast<size_t>(pool.size()));
+  Plan plan = make_plan(a, static_cast<size_t>(pool.size()));
+  const fault::Fault f = fault::active();
+  plan.v_scale = f == fault::Fault::v_through_k_scale ? a.k_scale : a.v_scale;
+  plan.neighbour_scale = f == fault::Fault::kv_scale_wrong_block;
   const size_t rows_per_tile = plan.tile_tokens * plan.group;
   const size_t state = rows_per_tile * (hd + 2);  // o, then m, then l
   const size_t items = a.n_kv_heads * plan.q_tiles * plan.splits;
@@ -227,7 +276,9 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     std::fill(o, o + rows * hd, 0.0f);
     std::fill(m, m + rows, -INFINITY);
     std::fill(l, l + rows, 0.0f);
-    if (a.kv_dtype == KvDtype::bf16)
+    if (a.kv_dtype == KvDtype::q8_0)
+      attend_tile<int8_t>(a, plan, kvh, t0, t1, kb, ke, m, l, o);
+    else if (a.kv_dtype == KvDtype::bf16)
       attend_tile<uint16_t>(a, plan, kvh, t0, t1, kb, ke, m, l, o);
     else
       attend_tile<float>(a, plan, kvh, t0, t1, kb, ke, m, l, o);

@@ -9,9 +9,10 @@
 // cost as much as its scores), so that scores become a register-tiled product
 // with keys in the lanes: S[rows][keys] += q[row][d] * Kt[d][keys], broadcast
 // and FMA only, no horizontal sums. P.V keeps head dims in the lanes:
-// o[row][d] += p[row][j] * V[j][d]. All arithmetic is fp32; a bf16 cache
-// (KvDtype) is widened to fp32 in the same once-per-call pass that transposes
-// K, and V once per call beside it, so the tiles run the fp32 code unchanged.
+// o[row][d] += p[row][j] * V[j][d]. All arithmetic is fp32; a bf16 or q8_0
+// cache (KvDtype) is widened to fp32 (exactly) in the same once-per-call pass
+// that transposes K, and V once per call beside it, so the tiles run the fp32
+// code unchanged and give the bits of an fp32 cache holding the widened values.
 //
 // Decode (n small) has too few rows per kv head to pay for the transpose; the
 // dispatcher sends it to the AVX2 kernel, which splits keys across threads.
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "edgellm/bf16.h"
@@ -159,30 +161,49 @@ inline float widen(uint16_t x) {
   return bf16_to_float(x);
 }
 
+// One block's `count` keys (rows hd apart) as Kt[hd][kBlock], zero past count.
+template <typename T>
+void transpose_block(const T* k, size_t count, size_t hd, float* out) {
+  for (size_t d = 0; d < hd; ++d)
+    for (size_t j = 0; j < kBlock; ++j)
+      out[d * kBlock + j] = j < count ? widen(k[j * hd + d]) : 0.0f;
+}
+
 // Kt blocks of keys [0, keys) for every kv head: [kv head][block][hd][kBlock],
-// lanes past the last key zero (masked in the softmax).
+// lanes past the last key zero (masked in the softmax). A q8_0 block is
+// widened into this thread's rows first.
 template <typename T>
 void transpose_keys(const AttentionArgs& a, size_t keys, float* kt, ThreadPool& pool) {
   const size_t hd = a.head_dim, blocks = (keys + kBlock - 1) / kBlock;
   pool.parallel_for(a.n_kv_heads * blocks, [&](size_t item) {
     const size_t kvh = item / blocks, p0 = (item % blocks) * kBlock;
     const size_t count = std::min(kBlock, keys - p0);
-    const T* k = static_cast<const T*>(a.k_cache) + (kvh * a.cache_stride + p0) * hd;
+    const size_t first = (kvh * a.cache_stride + p0) * hd;  // the block's first element
     float* out = kt + item * hd * kBlock;
-    for (size_t d = 0; d < hd; ++d)
-      for (size_t j = 0; j < kBlock; ++j)
-        out[d * kBlock + j] = j < count ? widen(k[j * hd + d]) : 0.0f;
+    const T* k = static_cast<const T*>(a.k_cache) + first;
+    if constexpr (std::is_same_v<T, int8_t>) {
+      thread_local std::vector<float> rows;
+      rows.resize(kBlock * hd);
+      dequantize_q8_0(k, a.k_scale + first / kKvQ8Block, count, hd, rows.data(), hd);
+      transpose_block(rows.data(), count, hd, out);
+    } else {
+      transpose_block(k, count, hd, out);
+    }
   });
 }
 
-// A bf16 cache's values of keys [0, keys) as fp32: [kv head][keys][hd].
+// A bf16 or q8_0 cache's values of keys [0, keys) as fp32: [kv head][keys][hd].
 void widen_values(const AttentionArgs& a, size_t keys, float* out, ThreadPool& pool) {
   const size_t hd = a.head_dim, blocks = (keys + kBlock - 1) / kBlock;
   pool.parallel_for(a.n_kv_heads * blocks, [&](size_t item) {
     const size_t kvh = item / blocks, p0 = (item % blocks) * kBlock;
-    const size_t n = (std::min(kBlock, keys - p0)) * hd;  // hd % 16 == 0
-    const auto* v = static_cast<const uint16_t*>(a.v_cache) + (kvh * a.cache_stride + p0) * hd;
+    const size_t rows = std::min(kBlock, keys - p0), n = rows * hd;  // hd % 16 == 0
+    const size_t first = (kvh * a.cache_stride + p0) * hd;
     float* o = out + (kvh * keys + p0) * hd;
+    if (a.kv_dtype == KvDtype::q8_0)
+      return dequantize_q8_0(static_cast<const int8_t*>(a.v_cache) + first,
+                             a.v_scale + first / kKvQ8Block, rows, hd, o, hd);
+    const auto* v = static_cast<const uint16_t*>(a.v_cache) + first;
     for (size_t i = 0; i < n; i += 16) {
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i));
       _mm512_storeu_ps(o + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
@@ -202,8 +223,11 @@ void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
   const float* kt_all = kt_buf.data();
   const float* v_all = nullptr;
   size_t v_stride = a.cache_stride;  // keys between two kv heads' values
-  if (a.kv_dtype == KvDtype::bf16) {
-    transpose_keys<uint16_t>(a, keys, kt_buf.data(), pool);
+  if (a.kv_dtype != KvDtype::fp32) {
+    if (a.kv_dtype == KvDtype::q8_0)
+      transpose_keys<int8_t>(a, keys, kt_buf.data(), pool);
+    else
+      transpose_keys<uint16_t>(a, keys, kt_buf.data(), pool);
     v_buf.resize(a.n_kv_heads * keys * hd);
     widen_values(a, keys, v_buf.data(), pool);
     v_all = v_buf.data();

@@ -387,8 +387,31 @@ void attend_item(const AttentionArgs& a, const KvLayout& kv, size_t group, size_
 
 }  // namespace
 
-void attention_prefill_bf16(const AttentionArgs& a, ThreadPool& pool) {
-  if (a.n == 0 || a.n_heads == 0) return;
+void attention_prefill_bf16(const AttentionArgs& in, ThreadPool& pool) {
+  if (in.n == 0 || in.n_heads == 0) return;
+  // A q8_0 cache is widened to fp32 first (exact: int8 times a half scale), so
+  // the kernel computes what it computes on the fp32 cache holding those values.
+  thread_local std::vector<float> k_wide, v_wide;
+  AttentionArgs a = in;
+  if (in.kv_dtype == KvDtype::q8_0) {
+    const size_t keys = in.start + in.n, hd = in.head_dim;
+    k_wide.resize(in.n_kv_heads * keys * hd);
+    v_wide.resize(in.n_kv_heads * keys * hd);
+    // The caller's buffers (a worker's thread_local would be its own).
+    float* const kw = k_wide.data();
+    float* const vw = v_wide.data();
+    pool.parallel_for(2 * in.n_kv_heads, [&](size_t i) {
+      const size_t kvh = i / 2, first = kvh * in.cache_stride * hd;
+      const bool value = i % 2;
+      dequantize_q8_0(static_cast<const int8_t*>(value ? in.v_cache : in.k_cache) + first,
+                      (value ? in.v_scale : in.k_scale) + first / kKvQ8Block, keys, hd,
+                      (value ? vw : kw) + kvh * keys * hd, hd);
+    });
+    a.k_cache = kw;
+    a.v_cache = vw;
+    a.kv_dtype = KvDtype::fp32;
+    a.cache_stride = keys;
+  }
   const fault::Fault f = fault::active();
   const bool truncate = f == fault::Fault::bf16_truncate;
   const bool skip_diagonal = f == fault::Fault::skip_attention_block;

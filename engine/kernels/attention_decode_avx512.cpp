@@ -15,6 +15,15 @@
 // Software prefetch runs a fixed distance ahead on both streams; bf16 cache
 // elements widen to fp32 in registers (a 16-bit shift, exact), so a bf16
 // cache gives the bits of an fp32 cache holding the widened values.
+//
+// q8_0 (int8 + a half scale per 32 head dims) widens exactly too: each block
+// of keys is dequantized once into an L1 buffer that every row of the group
+// then reads as fp32 K (int8 -> fp32 costs two conversions and a multiply per
+// vector, so done per row it would triple), and V is widened in registers
+// inside P.V, where one load already serves all the group's rows. Folding the
+// K scale into the scores instead saves the multiply but needs a 16-key
+// transpose-sum per 32-dim block and row. Both give the very bits of the fp32
+// cache holding the dequantized values.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -22,8 +31,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <type_traits>
 
 #include "kernels/avx512.h"
+#include "kernels/fault_injection.h"
 #include "kernels/online_softmax_avx512.h"  // first_key
 #include "kernels/vec_avx512.h"
 
@@ -76,6 +87,12 @@ inline __m512 load16(const float* p) {
 inline __m512 load16(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Sixteen int8 of a q8_0 cache as fp32 (the block scale applied by the caller).
+inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // Sums of 16 vectors, lane u = sum of acc[u]'s lanes. Each level adds pairs
@@ -156,9 +173,11 @@ void dot_keys(const float* q, const T* k, size_t count, size_t hd, bool prefetch
 // For each of R rows: o_r[0 .. 16*NV) = o_r * alpha_r + sum_j p_r[j] v_j,
 // rows of o `hd` apart, rows of p `ps` apart, v rows `hd` apart; with
 // `prefetch`, the V bytes kPrefetchAhead past each row's slice are requested.
+// int8 (q8_0) v_j is scaled by vs[j * hd / 32 + i / 2] for its vector i (the
+// slice starts a 32-dim block): exact, as the fp32 cache would hold it.
 template <typename T, int R, int NV>
 void accumulate_pv(float* o, const float* alpha, const float* p, size_t ps, const T* v,
-                   size_t count, size_t hd, bool prefetch) {
+                   const float* vs, size_t count, size_t hd, bool prefetch) {
   __m512 acc[R][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
@@ -177,6 +196,8 @@ void accumulate_pv(float* o, const float* alpha, const float* p, size_t ps, cons
 #pragma GCC unroll 4
     for (int i = 0; i < NV; ++i) {
       vv[i] = load16(vj + 16 * i);
+      if constexpr (std::is_same_v<T, int8_t>)
+        vv[i] = _mm512_mul_ps(vv[i], _mm512_set1_ps(vs[j * (hd / kKvQ8Block) + i / 2]));
       // Keep v in a register: folded into each row's FMA it is loaded R times,
       // and the load ports, not the FMAs, would set the pace.
       if constexpr (R > 1) asm("" : "+v"(vv[i]));
@@ -195,7 +216,8 @@ void accumulate_pv(float* o, const float* alpha, const float* p, size_t ps, cons
 }
 
 template <typename T>
-using PvFn = void (*)(float*, const float*, const float*, size_t, const T*, size_t, size_t, bool);
+using PvFn = void (*)(float*, const float*, const float*, size_t, const T*, const float*, size_t,
+                      size_t, bool);
 template <typename T, int R>
 constexpr PvFn<T> kPvRow[5] = {nullptr, accumulate_pv<T, R, 1>, accumulate_pv<T, R, 2>,
                                accumulate_pv<T, R, 3>, accumulate_pv<T, R, 4>};
@@ -212,7 +234,60 @@ struct Plan {
   size_t group = 0;   // query heads per kv head
   size_t splits = 0;  // key splits per kv head
   size_t block = 0;   // keys per block
+  // q8_0: the scales V is read with (v_scale; k_scale under Fault::v_through_k_scale)
+  // and Fault::kv_scale_wrong_block.
+  const uint16_t* v_scale = nullptr;
+  bool neighbour_scale = false;
 };
+
+// Half scales [0, n) as fp32 into out (whole vectors: out holds n rounded up to 16).
+inline void widen_scales(const uint16_t* s, size_t n, float* out) {
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 m = static_cast<__mmask16>(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
+    _mm512_store_ps(out + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s + i)));
+  }
+}
+
+// One row's online-softmax step over `count` keys (fp32, rows hd apart):
+// scores into s (exp(score - m), dead lanes of the last vector 0), m and l
+// updated; returns alpha = exp(m_old - m_new). Not inlined: every cache dtype
+// runs this one copy, so floating-point contraction cannot differ between them
+// (a widened cache then gives the fp32 cache's very bits).
+template <typename T>
+__attribute__((noinline)) float score_row(const AttentionArgs& a, const float* q, const T* k,
+                                          size_t count, bool prefetch, float* s, float& m,
+                                          float& l) {
+  dot_keys(q, k, count, a.head_dim, prefetch, s);
+  const size_t full = count / 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (count % 16)) - 1);
+  // Scale, cap, and find the max; the tail vector's dead lanes read -inf.
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  const __m512 cap = _mm512_set1_ps(a.softcap);
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (size_t c = 0; c <= full; ++c) {
+    const __mmask16 mk = c < full ? __mmask16(0xffff) : tail;
+    if (!mk) break;
+    __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, s + 16 * c), scale);
+    if (a.softcap > 0.0f) x = _mm512_mul_ps(cap, tanh_ps(_mm512_div_ps(x, cap)));
+    x = _mm512_mask_blend_ps(mk, _mm512_set1_ps(-INFINITY), x);
+    _mm512_store_ps(s + 16 * c, x);
+    vmax = _mm512_max_ps(vmax, x);
+  }
+  const float m_old = m;
+  const float m_new = std::max(m_old, _mm512_reduce_max_ps(vmax));
+  // m_old = -inf on a row's first block: alpha = 0 scales the zero o.
+  const float alpha = std::exp(m_old - m_new);
+  const __m512 vm = _mm512_set1_ps(m_new);
+  __m512 vsum = _mm512_setzero_ps();
+  for (size_t c = 0; c * 16 < count; ++c) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), vm));  // -inf -> 0
+    _mm512_store_ps(s + 16 * c, e);
+    vsum = _mm512_add_ps(vsum, e);  // dead lanes: exp(-inf) = 0
+  }
+  l = l * alpha + _mm512_reduce_add_ps(vsum);
+  m = m_new;
+  return alpha;
+}
 
 // Runs the online softmax for every query token of kv head `kvh` over keys
 // [kb, ke), updating per-row state m[rows], l[rows], o[rows][hd] (row =
@@ -220,7 +295,8 @@ struct Plan {
 template <typename T>
 void attend(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t kb, size_t ke, float* m,
             float* l, float* o) {
-  const size_t hd = a.head_dim, group = plan.group;
+  constexpr bool q8 = std::is_same_v<T, int8_t>;
+  const size_t hd = a.head_dim, group = plan.group, nb = hd / kKvQ8Block;
   const T* k_base = static_cast<const T*>(a.k_cache) + kvh * a.cache_stride * hd;
   const T* v_base = static_cast<const T*>(a.v_cache) + kvh * a.cache_stride * hd;
   const char* k_bytes = reinterpret_cast<const char*>(k_base);
@@ -230,61 +306,52 @@ void attend(const AttentionArgs& a, const Plan& plan, size_t kvh, size_t kb, siz
   if (lo >= hi) return;
   const size_t row_bytes = hd * sizeof(T), end_bytes = hi * row_bytes;
   alignas(64) float s[kPvRows][kMaxBlockKeys];
+  // q8_0: the block's K widened to fp32 and its V scales (this thread's buffers).
+  thread_local Buffer k_buf, vs_buf;
+  float* k_wide = q8 ? k_buf.get(plan.block * hd) : nullptr;
+  float* v_scales = q8 ? vs_buf.get(plan.block * nb + 16) : nullptr;
+  const uint16_t* k_scale = q8 ? a.k_scale + kvh * a.cache_stride * nb : nullptr;
+  const uint16_t* v_scale = q8 ? plan.v_scale + kvh * a.cache_stride * nb : nullptr;
   // The first lines of both streams, before the loop's prefetches reach them.
   prefetch_range(k_bytes, lo * row_bytes, std::min(end_bytes, lo * row_bytes + kPrefetchAhead));
   prefetch_range(v_bytes, lo * row_bytes, std::min(end_bytes, lo * row_bytes + kPrefetchAhead));
   for (size_t p0 = lo; p0 < hi; p0 += plan.block) {
     const size_t p1 = std::min(hi, p0 + plan.block);
+    if constexpr (q8) {
+      dequantize_q8_0(k_base + p0 * hd, k_scale + p0 * nb, p1 - p0, hd, k_wide, hd,
+                      {kPrefetchAhead, plan.neighbour_scale});
+      // V's scales as many keys ahead as its int8 prefetch (1/16 of the bytes).
+      const char* vs_bytes = reinterpret_cast<const char*>(v_scale);
+      for (size_t b = p0 * nb * 2; b < p1 * nb * 2; b += 64)
+        _mm_prefetch(vs_bytes + b + kPrefetchAhead / 16, _MM_HINT_T1);
+      widen_scales(v_scale + p0 * nb, (p1 - p0) * nb, v_scales);
+    }
     for (size_t t = 0; t < a.n; ++t) {
       const size_t pos = a.start + t;
       // This token's keys within the block (the same for all its group rows).
       const size_t r_lo = std::max(p0, first_key(a, pos)), r_hi = std::min(p1, pos + 1);
       if (r_lo >= r_hi) continue;
       const size_t count = r_hi - r_lo;
-      const T* k = k_base + r_lo * hd;
       const T* v = v_base + r_lo * hd;
-      const __mmask16 tail = static_cast<__mmask16>((1u << (count % 16)) - 1);
-      const size_t full = count / 16;
+      const float* vs = q8 ? v_scales + (r_lo - p0) * nb : nullptr;
       for (size_t g0 = 0; g0 < group; g0 += kPvRows) {
         const size_t rows = std::min(kPvRows, group - g0);
         alignas(16) float alpha[kPvRows];
         for (size_t r = 0; r < rows; ++r) {
           const size_t h = kvh * group + g0 + r, row = t * group + g0 + r;
-          float* sr = s[r];
+          const float* q = a.q + (t * a.n_heads + h) * hd;
           // The first row streams K from DRAM; the others find it in L1.
-          dot_keys(a.q + (t * a.n_heads + h) * hd, k, count, hd, row == 0, sr);
-          // Scale, cap, and find the max; the tail vector's dead lanes read -inf.
-          const __m512 scale = _mm512_set1_ps(a.scale);
-          const __m512 cap = _mm512_set1_ps(a.softcap);
-          __m512 vmax = _mm512_set1_ps(-INFINITY);
-          for (size_t c = 0; c <= full; ++c) {
-            const __mmask16 mk = c < full ? __mmask16(0xffff) : tail;
-            if (!mk) break;
-            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, sr + 16 * c), scale);
-            if (a.softcap > 0.0f) x = _mm512_mul_ps(cap, tanh_ps(_mm512_div_ps(x, cap)));
-            x = _mm512_mask_blend_ps(mk, _mm512_set1_ps(-INFINITY), x);
-            _mm512_store_ps(sr + 16 * c, x);
-            vmax = _mm512_max_ps(vmax, x);
-          }
-          const float m_old = m[row];
-          const float m_new = std::max(m_old, _mm512_reduce_max_ps(vmax));
-          // m_old = -inf on a row's first block: alpha = 0 scales the zero o.
-          alpha[r] = std::exp(m_old - m_new);
-          const __m512 vm = _mm512_set1_ps(m_new);
-          __m512 vsum = _mm512_setzero_ps();
-          for (size_t c = 0; c * 16 < count; ++c) {
-            const __m512 e = exp_ps(_mm512_sub_ps(_mm512_load_ps(sr + 16 * c), vm));  // -inf -> 0
-            _mm512_store_ps(sr + 16 * c, e);
-            vsum = _mm512_add_ps(vsum, e);  // dead lanes: exp(-inf) = 0
-          }
-          l[row] = l[row] * alpha[r] + _mm512_reduce_add_ps(vsum);
-          m[row] = m_new;
+          if constexpr (q8)
+            alpha[r] =
+                score_row(a, q, k_wide + (r_lo - p0) * hd, count, false, s[r], m[row], l[row]);
+          else
+            alpha[r] = score_row(a, q, k_base + r_lo * hd, count, row == 0, s[r], m[row], l[row]);
         }
         float* o_rows = o + (t * group + g0) * hd;
         for (size_t d = 0; d < hd; d += 64) {
           const size_t nv = std::min<size_t>(4, (hd - d) / 16);
-          kPv<T>[rows][nv](o_rows + d, alpha, &s[0][0], kMaxBlockKeys, v + d, count, hd,
-                           t == 0 && g0 == 0);
+          kPv<T>[rows][nv](o_rows + d, alpha, &s[0][0], kMaxBlockKeys, v + d,
+                           q8 ? vs + d / kKvQ8Block : nullptr, count, hd, t == 0 && g0 == 0);
         }
       }
     }
@@ -308,7 +375,10 @@ Plan make_plan(const AttentionArgs& a, size_t threads) {
 void attention_decode(const AttentionArgs& a, ThreadPool& pool) {
   if (a.n == 0 || a.n_heads == 0) return;
   const size_t hd = a.head_dim;
-  const Plan plan = make_plan(a, static_cast<size_t>(pool.size()));
+  Plan plan = make_plan(a, static_cast<size_t>(pool.size()));
+  const fault::Fault f = fault::active();
+  plan.v_scale = f == fault::Fault::v_through_k_scale ? a.k_scale : a.v_scale;
+  plan.neighbour_scale = f == fault::Fault::kv_scale_wrong_block;
   const size_t rows = a.n * plan.group;
   const size_t state = rows * (hd + 2);  // o, then m, then l
   const size_t items = a.n_kv_heads * plan.splits;
@@ -331,7 +401,9 @@ void attention_decode(const AttentionArgs& a, ThreadPool& pool) {
     std::fill(o, o + rows * hd, 0.0f);
     std::fill(m, m + rows, -INFINITY);
     std::fill(l, l + rows, 0.0f);
-    if (a.kv_dtype == KvDtype::bf16)
+    if (a.kv_dtype == KvDtype::q8_0)
+      attend<int8_t>(a, plan, kvh, kb, ke, m, l, o);
+    else if (a.kv_dtype == KvDtype::bf16)
       attend<uint16_t>(a, plan, kvh, kb, ke, m, l, o);
     else
       attend<float>(a, plan, kvh, kb, ke, m, l, o);

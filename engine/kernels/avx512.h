@@ -66,6 +66,15 @@ void to_bf16_parts(const float* x, size_t n, size_t cols, size_t n_pad, size_t c
 // GEMM converts each worker's token block into its own cache.
 void to_bf16_tiles(const float* x, size_t n, size_t cols, size_t n_pad, size_t c0, size_t steps,
                    size_t parts, uint16_t* out);
+// Rows [0, rows) of a q8_0 KV cache (row i: int8 at q + i * hd, half scales at
+// scales + i * hd / 32; hd % 32 == 0) widened to fp32 at out + i * out_stride:
+// q times its scale, exact (kv_q8_0_avx512.cpp).
+struct Q8Dequant {
+  size_t prefetch_ahead = 0;     // > 0: request the lines this many bytes ahead (into L2)
+  bool neighbour_scale = false;  // Fault::kv_scale_wrong_block
+};
+void dequantize_q8_0(const int8_t* q, const uint16_t* scales, size_t rows, size_t hd, float* out,
+                     size_t out_stride, const Q8Dequant& opt = {});
 // Prefill attention (flash style, keys in lanes via a transposed K block);
 // needs head_dim % 16 == 0 and at most kMaxGroup query heads per kv head.
 inline constexpr size_t kMinPrefillTokens = 16;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "edgellm/bf16.h"
@@ -126,10 +127,10 @@ std::optional<AttnPrecision> parse_attn_precision(std::string_view name) {
 }
 
 std::string_view kv_dtype_name(KvDtype d) {
-  return d == KvDtype::bf16 ? "bf16" : "fp32";
+  return d == KvDtype::q8_0 ? "q8_0" : d == KvDtype::bf16 ? "bf16" : "fp32";
 }
 std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
-  for (KvDtype d : {KvDtype::fp32, KvDtype::bf16})
+  for (KvDtype d : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0})
     if (kv_dtype_name(d) == name) return d;
   return std::nullopt;
 }
@@ -205,11 +206,13 @@ const std::vector<KernelInfo>& registered_kernels() {
        "EDGELLM_QUANT_PRECISION=int8)"},
       {"attention",
        {S, A2, A5, AMX},
-       "q, out fp32; K/V cache fp32, or bf16 (the fast default) widened on load. Exact: fp32 "
-       "products (amx: q, K, V, P as 3 exact bf16 parts, 6 tile passes per product; 3 on a bf16 "
-       "cache). Fast (bf16) prefill: q, K, V, P rounded to bf16 once, vdpbf16ps (avx512, "
-       "attention_bf16_avx512.cpp) or one TDPBF16PS pass (amx); decode stays fp32 (bandwidth)",
-       "causal, GQA, any n / start, sliding window, softcap; avx2: head_dim % 8 == 0; avx512 "
+       "q, out fp32; K/V cache fp32, or bf16 (the fast default) / q8_0 (int8 + fp16 scale per "
+       "32) widened exactly on load. Exact: fp32 products (amx: q, K, V, P as 3 exact bf16 "
+       "parts, 6 tile passes per product; 3 on a bf16 cache). Fast (bf16) prefill: q, K, V, P "
+       "rounded to bf16 once, vdpbf16ps (avx512, attention_bf16_avx512.cpp) or one TDPBF16PS "
+       "pass (amx); decode stays fp32 (bandwidth)",
+       "causal, GQA, any n / start, sliding window, softcap; q8_0: head_dim % 32 == 0; avx2: "
+       "head_dim % 8 == 0; avx512 "
        "(prefill, n >= 16; decode, n < 16, keys split across threads): head_dim % 16 == 0; amx "
        "(prefill, n >= 16): head_dim % 32 == 0, <= 32 query heads per kv head",
        all},
@@ -341,6 +344,9 @@ void add(float* acc, const float* x, size_t n, Isa isa) {
 }
 
 void attention(const AttentionArgs& args, ThreadPool& pool, Isa isa) {
+  // Setup refuses such a model (Transformer); a q8_0 block never straddles two keys.
+  if (args.kv_dtype == KvDtype::q8_0 && args.head_dim % kKvQ8Block != 0)
+    throw std::invalid_argument("attention: a q8_0 KV cache needs head_dim % 32 == 0");
   // The AVX2 path works on whole vectors of head_dim; others take the reference.
   // Prefill on amx, else avx512; decode (n < 16) on avx512 (keys split across threads).
   // AttnPrecision::bf16 runs on the amx prefill (one bf16 part) and the avx512
@@ -348,8 +354,7 @@ void attention(const AttentionArgs& args, ThreadPool& pool, Isa isa) {
   // stays fp32 on purpose: it streams the cache once per token, bound by
   // bandwidth, not by the products.
   const bool prefill = args.n >= avx512::kMinPrefillTokens;
-  const bool bf16 = args.precision == AttnPrecision::bf16 &&
-                    (args.kv_dtype == KvDtype::fp32 || args.kv_dtype == KvDtype::bf16);
+  const bool bf16 = args.precision == AttnPrecision::bf16;
   if (isa == Isa::amx && prefill && args.head_dim % 32 == 0 &&
       args.n_heads <= amx::kMaxAttentionGroup * args.n_kv_heads)
     return amx::attention_prefill(args, pool);

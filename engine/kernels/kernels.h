@@ -126,16 +126,34 @@ void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out,
 // acc += x
 void add(float* acc, const float* x, size_t n, Isa isa = active_isa());
 
-// Element type of the KV cache (EDGELLM_KV_CACHE=fp32|bf16). bf16 halves the
-// cache's memory and the bytes decode attention streams; K and V are rounded
-// to bf16 (nearest even) when written and widened to fp32 when read, so all
-// attention arithmetic stays fp32.
-enum class KvDtype { fp32, bf16 };
-std::string_view kv_dtype_name(KvDtype d);  // "fp32" | "bf16"
+// Element type of the KV cache (EDGELLM_KV_CACHE=fp32|bf16|q8_0). Every
+// kernel widens the cache to fp32 exactly as it reads it, so all attention
+// arithmetic stays fp32; what changes is the memory and the bytes decode
+// attention streams.
+//  - bf16: K and V rounded to bf16 (nearest even) when written.
+//  - q8_0 (llama.cpp's -ctk/-ctv q8_0): each key's and value's head_dim
+//    elements in blocks of 32, one IEEE-half scale per block; s = max|x| / 127
+//    rounded to half (then up one half ulp if that leaves max|x| > 127 s),
+//    q = round-to-nearest(x / s) in int8, read back as q * s. Half scales,
+//    not fp32: q * s has <= 7 + 11 significant bits, so it is exact in fp32
+//    (every kernel, however it orders the multiply, sees the same values),
+//    and a block is 34 bytes, not 36. Needs head_dim % 32 == 0.
+enum class KvDtype { fp32, bf16, q8_0 };
+std::string_view kv_dtype_name(KvDtype d);  // "fp32" | "bf16" | "q8_0"
 std::optional<KvDtype> parse_kv_dtype(std::string_view name);
-inline size_t kv_dtype_bytes(KvDtype d) {
-  return d == KvDtype::bf16 ? 2 : 4;
+inline constexpr size_t kKvQ8Block = 32;  // q8_0 elements per scale
+// Bytes per cache element, scales included (q8_0: 1 + 2 / 32).
+inline double kv_dtype_bytes(KvDtype d) {
+  return d == KvDtype::q8_0 ? 1.0 + 2.0 / kKvQ8Block : d == KvDtype::bf16 ? 2.0 : 4.0;
 }
+// Bytes of `elems` cache elements (q8_0: elems % 32 == 0), scales included.
+inline size_t kv_bytes(KvDtype d, size_t elems) {
+  return d == KvDtype::q8_0 ? elems + elems / kKvQ8Block * 2 : elems * (d == KvDtype::bf16 ? 2 : 4);
+}
+// Quantizes n values (n % 32 == 0) to q8_0 as above: q[n] int8, scales[n / 32]
+// half bits. A block holding NaN or inf gets a NaN scale (it reads back NaN,
+// as an fp32 cache would hold it); |x| <= 127 * 65504 keeps the scale finite.
+void quantize_kv_q8_0(const float* x, size_t n, int8_t* q, uint16_t* scales);
 
 // Arithmetic of attention's two products (q.k and p.v). fp32: exact fp32
 // products (amx: q, K, V, P as three exact bf16 parts). bf16: q, K, P and V
@@ -144,7 +162,7 @@ inline size_t kv_dtype_bytes(KvDtype d) {
 // that of an online softmax over blocks of kAttentionKeyBlock keys from
 // multiples of it: exp(s - m) with m the running max of the blocks so far,
 // rounded to bf16 (ref::attention_bf16). bf16 runs on avx512 (no AMX) and amx
-// prefill with an fp32 or bf16 cache; decode and other paths compute fp32.
+// prefill with any cache (q8_0 widened exactly first); decode and other paths compute fp32.
 enum class AttnPrecision { fp32, bf16 };
 std::string_view attn_precision_name(AttnPrecision p);  // "fp32" | "bf16"
 std::optional<AttnPrecision> parse_attn_precision(std::string_view name);
@@ -152,14 +170,19 @@ inline constexpr size_t kAttentionKeyBlock = 32;
 
 // Causal multi-head attention with grouped KV heads, for `n` query tokens at
 // positions [start, start + n). The cache holds positions [0, start + n):
-// k_cache/v_cache are [n_kv_heads][cache_stride][head_dim] of kv_dtype (float
-// or bf16 bits as uint16_t). q and out are [n][n_heads][head_dim] fp32.
+// k_cache/v_cache are [n_kv_heads][cache_stride][head_dim] of kv_dtype (float,
+// bf16 bits as uint16_t, or q8_0's int8_t); a q8_0 cache's scales are
+// k_scale/v_scale, IEEE-half bits [n_kv_heads][cache_stride][head_dim / 32]
+// (element e of the cache has scale e / 32), kept apart from the int8 so a
+// key's values stay whole vectors. q and out are [n][n_heads][head_dim] fp32.
 // window > 0 keeps only keys with q_pos - k_pos < window.
 struct AttentionArgs {
   const float* q = nullptr;
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
   KvDtype kv_dtype = KvDtype::fp32;
+  const uint16_t* k_scale = nullptr;  // q8_0 only
+  const uint16_t* v_scale = nullptr;
   float* out = nullptr;
   size_t n = 0, start = 0;
   size_t n_heads = 0, n_kv_heads = 0, head_dim = 0;

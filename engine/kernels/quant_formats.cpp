@@ -27,24 +27,6 @@ float load_f16(const uint8_t* p) {
   return f16_to_float(load_u16(p));
 }
 
-// float -> IEEE half, round to nearest even (ggml's GGML_FP32_TO_FP16).
-uint16_t float_to_f16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u)
-    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (abs < 0x38800000u) {  // subnormal half (or zero): round abs * 2^24 to an integer
-    float a;
-    std::memcpy(&a, &abs, 4);
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));
-  }
-  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);  // RNE on the 13 dropped bits
-  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
-}
-
 // Q4_K's 12 bytes of packed 6-bit scales and mins (gguf-py Q4_K.get_scale_min).
 void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
   if (j < 4) {

@@ -101,12 +101,37 @@ void attention_of(const AttentionArgs& a) {
   }
 }
 
+// Keys [0, keys) of a q8_0 cache as fp32, [n_kv_heads][keys][head_dim]:
+// int8 times its block's half scale, exact in fp32.
+std::vector<float> dequantize(const void* cache, const uint16_t* scales, const AttentionArgs& a,
+                              size_t keys) {
+  const size_t hd = a.head_dim;
+  std::vector<float> out(a.n_kv_heads * keys * hd);
+  for (size_t h = 0; h < a.n_kv_heads; ++h)
+    for (size_t i = 0; i < keys * hd; ++i) {
+      const size_t e = h * a.cache_stride * hd + i;
+      out[h * keys * hd + i] =
+          static_cast<float>(static_cast<const int8_t*>(cache)[e]) * f16_to_float(scales[e / 32]);
+    }
+  return out;
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a) {
-  if (a.precision == AttnPrecision::bf16 &&
-      (a.kv_dtype == KvDtype::fp32 || a.kv_dtype == KvDtype::bf16))
-    return attention_bf16(a);
+  if (a.kv_dtype == KvDtype::q8_0) {
+    // Dequantized first (exact), then the arithmetic of an fp32 cache holding those values.
+    const size_t keys = a.start + a.n;
+    const std::vector<float> k = dequantize(a.k_cache, a.k_scale, a, keys);
+    const std::vector<float> v = dequantize(a.v_cache, a.v_scale, a, keys);
+    AttentionArgs f = a;
+    f.k_cache = k.data();
+    f.v_cache = v.data();
+    f.kv_dtype = KvDtype::fp32;
+    f.cache_stride = keys;
+    return attention(f);
+  }
+  if (a.precision == AttnPrecision::bf16) return attention_bf16(a);
   if (a.kv_dtype == KvDtype::bf16)
     attention_of<uint16_t>(a);
   else

@@ -319,8 +319,8 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def_prop_ro("max_context", &edgellm::Session::max_context)
       .def_prop_ro("weight_bytes", &edgellm::Session::weight_bytes)
       .def_prop_ro("kv_cache_dtype", &edgellm::Session::kv_cache_dtype,
-                   "the KV cache's element type, fp32 or bf16 (the gate's precision tier reads "
-                   "it)")
+                   "the KV cache's element type, fp32, bf16 or q8_0 (the gate's precision tier "
+                   "reads it)")
       .def_prop_ro("kv_cache_bytes", &edgellm::Session::kv_cache_bytes)
       .def_prop_ro(
           "exec_config",

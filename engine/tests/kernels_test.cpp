@@ -646,12 +646,95 @@ class Bf16Cache {
   std::vector<uint16_t> buf_;
 };
 
-bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& pool) {
+// A q8_0 KV cache quantized as the forward pass writes it (quantize_kv_q8_0),
+// int8 and scales each one element past their allocation (odd addresses).
+class Q8Cache {
+ public:
+  explicit Q8Cache(const OddBuffer& x) : q_(x.size() + 1), s_(x.size() / kKvQ8Block + 1) {
+    quantize_kv_q8_0(x.data(), x.size(), q_.data() + 1, s_.data() + 1);
+  }
+  const int8_t* data() const { return q_.data() + 1; }
+  const uint16_t* scales() const { return s_.data() + 1; }
+  // The dequantized values, int8 times the half scale (exact in fp32).
+  OddBuffer widened() const {
+    OddBuffer w(q_.size() - 1);
+    for (size_t i = 0; i + 1 < q_.size(); ++i)
+      w[i] = static_cast<float>(q_[i + 1]) * f16_to_float(s_[1 + i / kKvQ8Block]);
+    return w;
+  }
+
+ private:
+  std::vector<int8_t> q_;
+  std::vector<uint16_t> s_;
+};
+
+// Scales each 32-value block of x by 2^e, e uniform in [lo, hi): q8_0 blocks
+// of a real cache differ in magnitude, so a block read with another block's
+// (or V's with K's) scale is far off, and the per-row tolerance below sees
+// magnitudes that are not all ~1.
+void vary_block_magnitudes(OddBuffer& x, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> e(lo, hi);
+  for (size_t b = 0; b < x.size(); b += kKvQ8Block) {
+    const float f = std::exp2(e(rng));
+    for (size_t i = b; i < std::min(x.size(), b + kKvQ8Block); ++i) x[i] *= f;
+  }
+}
+
+// The first way a tier's output differs from what it must give ("" if none).
+struct AttnMismatch {
+  std::string vs_reference;  // beyond the fp32 tolerance of the reference on the same cache
+  std::string vs_widened;    // bf16/q8_0: not the bits of the tier on the widened fp32 cache
+  bool ok() const { return vs_reference.empty() && vs_widened.empty(); }
+};
+
+// Tolerance of output row (t, h): the tier and the reference read the same
+// (exactly widened) cache and differ only in fp32 rounding order. A score
+// s_p = scale * q . k_p summed in another order moves by a few 2^-24 * A,
+// A = scale * max_p sum_d |q_d k_pd| (rounding errors random-walk, and A
+// already sums the magnitudes; hd * 2^-24 * A is the never-reached worst
+// case); moving scores by delta moves the softmax-weighted mean of the values
+// by at most 2 delta Vmax (Vmax = max |v| over the row's keys). exp's ~2 ulp,
+// the P.V sums (weights sum to 1: partial sums <= Vmax) and the final 1 / l
+// add a few 2^-24 Vmax. So 4 * 2^-24 * Vmax * (2 A + 8): it grows with neither
+// the number of keys nor head_dim beyond A. The Sweep, LongContexts and
+// DecodeSplitsKeys cases reach at most ~0.15 of it (fp32, bf16 and q8_0
+// caches alike); a q8_0 block read with the wrong scale is thousands of times over.
+std::vector<double> attention_tolerances(const AttentionArgs& a, const float* k, const float* v) {
+  const size_t hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
+  std::vector<double> tol(a.n * a.n_heads);
+  for (size_t t = 0; t < a.n; ++t) {
+    const size_t pos = a.start + t, first = a.window && pos + 1 > a.window ? pos + 1 - a.window : 0;
+    for (size_t h = 0; h < a.n_heads; ++h) {
+      const float* q = a.q + (t * a.n_heads + h) * hd;
+      const size_t kvh = h / group;
+      double amax = 0.0, vmax = 0.0;
+      for (size_t p = first; p <= pos; ++p) {
+        const float* kp = k + (kvh * a.cache_stride + p) * hd;
+        const float* vp = v + (kvh * a.cache_stride + p) * hd;
+        double sum = 0.0;
+        for (size_t d = 0; d < hd; ++d) {
+          sum += std::fabs(double{q[d]} * kp[d]);
+          vmax = std::max(vmax, std::fabs(double{vp[d]}));
+        }
+        amax = std::max(amax, sum * a.scale);
+      }
+      tol[t * a.n_heads + h] = 4.0 * std::ldexp(1.0, -24) * vmax * (2.0 * amax + 8.0);
+    }
+  }
+  return tol;
+}
+
+AttnMismatch attention_mismatch(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& pool) {
   const size_t keys = c.start + c.n;
   const size_t stride = keys + 3;  // the cache is longer than what is filled
   const OddBuffer q = random_buffer(c.n * c.n_heads * c.head_dim, rng, -2.0f, 2.0f);
   OddBuffer k = random_buffer(c.n_kv_heads * stride * c.head_dim, rng, -2.0f, 2.0f);
   OddBuffer v = random_buffer(c.n_kv_heads * stride * c.head_dim, rng);
+  const bool bf16 = c.kv == KvDtype::bf16, q8 = c.kv == KvDtype::q8_0;
+  if (q8) {
+    vary_block_magnitudes(k, rng, -3.0f, 1.0f);
+    vary_block_magnitudes(v, rng, -4.0f, 2.0f);
+  }
   if (c.poison) {
     const size_t first = c.window > 0 && c.start + 1 > c.window ? c.start + 1 - c.window : 0;
     for (size_t h = 0; h < c.n_kv_heads; ++h) {
@@ -663,12 +746,25 @@ bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& 
       }
     }
   }
-  const Bf16Cache k16(k), v16(v);
-  const bool bf16 = c.kv == KvDtype::bf16;
+  std::optional<Bf16Cache> k16, v16;
+  std::optional<Q8Cache> k8, v8;
   AttentionArgs a;
   a.q = q.data();
-  a.k_cache = bf16 ? static_cast<const void*>(k16.data()) : k.data();
-  a.v_cache = bf16 ? static_cast<const void*>(v16.data()) : v.data();
+  a.k_cache = k.data();
+  a.v_cache = v.data();
+  if (bf16) {
+    k16.emplace(k);
+    v16.emplace(v);
+    a.k_cache = k16->data();
+    a.v_cache = v16->data();
+  } else if (q8) {
+    k8.emplace(k);
+    v8.emplace(v);
+    a.k_cache = k8->data();
+    a.v_cache = v8->data();
+    a.k_scale = k8->scales();
+    a.v_scale = v8->scales();
+  }
   a.kv_dtype = c.kv;
   a.n = c.n;
   a.start = c.start;
@@ -679,6 +775,9 @@ bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& 
   a.window = c.window;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   a.softcap = c.softcap;
+  // The values every path must compute with.
+  const OddBuffer kw = bf16 ? k16->widened() : q8 ? k8->widened() : k;
+  const OddBuffer vw = bf16 ? v16->widened() : q8 ? v8->widened() : v;
 
   std::vector<float> want(c.n * c.n_heads * c.head_dim);
   a.out = want.data();
@@ -687,46 +786,59 @@ bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& 
   a.out = got.data();
   IsaScope scope(isa);
   attention(a, pool);
-  EXPECT_TRUE(got.guard_intact()) << "store past the end";
-  // The output is a convex combination of |v| <= 1: errors in the softmax
-  // weights (exp approximated to ~2 ulp, scores summed in another order) and
-  // in the sum stay well below 1e-5 of it.
-  const double tol = 1e-5;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!(std::fabs(want[i] - got[i]) <= tol)) {
-      ADD_FAILURE() << isa_name(isa) << " " << describe(c) << " at " << i << ": got " << got[i]
-                    << " want " << want[i];
-      return false;
-    }
+  AttnMismatch r;
+  const std::string where = std::string(isa_name(isa)) + " " + describe(c) + " at ";
+  if (!got.guard_intact()) r.vs_reference = where + "the guards: store past the end";
+  const std::vector<double> tol = attention_tolerances(a, kw.data(), vw.data());
+  for (size_t i = 0; i < want.size() && r.vs_reference.empty(); ++i) {
+    if (!(std::fabs(want[i] - got[i]) <= tol[i / c.head_dim]))
+      r.vs_reference = where + std::to_string(i) + ": got " + std::to_string(got[i]) + " want " +
+                       std::to_string(want[i]) + " (tolerance " +
+                       std::to_string(tol[i / c.head_dim]) + ")";
   }
-  if (!bf16) return true;
-  // Widening is exact, so the tier on the bf16 cache must give the very bits
-  // it gives on an fp32 cache holding the widened values.
-  const OddBuffer kw = k16.widened(), vw = v16.widened();
+  if (!bf16 && !q8) return r;
+  // Widening is exact, so the tier on the bf16 / q8_0 cache must give the very
+  // bits it gives on an fp32 cache holding the widened values.
   AttentionArgs w = a;
   w.k_cache = kw.data();
   w.v_cache = vw.data();
   w.kv_dtype = KvDtype::fp32;
+  w.k_scale = w.v_scale = nullptr;
   OddBuffer same(want.size(), std::nanf(""));
   w.out = same.data();
   attention(w, pool);
   for (size_t i = 0; i < want.size(); ++i) {
     if (std::memcmp(&got[i], &same[i], sizeof(float)) != 0) {
-      ADD_FAILURE() << isa_name(isa) << " " << describe(c) << " at " << i << ": bf16 cache gave "
-                    << got[i] << ", its fp32 widening " << same[i];
-      return false;
+      r.vs_widened = where + std::to_string(i) + ": " + std::string(kv_dtype_name(c.kv)) +
+                     " cache gave " + std::to_string(got[i]) + ", its fp32 widening " +
+                     std::to_string(same[i]);
+      break;
     }
   }
-  return true;
+  return r;
+}
+
+bool check_attention(Isa isa, const AttnCase& c, std::mt19937& rng, ThreadPool& pool) {
+  const AttnMismatch m = attention_mismatch(isa, c, rng, pool);
+  if (!m.vs_reference.empty()) ADD_FAILURE() << m.vs_reference;
+  if (!m.vs_widened.empty()) ADD_FAILURE() << m.vs_widened;
+  return m.ok();
+}
+
+// The cache dtypes a head_dim supports (q8_0 quantizes blocks of 32).
+std::vector<KvDtype> kv_dtypes(size_t head_dim) {
+  if (head_dim % kKvQ8Block == 0) return {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0};
+  return {KvDtype::fp32, KvDtype::bf16};
 }
 
 TEST_P(KernelAttention, Sweep) {
   const Isa isa = GetParam();
   std::mt19937 rng(7);
   const size_t heads[][2] = {{9, 3}, {4, 1}, {2, 2}, {8, 2}};
-  for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
+  for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
     for (const auto& h : heads) {
       for (size_t hd : {8, 24, 64, 80, 128, 256}) {
+        if (kv == KvDtype::q8_0 && hd % kKvQ8Block != 0) continue;
         for (size_t n : {1, 2, 3, 5, 8, 9, 17, 33, 40}) {
           for (size_t start : {0, 1, 7, 130}) {
             for (size_t window : {0, 4, 100}) {
@@ -762,7 +874,7 @@ TEST_P(KernelAttention, LongContexts) {
       {64, 1, 64, 17, 5, 0, 0.0f},
   };
   for (AttnCase c : cases) {
-    for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
+    for (KvDtype kv : kv_dtypes(c.head_dim)) {
       c.kv = kv;
       EXPECT_TRUE(check_attention(isa, c, rng, pool2));
       EXPECT_TRUE(check_attention(isa, c, rng, test_pool()));
@@ -773,17 +885,19 @@ TEST_P(KernelAttention, LongContexts) {
 // Decode shapes (n < 16, the avx512 decode kernel's range): long caches whose
 // keys split across 2 and 3 threads, odd head counts, groups of 1 to 10 heads
 // (the kernel shares V loads across 4 rows at a time), head_dim not a multiple
-// of 64, windows, softcap, both cache dtypes, and NaN in every cache position
-// outside the rows' keys.
+// of 64, windows, softcap, every cache dtype, and NaN in every cache position
+// outside the rows' keys (a q8_0 block holding NaN has a NaN scale).
 TEST_P(KernelAttention, DecodeSplitsKeys) {
   const Isa isa = GetParam();
   std::mt19937 rng(11);
   ThreadPool pool2(2), pool3(3);
   // {n_heads, n_kv_heads, head_dim}
-  const size_t shapes[][3] = {{15, 5, 16}, {7, 7, 80}, {5, 1, 48}, {12, 2, 256}, {10, 1, 64}};
+  const size_t shapes[][3] = {{15, 5, 16}, {7, 7, 80}, {5, 1, 48}, {12, 2, 256},
+                              {10, 1, 64}, {9, 3, 96}, {6, 6, 32}};
   size_t i = 0;
-  for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
+  for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
     for (const auto& h : shapes) {
+      if (kv == KvDtype::q8_0 && h[2] % kKvQ8Block != 0) continue;
       for (size_t n : {1, 3, 15}) {
         for (size_t start : {129, 1000, 2333}) {
           for (size_t window : {0, 1500}) {
@@ -798,12 +912,37 @@ TEST_P(KernelAttention, DecodeSplitsKeys) {
   }
 }
 
+// The q8_0 fault hooks of the decode kernels (avx512 decode, avx2): with a
+// block read through its neighbour's scale, or V through K's scales, the
+// tolerance check against the reference fails (and the bits differ from the
+// tier on the widened cache); with no fault both pass. Decode shapes of
+// SmolLM2 and Gemma 3, keys split across threads.
+TEST_P(KernelAttention, Q8FaultsAreCaught) {
+  const Isa isa = GetParam();
+  ThreadPool pool2(2);
+  const AttnCase cases[] = {{9, 3, 64, 1, 1000, 0, 0.0f, KvDtype::q8_0},
+                            {4, 1, 256, 1, 700, 512, 0.0f, KvDtype::q8_0},
+                            {8, 2, 64, 3, 300, 0, 20.0f, KvDtype::q8_0}};
+  for (const AttnCase& c : cases) {
+    std::mt19937 rng(12);
+    const AttnMismatch clean = attention_mismatch(isa, c, rng, pool2);
+    EXPECT_TRUE(clean.ok()) << clean.vs_reference << clean.vs_widened;
+    for (fault::Fault f : {fault::Fault::kv_scale_wrong_block, fault::Fault::v_through_k_scale}) {
+      fault::Scoped on(f);
+      std::mt19937 same_rng(12);
+      const AttnMismatch m = attention_mismatch(isa, c, same_rng, pool2);
+      EXPECT_FALSE(m.vs_reference.empty()) << fault::name(f) << " passed " << describe(c);
+      EXPECT_FALSE(m.vs_widened.empty()) << fault::name(f) << " kept the bits " << describe(c);
+    }
+  }
+}
+
 // head_dim not a multiple of 8 takes the scalar fallback.
 TEST_P(KernelAttention, OddHeadDim) {
   const Isa isa = GetParam();
   std::mt19937 rng(9);
   for (size_t hd : {2, 6, 12, 66})
-    for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16})
+    for (KvDtype kv : kv_dtypes(hd))
       EXPECT_TRUE(check_attention(isa, {4, 2, hd, 5, 3, 0, 0.0f, kv}, rng, test_pool()));
 }
 
@@ -945,6 +1084,7 @@ INSTANTIATE_TEST_SUITE_P(Tiers, KernelAttentionBf16, ::testing::ValuesIn(bf16_at
 struct AttnInputs {
   OddBuffer q, k, v;
   std::optional<Bf16Cache> k16, v16;
+  std::optional<Q8Cache> k8, v8;
   AttentionArgs args;
 };
 
@@ -953,6 +1093,8 @@ AttnInputs attention_inputs(const AttnCase& c, std::mt19937& rng) {
   AttnInputs in{random_buffer(c.n * c.n_heads * c.head_dim, rng, -2.0f, 2.0f),
                 random_buffer(c.n_kv_heads * stride * c.head_dim, rng, -2.0f, 2.0f),
                 random_buffer(c.n_kv_heads * stride * c.head_dim, rng),
+                std::nullopt,
+                std::nullopt,
                 std::nullopt,
                 std::nullopt,
                 {}};
@@ -965,6 +1107,13 @@ AttnInputs attention_inputs(const AttnCase& c, std::mt19937& rng) {
     in.v16.emplace(in.v);
     a.k_cache = in.k16->data();
     a.v_cache = in.v16->data();
+  } else if (c.kv == KvDtype::q8_0) {
+    in.k8.emplace(in.k);
+    in.v8.emplace(in.v);
+    a.k_cache = in.k8->data();
+    a.v_cache = in.v8->data();
+    a.k_scale = in.k8->scales();
+    a.v_scale = in.v8->scales();
   }
   a.kv_dtype = c.kv;
   a.n = c.n;
@@ -994,8 +1143,20 @@ Bf16Check check_attention_bf16(Isa isa, const AttnCase& c, std::mt19937& rng, Th
   AttentionArgs& a = in.args;
   const size_t size = c.n * c.n_heads * c.head_dim;
   std::vector<float> want(size), tol(size);
-  a.out = want.data();
-  ref::attention_bf16(a, tol.data());
+  // A q8_0 cache's values are its exact widening: the reference (and the bit
+  // check below) run on the fp32 cache holding them.
+  std::optional<OddBuffer> k8w, v8w;
+  AttentionArgs ref_args = a;
+  if (c.kv == KvDtype::q8_0) {
+    k8w.emplace(in.k8->widened());
+    v8w.emplace(in.v8->widened());
+    ref_args.k_cache = k8w->data();
+    ref_args.v_cache = v8w->data();
+    ref_args.kv_dtype = KvDtype::fp32;
+    ref_args.k_scale = ref_args.v_scale = nullptr;
+  }
+  ref_args.out = want.data();
+  ref::attention_bf16(ref_args, tol.data());
   OddBuffer got(size, std::nanf(""));
   a.out = got.data();
   {
@@ -1025,14 +1186,16 @@ Bf16Check check_attention_bf16(Isa isa, const AttnCase& c, std::mt19937& rng, Th
   }
   std::nth_element(ratios.begin(), ratios.begin() + size / 2, ratios.end());
   r.median_ratio = ratios[size / 2];
-  if (!r.ok || c.kv != KvDtype::bf16) return r;
-  // A bf16 cache is its own rounding: the kernel must give the very bits it
-  // gives on an fp32 cache holding the same values.
-  const OddBuffer kw = in.k16->widened(), vw = in.v16->widened();
+  if (!r.ok || c.kv == KvDtype::fp32) return r;
+  // A bf16 or q8_0 cache widens exactly: the kernel must give the very bits it
+  // gives on an fp32 cache holding the widened values.
+  const OddBuffer kw = c.kv == KvDtype::bf16 ? in.k16->widened() : in.k8->widened();
+  const OddBuffer vw = c.kv == KvDtype::bf16 ? in.v16->widened() : in.v8->widened();
   AttentionArgs w = a;
   w.k_cache = kw.data();
   w.v_cache = vw.data();
   w.kv_dtype = KvDtype::fp32;
+  w.k_scale = w.v_scale = nullptr;
   OddBuffer same(size, std::nanf(""));
   w.out = same.data();
   {
@@ -1061,7 +1224,7 @@ TEST_P(KernelAttentionBf16, Sweep) {
   const size_t heads[][2] = {{2, 2}, {9, 3}, {4, 1}, {8, 1}, {10, 2}};
   double worst = 0.0, median = 0.0;
   size_t i = 0;
-  for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
+  for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
     for (const auto& h : heads) {
       for (size_t hd : {32, 64, 96, 256}) {
         for (size_t n : {16, 17, 49, 70}) {
@@ -1100,7 +1263,7 @@ TEST_P(KernelAttentionBf16, ModelShapes) {
   };
   double worst = 0.0;
   for (AttnCase c : cases) {
-    for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
+    for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
       c.kv = kv;
       const Bf16Check r = check_attention_bf16(isa, c, rng, pool2);
       EXPECT_TRUE(r.ok) << r.failure;
@@ -1253,6 +1416,134 @@ TEST(KernelAttentionBf16Reference, BoundIsFp32Class) {
     std::nth_element(tol.begin(), tol.begin() + size / 2, tol.end());
     std::printf("bf16 attention bound, %s: median %.3g\n", describe(c).c_str(), tol[size / 2]);
     EXPECT_LT(tol[size / 2], c.head_dim == 64 ? 4e-5 : 1.5e-4) << describe(c);
+  }
+}
+
+// The reference on a q8_0 cache computes exactly what it computes on the fp32
+// cache holding the dequantized values, and those differ from the unrounded
+// cache (so the q8_0 tests above see real rounding).
+TEST(KernelAttentionReference, Q8CacheDequantizesExactly) {
+  std::mt19937 rng(13);
+  const size_t heads = 4, kv_heads = 2, hd = 64, n = 3, start = 9, stride = 14;
+  const OddBuffer q = random_buffer(n * heads * hd, rng, -2.0f, 2.0f);
+  const OddBuffer k = random_buffer(kv_heads * stride * hd, rng, -2.0f, 2.0f);
+  const OddBuffer v = random_buffer(kv_heads * stride * hd, rng);
+  const Q8Cache k8(k), v8(v);
+  const OddBuffer kw = k8.widened(), vw = v8.widened();
+  AttentionArgs a;
+  a.q = q.data();
+  a.n = n;
+  a.start = start;
+  a.n_heads = heads;
+  a.n_kv_heads = kv_heads;
+  a.head_dim = hd;
+  a.cache_stride = stride;
+  a.scale = 0.125f;
+  std::vector<float> on_q8(n * heads * hd), on_widened(on_q8.size()), on_fp32(on_q8.size());
+  a.k_cache = k8.data();
+  a.v_cache = v8.data();
+  a.k_scale = k8.scales();
+  a.v_scale = v8.scales();
+  a.kv_dtype = KvDtype::q8_0;
+  a.out = on_q8.data();
+  ref::attention(a);
+  a.k_cache = kw.data();
+  a.v_cache = vw.data();
+  a.kv_dtype = KvDtype::fp32;
+  a.out = on_widened.data();
+  ref::attention(a);
+  a.k_cache = k.data();
+  a.v_cache = v.data();
+  a.out = on_fp32.data();
+  ref::attention(a);
+  EXPECT_EQ(0, std::memcmp(on_q8.data(), on_widened.data(), on_q8.size() * sizeof(float)));
+  double diff = 0;
+  for (size_t i = 0; i < on_q8.size(); ++i)
+    diff = std::max(diff, static_cast<double>(std::fabs(on_q8[i] - on_fp32[i])));
+  EXPECT_GT(diff, 1e-5) << "q8_0 rounding should move the output";
+  EXPECT_LT(diff, 5e-2) << "but only by ~1/254 of each block's largest value";
+}
+
+// quantize_kv_q8_0: each value within half its block's scale of q * scale,
+// |q| <= 127, the scale the half nearest max|x| / 127 (or the next one up when
+// that one would need |q| > 127); an all-zero block, a block with one huge
+// value, tiny blocks (half scales below the normal range) and non-finite ones.
+TEST(KernelKvQ8, QuantizeRoundTrip) {
+  std::mt19937 rng(14);
+  constexpr size_t kBlocks = 12, kN = kBlocks * kKvQ8Block;
+  std::vector<float> x(kN);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (float& e : x) e = dist(rng);
+  std::fill_n(x.begin() + 1 * 32, 32, 0.0f);               // all zero
+  x[2 * 32 + 7] = 1e4f;                                    // one huge value among ~1
+  for (size_t i = 0; i < 32; ++i) x[3 * 32 + i] *= 1e-6f;  // scale below half's normals
+  for (size_t i = 0; i < 32; ++i) x[4 * 32 + i] *= 1e-9f;  // below its subnormals
+  for (size_t i = 0; i < 32; ++i) x[5 * 32 + i] = 127.0f * (i % 3 ? 0.5f : -1.0f);  // exact
+  for (size_t i = 0; i < 32; ++i) x[6 * 32 + i] *= 3e4f;                            // large
+  x[7 * 32 + 3] = -2.0f;  // max |x| negative
+  std::vector<int8_t> qv(kN);
+  std::vector<uint16_t> sc(kBlocks);
+  quantize_kv_q8_0(x.data(), kN, qv.data(), sc.data());
+  for (size_t b = 0; b < kBlocks; ++b) {
+    const float s = f16_to_float(sc[b]);
+    float amax = 0.0f;
+    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    EXPECT_LE(amax, 127.0f * s) << "block " << b;
+    // No smaller half scale would do: the one below gives |x| / s > 127.
+    if (sc[b] > 0) EXPECT_GT(amax, 127.0f * f16_to_float(sc[b] - 1)) << "block " << b;
+    for (size_t i = 0; i < 32; ++i) {
+      const size_t e = b * 32 + i;
+      EXPECT_GE(qv[e], -127) << e;
+      EXPECT_LE(std::fabs(x[e] - static_cast<float>(qv[e]) * s), 0.5f * s)
+          << "block " << b << " element " << i << " x " << x[e] << " q " << int{qv[e]} << " s "
+          << s;
+    }
+  }
+  EXPECT_EQ(sc[1], 0);  // all zero: scale 0, q 0
+  for (size_t i = 0; i < 32; ++i) EXPECT_EQ(qv[32 + i], 0);
+  EXPECT_EQ(qv[2 * 32 + 7], 127);                          // the huge value is the block's max
+  EXPECT_NEAR(f16_to_float(sc[2]), 1e4f / 127.0f, 0.05f);  // ... and sets the scale
+  EXPECT_EQ(f16_to_float(sc[5]), 1.0f);                    // 127 / 127 exactly
+  EXPECT_EQ(qv[5 * 32], -127);
+  EXPECT_EQ(qv[7 * 32 + 3], -127);
+
+  // NaN or inf anywhere in a block: a NaN scale (reads back NaN, as fp32 would hold it).
+  std::vector<float> bad(64, 0.5f);
+  bad[5] = std::nanf("");
+  bad[32 + 9] = -INFINITY;
+  std::vector<int8_t> bq(64);
+  std::vector<uint16_t> bs(2);
+  quantize_kv_q8_0(bad.data(), 64, bq.data(), bs.data());
+  EXPECT_TRUE(std::isnan(f16_to_float(bs[0])));
+  EXPECT_TRUE(std::isnan(f16_to_float(bs[1])));
+}
+
+// The AVX-512 widening the attention kernels share: q * scale exactly, rows
+// apart, and under Fault::kv_scale_wrong_block a block takes its neighbour's.
+TEST(KernelKvQ8, Avx512DequantizeIsExact) {
+  if (detect_isa() < Isa::avx512) GTEST_SKIP() << "no avx512 on this CPU";
+  std::mt19937 rng(15);
+  for (size_t hd : {32, 64, 96, 256}) {
+    const size_t rows = 37;
+    OddBuffer x = random_buffer(rows * hd, rng, -3.0f, 3.0f);
+    vary_block_magnitudes(x, rng, -6.0f, 6.0f);
+    const Q8Cache c(x);
+    const OddBuffer want = c.widened();
+    const size_t out_stride = hd + 5;
+    std::vector<float> got(rows * out_stride, -1.0f);
+    avx512::dequantize_q8_0(c.data(), c.scales(), rows, hd, got.data(), out_stride);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t d = 0; d < hd; ++d)
+        ASSERT_EQ(got[r * out_stride + d], want[r * hd + d]) << hd << " " << r << " " << d;
+    for (size_t r = 0; r < rows; ++r)  // the gaps between rows untouched
+      ASSERT_EQ(got[r * out_stride + hd], -1.0f);
+    if (hd == 32) continue;  // one block per row: no neighbour
+    avx512::dequantize_q8_0(c.data(), c.scales(), rows, hd, got.data(), out_stride,
+                            {0, /*neighbour_scale=*/true});
+    size_t differ = 0;
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t d = 0; d < hd; ++d) differ += got[r * out_stride + d] != want[r * hd + d];
+    EXPECT_GT(differ, rows * hd / 2) << hd;
   }
 }
 

@@ -124,6 +124,63 @@ TEST_P(DecodeMatchesPrefill, Bf16CacheHoldsRoundedKeysAndValues) {
   }
 }
 
+// A q8_0 cache (head_dim 32: one block per key) holds the fp32 cache's K/V
+// quantized by quantize_kv_q8_0: exactly so in layer 0 (its K/V depend on the
+// embeddings alone); decode on it matches a prefill on it, as for the other
+// dtypes; a head_dim that is not a multiple of 32 is refused.
+TEST(TransformerKvQ8, CacheHoldsQuantizedKeysAndValues) {
+  TinyModel m = write_tiny("LlamaForCausalLM", R"(, "head_dim": 32)");
+  ASSERT_EQ(m.config.head_dim, 32);
+  Checkpoint ckpt = Checkpoint::open(m.dir);
+  ThreadPool pool(2);
+  Profiler prof;
+  Transformer f32(m.config, load_weights(ckpt, m.config), 16, pool, prof, kernels::process_exec_config());
+  Transformer q8(m.config, load_weights(ckpt, m.config), 16, pool, prof, with_kv(kernels::KvDtype::q8_0));
+  EXPECT_EQ(q8.kv_cache_bytes() * 64, f32.kv_cache_bytes() * 17);  // 1.0625 vs 4 bytes
+  const std::vector<int32_t> tokens = {5, 17, 3, 96, 42, 8, 0};
+  const size_t vocab = static_cast<size_t>(m.config.vocab_size);
+  std::vector<float> logits32(vocab), logits8(vocab);
+  KvCache kv32 = f32.new_kv_cache(), kv8 = q8.new_kv_cache();
+  ASSERT_TRUE(kv8.k.empty() && kv8.k16.empty() && kv32.k8.empty() && kv32.k_scale.empty());
+  Scratch scratch;
+  f32.forward(kv32, scratch, tokens.data(), tokens.size(), 0, logits32.data(), nullptr);
+  q8.forward(kv8, scratch, tokens.data(), tokens.size(), 0, logits8.data(), nullptr);
+  const size_t layer = static_cast<size_t>(m.config.num_kv_heads) * 16 * 32;
+  ASSERT_EQ(kv8.k8.size(), kv32.k.size());
+  ASSERT_EQ(kv8.k_scale.size(), kv32.k.size() / 32);
+  std::vector<int8_t> kq(layer), vq(layer);
+  std::vector<uint16_t> ks(layer / 32), vs(layer / 32);
+  kernels::quantize_kv_q8_0(kv32.k.data(), layer, kq.data(), ks.data());
+  kernels::quantize_kv_q8_0(kv32.v.data(), layer, vq.data(), vs.data());
+  for (size_t i = 0; i < layer; ++i) {
+    ASSERT_EQ(kv8.k8[i], kq[i]) << "key element " << i;
+    ASSERT_EQ(kv8.v8[i], vq[i]) << "value element " << i;
+    ASSERT_EQ(kv8.k_scale[i / 32], ks[i / 32]) << "key scale " << i / 32;
+    ASSERT_EQ(kv8.v_scale[i / 32], vs[i / 32]) << "value scale " << i / 32;
+  }
+  // keys()/key_scales() of a layer's offset address that layer's data.
+  EXPECT_EQ(kv8.keys(layer), kv8.k8.data() + layer);
+  EXPECT_EQ(kv8.value_scales(layer), kv8.v_scale.data() + layer / 32);
+  EXPECT_EQ(kv32.key_scales(layer), nullptr);
+  // Decode on the q8_0 cache reproduces a prefill on one.
+  KvCache kv = q8.new_kv_cache();
+  std::vector<float> logits(vocab);
+  q8.forward(kv, scratch, tokens.data(), 3, 0, logits.data(), nullptr);
+  for (size_t pos = 3; pos < tokens.size(); ++pos) {
+    q8.forward(kv, scratch, &tokens[pos], 1, pos, logits.data(), nullptr);
+    const std::vector<int32_t> prefix(tokens.begin(),
+                                      tokens.begin() + static_cast<std::ptrdiff_t>(pos + 1));
+    expect_close(logits, prefill_logits(q8, prefix, m.config.vocab_size),
+                 "q8_0 cache pos " + std::to_string(pos));
+  }
+  // head_dim 16 cannot hold a block of 32.
+  TinyModel m16 = write_tiny("LlamaForCausalLM", "");
+  Checkpoint ckpt16 = Checkpoint::open(m16.dir);
+  EXPECT_THROW(Transformer(m16.config, load_weights(ckpt16, m16.config), 16, pool, prof,
+                           with_kv(kernels::KvDtype::q8_0)),
+               Error);
+}
+
 // Continuous batching's promise: a sequence decodes to the same bits alone or
 // in a batch with others at different positions (and different batch sizes).
 TEST_P(DecodeMatchesPrefill, BatchedDecodeIsBitIdenticalToAlone) {
@@ -185,13 +242,17 @@ TEST_P(DecodeMatchesPrefill, BatchedDecodeIsBitIdenticalToAlone) {
 // serially on one thread and must still give the bits of the parallel call.
 class DecodeBatchSplitKeys : public ::testing::TestWithParam<kernels::KvDtype> {};
 INSTANTIATE_TEST_SUITE_P(KvDtypes, DecodeBatchSplitKeys,
-                         ::testing::Values(kernels::KvDtype::fp32, kernels::KvDtype::bf16),
+                         ::testing::Values(kernels::KvDtype::fp32, kernels::KvDtype::bf16,
+                                           kernels::KvDtype::q8_0),
                          [](const auto& info) {
                            return std::string(kernels::kv_dtype_name(info.param));
                          });
 
 TEST_P(DecodeBatchSplitKeys, BitIdenticalToAlone) {
-  TinyModel m = write_tiny("LlamaForCausalLM", R"(, "max_position_embeddings": 512)");
+  // q8_0 needs head_dim % 32 == 0 (the tiny model's is 16).
+  const bool q8 = GetParam() == kernels::KvDtype::q8_0;
+  TinyModel m = write_tiny("LlamaForCausalLM", std::string(R"(, "max_position_embeddings": 512)") +
+                                                   (q8 ? R"(, "head_dim": 32)" : ""));
   Checkpoint ckpt = Checkpoint::open(m.dir);
   ThreadPool pool(2);
   Profiler prof;
@@ -385,6 +446,23 @@ TEST(SessionTest, ExecConfigFromOptions) {
   Session ignores_env;
   ignores_env.setup(m.dir, o);
   EXPECT_EQ(ignores_env.kv_cache_dtype(), "bf16");  // setup reads no environment
+  {
+    // q8_0 quantizes blocks of 32 head dims: refused at setup for the tiny
+    // model's head_dim 16, taken for 32 (1 + 2/32 bytes an element).
+    SessionOptions q = o;
+    q.kv_cache = "q8_0";
+    EXPECT_EQ(setup_error(q),
+              "a q8_0 KV cache quantizes blocks of 32 head dims, and this model's head_dim is 16: "
+              "use --kv-cache fp32 or bf16");
+    TinyModel hd32 = write_tiny_session_model(R"(, "head_dim": 32)");
+    Session q8;
+    q8.setup(hd32.dir, q);
+    EXPECT_EQ(q8.kv_cache_dtype(), "q8_0");
+    q.kv_cache = "fp32";
+    Session q8_fp32;
+    q8_fp32.setup(hd32.dir, q);
+    EXPECT_EQ(q8.kv_cache_bytes() * 64, q8_fp32.kv_cache_bytes() * 17);
+  }
   Session from_env;
   from_env.setup(m.dir, with_environment_defaults(o));
   EXPECT_EQ(from_env.kv_cache_dtype(), "fp32");

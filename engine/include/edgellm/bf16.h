@@ -1,6 +1,7 @@
-// bfloat16 <-> float conversions shared by loaders, kernels and tests.
+// bfloat16 and IEEE half <-> float conversions shared by loaders, kernels and tests.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -49,6 +50,24 @@ inline float f16_to_float(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+// float -> IEEE half, round to nearest even (ggml's GGML_FP32_TO_FP16).
+inline uint16_t float_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs < 0x38800000u) {  // subnormal half (or zero): round abs * 2^24 to an integer
+    float a;
+    std::memcpy(&a, &abs, 4);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));
+  }
+  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);  // RNE on the 13 dropped bits
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
 }
 
 }  // namespace edgellm

@@ -31,7 +31,9 @@ struct SessionOptions {
   // "exact": the gate's fp32 tier, judged against HF fp32 by stage 1.
   std::string precision;
   // Overrides of the precision's parts ("": the precision's choice):
-  std::string kv_cache;           // KV cache element type: fp32 | bf16 | q8_0
+  // KV cache element type: fp32 | bf16 | q8_0 (int8 + an fp16 scale per 32
+  // elements, 1.0625 bytes each; head_dim % 32 == 0).
+  std::string kv_cache;
   std::string gemm_precision;     // prefill GEMM activations: fp32 | bf16x2 | bf16
   std::string attn_precision;     // attention products: fp32 | bf16
   std::string quant_activations;  // quantized-weight matmul activations: fp32 | int8

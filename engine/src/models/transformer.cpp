@@ -69,6 +69,8 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
       cfg_(cfg),
       pool_(pool),
       prof_(profiler) {
+  if (cfg_.kv == kernels::KvDtype::q8_0 && c_.head_dim % kernels::kKvQ8Block != 0)
+    throw Error("a q8_0 KV cache needs head_dim % 32 == 0, not " + std::to_string(c_.head_dim));
   for (const LayerSpec& spec : c_.layers) {
     const bool scaled = spec.rope_scaled && c_.rope_scaling.type != RopeScaling::Type::none;
     auto it = std::find_if(rope_tables_.begin(), rope_tables_.end(), [&](const RopeTable& t) {
@@ -85,7 +87,11 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
 }
 
 void KvCache::store(size_t offset, const float* key, const float* value, size_t n) {
-  if (dtype == kernels::KvDtype::bf16) {
+  if (dtype == kernels::KvDtype::q8_0) {
+    const size_t s = offset / kernels::kKvQ8Block;
+    kernels::quantize_kv_q8_0(key, n, &k8[offset], &k_scale[s]);
+    kernels::quantize_kv_q8_0(value, n, &v8[offset], &v_scale[s]);
+  } else if (dtype == kernels::KvDtype::bf16) {
     for (size_t i = 0; i < n; ++i) {
       k16[offset + i] = float_to_bf16(key[i]);
       v16[offset + i] = float_to_bf16(value[i]);
@@ -101,7 +107,12 @@ KvCache Transformer::new_kv_cache() const {
       static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim;
   KvCache kv;
   kv.dtype = cfg_.kv;
-  if (cfg_.kv == kernels::KvDtype::bf16) {
+  if (cfg_.kv == kernels::KvDtype::q8_0) {
+    kv.k8.assign(cache, 0);
+    kv.v8.assign(cache, 0);
+    kv.k_scale.assign(cache / kernels::kKvQ8Block, 0);
+    kv.v_scale.assign(cache / kernels::kKvQ8Block, 0);
+  } else if (cfg_.kv == kernels::KvDtype::bf16) {
     kv.k16.assign(cache, 0);
     kv.v16.assign(cache, 0);
   } else {
@@ -112,8 +123,8 @@ KvCache Transformer::new_kv_cache() const {
 }
 
 size_t Transformer::kv_cache_bytes() const {
-  return 2 * static_cast<size_t>(c_.num_layers) * c_.num_kv_heads * max_context_ * c_.head_dim *
-         kernels::kv_dtype_bytes(cfg_.kv);
+  return 2 * kernels::kv_bytes(cfg_.kv, static_cast<size_t>(c_.num_layers) * c_.num_kv_heads *
+                                              max_context_ * c_.head_dim);
 }
 
 void Transformer::ensure_scratch(Scratch& s, size_t n) const {
@@ -196,6 +207,8 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     a.k_cache = seq.kv->keys(layer_cache);
     a.v_cache = seq.kv->values(layer_cache);
     a.kv_dtype = seq.kv->dtype;
+    a.k_scale = seq.kv->key_scales(layer_cache);
+    a.v_scale = seq.kv->value_scales(layer_cache);
     a.out = &s.attn[row0 * nh * D];
     a.n = seq.n;
     a.start = seq.start;

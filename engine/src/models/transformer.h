@@ -23,23 +23,49 @@ struct RopeTable {
 };
 
 // One sequence's memory: its keys and values, [layer][kv_head][max_context][head_dim],
-// fp32 in k/v or bf16 bits in k16/v16 as `dtype` says (the other pair is empty).
+// as `dtype` says: fp32 in k/v, bf16 bits in k16/v16, or q8_0 int8 in k8/v8
+// with the half scales of each 32 elements in k_scale/v_scale
+// ([layer][kv_head][max_context][head_dim / 32]); the other members are empty.
 struct KvCache {
   kernels::KvDtype dtype = kernels::KvDtype::fp32;
   std::vector<float> k, v;
   std::vector<uint16_t> k16, v16;
+  std::vector<int8_t> k8, v8;
+  std::vector<uint16_t> k_scale, v_scale;
 
   // The keys / values from element `offset` on, as AttentionArgs takes them.
   const void* keys(size_t offset) const {
-    return dtype == kernels::KvDtype::bf16 ? static_cast<const void*>(k16.data() + offset)
-                                           : static_cast<const void*>(k.data() + offset);
+    switch (dtype) {
+      case kernels::KvDtype::bf16:
+        return k16.data() + offset;
+      case kernels::KvDtype::q8_0:
+        return k8.data() + offset;
+      default:
+        return k.data() + offset;
+    }
   }
   const void* values(size_t offset) const {
-    return dtype == kernels::KvDtype::bf16 ? static_cast<const void*>(v16.data() + offset)
-                                           : static_cast<const void*>(v.data() + offset);
+    switch (dtype) {
+      case kernels::KvDtype::bf16:
+        return v16.data() + offset;
+      case kernels::KvDtype::q8_0:
+        return v8.data() + offset;
+      default:
+        return v.data() + offset;
+    }
+  }
+  // q8_0: the scales of the elements from `offset` (a multiple of 32) on; else nullptr.
+  const uint16_t* key_scales(size_t offset) const {
+    return dtype == kernels::KvDtype::q8_0 ? k_scale.data() + offset / kernels::kKvQ8Block
+                                           : nullptr;
+  }
+  const uint16_t* value_scales(size_t offset) const {
+    return dtype == kernels::KvDtype::q8_0 ? v_scale.data() + offset / kernels::kKvQ8Block
+                                           : nullptr;
   }
   // Stores `n` elements of one key and one value at element `offset`; bf16
-  // rounds to nearest even.
+  // rounds to nearest even, q8_0 quantizes (kernels::quantize_kv_q8_0; offset
+  // and n multiples of 32).
   void store(size_t offset, const float* key, const float* value, size_t n);
 };
 

@@ -189,6 +189,9 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     s->model_dir = model_dir;
     s->config = load_model_config(model_dir / "config.json");
     merge_generation_eos(model_dir, s->config);
+    check(cfg.kv != kernels::KvDtype::q8_0 || s->config.head_dim % kernels::kKvQ8Block == 0,
+          "a q8_0 KV cache quantizes blocks of 32 head dims, and this model's head_dim is " +
+              std::to_string(s->config.head_dim) + ": use --kv-cache fp32 or bf16");
     step = "loading the tokenizer";
     s->tokenizer.emplace(Tokenizer::load(model_dir));
     s->chat_template = ChatTemplate::load(model_dir);
