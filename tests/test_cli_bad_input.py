@@ -136,7 +136,7 @@ def test_unknown_option() -> None:
 def test_unknown_kv_cache_dtype() -> None:
     assert_one_line_error(run("--kv-cache", "fp16"), "--kv-cache", "fp16")
     proc = run(env={"EDGELLM_KV_CACHE": "int8"})
-    assert_one_line_error(proc, "EDGELLM_KV_CACHE=int8: expected fp32, bf16 or q8_0")
+    assert_one_line_error(proc, "--kv-cache (EDGELLM_KV_CACHE) int8: expected fp32, bf16 or q8_0")
 
 
 # --- Regressions from the robustness review (issue 8): each crashed, hung or was

@@ -102,7 +102,8 @@ def test_every_position_matches_transformers(fixture_dir: Path, engine_binding: 
     ref = hf_logits(fixture_dir)
     scale = float(np.abs(ref).max())
     session = engine_binding.Session()
-    session.setup(str(fixture_dir), threads=2, max_context=64)
+    # The exact path (stage 1): HF fp32 is its truth; the fast path is stage 2's business.
+    session.setup(str(fixture_dir), threads=2, max_context=64, precision="exact")
 
     prefill = [(k - 1, session.prefill(TOKENS[:k])) for k in range(1, len(TOKENS) + 1)]
     session.prefill(TOKENS[:PROMPT_LEN])

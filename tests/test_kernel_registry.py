@@ -141,7 +141,7 @@ def test_environment_is_a_front_end_default(smollm2_checkpoint: Path) -> None:
     assert described({"EDGELLM_PRECISION": "exact"}, "no").startswith("fast (")
     assert "KV fp32" in described({"EDGELLM_KV_CACHE": "fp32"}, "env")
     assert described({"EDGELLM_KV_CACHE": "fp16"}, "env") == (
-        "error: --kv-cache fp16: expected fp32, bf16 or q8_0"
+        "error: --kv-cache (EDGELLM_KV_CACHE) fp16: expected fp32, bf16 or q8_0"
     )
 
 

@@ -38,7 +38,7 @@ def hf_logits(model_dir: Path, quant: str | None) -> np.ndarray:
 
 def ours_logits(engine_binding: Any, model_dir: Path, weights: str) -> np.ndarray:
     s = engine_binding.Session()
-    s.setup(str(model_dir), threads=2, max_context=64, weights=weights)
+    s.setup(str(model_dir), threads=2, max_context=64, weights=weights, precision="exact")
     rows = [np.array(s.prefill(IDS[:8]))]  # prefill, then one decode step per position
     for pos in range(8, len(IDS)):
         rows.append(np.array(s.decode_step(IDS[pos], pos)))

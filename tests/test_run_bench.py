@@ -38,7 +38,12 @@ def test_bench_tables_hold_the_requested_rows(
     assert "| engine | TTFT 32 | TTFT 512 | decode @32 | decode @512 | peak RSS (MB) |" in out
     table = out.split("| engine |", 1)[1].split("\n\n", 1)[0]
     rows = [ln for ln in table.splitlines() if ln.startswith("| ours")]
-    assert [r.split(" | ")[0] for r in rows] == ["| ours", "| ours gguf", "| ours q8_0"], rows
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| ours",
+        "| ours exact",
+        "| ours gguf",
+        "| ours q8_0",
+    ], rows
     for row in rows:  # every cell a positive number
         cells = [c.strip() for c in row.strip("|").split("|")[1:]]
         assert len(cells) == 5 and all(float(c) > 0 for c in cells), row

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "kernels/amx_tiles.h"
-#include "kernels/fault_injection.h"
 #include "kernels/avx512.h"
+#include "kernels/fault_injection.h"
 #include "kernels/quant.h"
 #include "kernels/transpose_avx512.h"
 

@@ -134,8 +134,10 @@ TEST(TransformerKvQ8, CacheHoldsQuantizedKeysAndValues) {
   Checkpoint ckpt = Checkpoint::open(m.dir);
   ThreadPool pool(2);
   Profiler prof;
-  Transformer f32(m.config, load_weights(ckpt, m.config), 16, pool, prof, kernels::process_exec_config());
-  Transformer q8(m.config, load_weights(ckpt, m.config), 16, pool, prof, with_kv(kernels::KvDtype::q8_0));
+  Transformer f32(m.config, load_weights(ckpt, m.config), 16, pool, prof,
+                  kernels::process_exec_config());
+  Transformer q8(m.config, load_weights(ckpt, m.config), 16, pool, prof,
+                 with_kv(kernels::KvDtype::q8_0));
   EXPECT_EQ(q8.kv_cache_bytes() * 64, f32.kv_cache_bytes() * 17);  // 1.0625 vs 4 bytes
   const std::vector<int32_t> tokens = {5, 17, 3, 96, 42, 8, 0};
   const size_t vocab = static_cast<size_t>(m.config.vocab_size);
@@ -417,13 +419,13 @@ TEST(SessionTest, ExecConfigFromOptions) {
   EXPECT_EQ(exact_bf16_kv.kv_cache_dtype(), "bf16");
   EXPECT_EQ(exact_bf16_kv.exec_config().gemm, kernels::GemmPrecision::fp32);
   o.kv_cache = "fp16";
-  EXPECT_EQ(setup_error(o), "--kv-cache fp16: expected fp32, bf16 or q8_0");
+  EXPECT_EQ(setup_error(o), "--kv-cache (EDGELLM_KV_CACHE) fp16: expected fp32, bf16 or q8_0");
   o.kv_cache = "";
   o.precision = "fastest";
-  EXPECT_EQ(setup_error(o), "--precision fastest: expected fast or exact");
+  EXPECT_EQ(setup_error(o), "--precision (EDGELLM_PRECISION) fastest: expected fast or exact");
   o.precision = "";
   o.isa = "avx9";
-  EXPECT_EQ(setup_error(o), "--isa avx9: expected scalar, avx2, avx512 or amx");
+  EXPECT_EQ(setup_error(o), "--isa (EDGELLM_ISA) avx9: expected scalar, avx2, avx512 or amx");
   o.isa = "scalar";
   Session scalar;
   scalar.setup(m.dir, o);
@@ -471,7 +473,7 @@ TEST(SessionTest, ExecConfigFromOptions) {
   o.kv_cache = "";
   ::setenv("EDGELLM_KV_CACHE", "int8", 1);
   EXPECT_EQ(setup_error(with_environment_defaults(o)),
-            "--kv-cache int8: expected fp32, bf16 or q8_0");
+            "--kv-cache (EDGELLM_KV_CACHE) int8: expected fp32, bf16 or q8_0");
   // The memory estimate names the dtype.
   TinyModel huge = write_tiny_session_model(R"(, "max_position_embeddings": 2147483647)");
   o.max_context = 2147483647;

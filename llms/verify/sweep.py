@@ -4,8 +4,9 @@
                      --job gemma3_270m:base:heldout_base --max-prompts 2
 
 Each job is the gate `make verify` runs, split into the same phases: ``reference`` (HF bf16)
-first, then ``truth`` (HF fp32) and ``capture`` (our engine) in parallel, both fed the
-reference's tokens through Ray's object store. Every phase is a Ray task in a fresh worker
+first, then ``truth`` (HF fp32), ``capture`` (our exact engine) and ``deployed`` (stage 2: the
+fast engine and the corpus, plus the corpus floor where none is stored) in parallel, all fed
+the reference's tokens through Ray's object store. Every phase is a Ray task in a fresh worker
 process (``max_calls=1``: no two models share a process, as in the local run), calling the
 very functions the local phases call with the same options, so the verdicts and KL figures
 are the local ones. The driver judges each job (compare) as its captures arrive, writes its
@@ -34,7 +35,7 @@ from verify.errors import VerifyError
 
 _LLMS = Path(__file__).resolve().parents[1]
 _REPO = _LLMS.parent
-RAY_PHASES = ("reference", "truth", "capture")
+RAY_PHASES = ("reference", "truth", "capture", "deployed")
 
 
 @dataclass
@@ -79,7 +80,16 @@ def worker_env() -> dict[str, str]:
         paths.insert(0, os.environ["PYTHONPATH"])
     env = {"PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
     env["TRANSFORMERS_OFFLINE"] = "1"
-    for name in ("EDGELLM_MODELS", "EDGELLM_ISA", "EDGELLM_GEMM_PRECISION"):
+    # The deployed path's front-end defaults travel with the job, as in a local run.
+    for name in (
+        "EDGELLM_MODELS",
+        "EDGELLM_ISA",
+        "EDGELLM_PRECISION",
+        "EDGELLM_KV_CACHE",
+        "EDGELLM_GEMM_PRECISION",
+        "EDGELLM_ATTN_PRECISION",
+        "EDGELLM_QUANT_PRECISION",
+    ):
         if name in os.environ:
             env[name] = os.environ[name]
     return env
@@ -96,6 +106,10 @@ def run_phase(argv: list[str], phase: str, reference: Any = None) -> Any:
         return vr.run_truth(ctx, reference)
     if phase == "capture":
         return vr.run_capture(ctx, reference)
+    if phase == "deployed":  # stage 2's engine side (the corpus and the prompt set)
+        deployed = vr.run_deployed(ctx, reference)
+        floor = vr.run_floor(ctx) if vr.needs_floor(ctx, deployed["token_counts"]) else None
+        return deployed, floor
     raise VerifyError(f"unknown phase {phase}")
 
 
@@ -131,8 +145,8 @@ def start_ray(address: str | None, cpus: int | None) -> None:
         )
 
 
-def submit(job: Job, wants_truth: bool) -> None:
-    """The job's phases as tasks: truth and capture wait on the reference's object."""
+def submit(job: Job, wants_truth: bool, wants_stage2: bool = False) -> None:
+    """The job's phases as tasks: truth, capture and deployed wait on the reference's object."""
     import ray
 
     task = ray.remote(num_cpus=1, max_calls=1, max_retries=1)(run_phase)
@@ -140,6 +154,8 @@ def submit(job: Job, wants_truth: bool) -> None:
     if wants_truth:
         job.refs["truth"] = task.remote(job.argv, "truth", job.refs["reference"])
     job.refs["capture"] = task.remote(job.argv, "capture", job.refs["reference"])
+    if wants_stage2:
+        job.refs["deployed"] = task.remote(job.argv, "deployed", job.refs["reference"])
 
 
 def judge(vr: ModuleType, job: Job, ctx: Any) -> None:
@@ -149,7 +165,11 @@ def judge(vr: ModuleType, job: Job, ctx: Any) -> None:
     ref = ray.get(job.refs["reference"])
     truth = ray.get(job.refs["truth"]) if "truth" in job.refs else None
     engine = ray.get(job.refs["capture"])
-    report = vr.judge(ctx, ref, engine, truth)
+    stage2 = None
+    if "deployed" in job.refs:
+        deployed, floor = ray.get(job.refs["deployed"])
+        stage2 = vr.judge_stage2(ctx, ref, engine, truth, deployed, floor)
+    report = vr.judge(ctx, ref, engine, truth, stage2)
     job.status = "FAIL" if report.has_failure() else "PASS"
     job.report = report.paths[1] if report.paths else None
     cal = report.calibrated_summary()
@@ -195,7 +215,7 @@ def run(vr: ModuleType, args: Any, jobs: list[Job]) -> int:
     start_ray(args.ray, args.ray_cpus)
     try:
         for job in jobs:
-            submit(job, contexts[job.spec].wants_truth)
+            submit(job, contexts[job.spec].wants_truth, contexts[job.spec].wants_stage2)
         deadline = start + args.sweep_timeout
         open_jobs = list(jobs)
         while open_jobs:

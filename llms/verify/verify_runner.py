@@ -657,7 +657,7 @@ def run(argv: list[str]) -> int:
         deployed = floor = None
         if ctx.wants_stage2:
             deployed = run_deployed(ctx, reference)
-            if _needs_floor(ctx, deployed["token_counts"]):
+            if needs_floor(ctx, deployed["token_counts"]):
                 floor = run_floor(ctx)
         return run_compare(ctx, reference, engine, truth, deployed, floor)
     with tempfile.TemporaryDirectory(prefix="edgellm-verify-", dir=work) as tmp:
@@ -668,7 +668,7 @@ def run(argv: list[str]) -> int:
         if ctx.wants_stage2:
             spawn(argv, "deployed", Path(tmp))
             counts = _load(Path(tmp) / "deployed.pkl")["token_counts"]
-            if _needs_floor(ctx, counts):
+            if needs_floor(ctx, counts):
                 print(
                     "stage 2: no stored corpus floor for this model: measuring it (HF fp32 "
                     "and bf16 over the corpus)",
@@ -678,7 +678,7 @@ def run(argv: list[str]) -> int:
         return compare_saved(ctx, Path(tmp))
 
 
-def _needs_floor(ctx: Context, token_counts: list[int]) -> bool:
+def needs_floor(ctx: Context, token_counts: list[int]) -> bool:
     from verify import stage2
 
     key = stage2.budget_key(ctx.adapter.hf_reference(ctx.config.model_dir))

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <string_view>
 
-#include "kernels/kernels.h"
+#include "edgellm/exec_config.h"
 
 namespace edgellm {
 

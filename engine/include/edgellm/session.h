@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "edgellm/config.h"
+#include "edgellm/exec_config.h"
 #include "edgellm/profile.h"
 #include "edgellm/tokenizer.h"
-#include "kernels/kernels.h"
 
 namespace edgellm {
 

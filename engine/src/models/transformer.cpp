@@ -124,7 +124,7 @@ KvCache Transformer::new_kv_cache() const {
 
 size_t Transformer::kv_cache_bytes() const {
   return 2 * kernels::kv_bytes(cfg_.kv, static_cast<size_t>(c_.num_layers) * c_.num_kv_heads *
-                                              max_context_ * c_.head_dim);
+                                            max_context_ * c_.head_dim);
 }
 
 void Transformer::ensure_scratch(Scratch& s, size_t n) const {

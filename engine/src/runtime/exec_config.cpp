@@ -6,6 +6,7 @@
 
 #include "edgellm/error.h"
 #include "edgellm/session.h"
+#include "kernels/kernels.h"
 
 namespace edgellm {
 
@@ -38,11 +39,10 @@ SessionOptions with_environment_defaults(SessionOptions o) {
 kernels::ExecConfig resolve_exec_config(const SessionOptions& o) {
   using namespace kernels;
   ExecConfig cfg;
-  cfg.isa =
-      o.isa.empty()
-          ? detect_isa()
-          : std::min(detect_isa(),
-                     parse_or_throw<Isa>(o.isa, "--isa", "scalar, avx2, avx512 or amx", parse_isa));
+  cfg.isa = o.isa.empty() ? detect_isa()
+                          : std::min(detect_isa(),
+                                     parse_or_throw<Isa>(o.isa, "--isa (EDGELLM_ISA)",
+                                                         "scalar, avx2, avx512 or amx", parse_isa));
   const std::string precision = o.precision.empty() ? "fast" : o.precision;
   if (precision == "fast") {
     // Every part that has a faster, stage-2-judged form on this tier takes it.
@@ -53,19 +53,22 @@ kernels::ExecConfig resolve_exec_config(const SessionOptions& o) {
     // bf16 floor on SmolLM2's GGUF (mean KLD 0.013, same-top-1 94%; docs/quality.md), far
     // outside stage 2's budget. --quant-activations int8 stays an opt-in.
   } else if (precision != "exact") {
-    throw Error("--precision " + precision + ": expected fast or exact");
+    throw Error("--precision (EDGELLM_PRECISION) " + precision + ": expected fast or exact");
   }
   if (!o.kv_cache.empty())
-    cfg.kv =
-        parse_or_throw<KvDtype>(o.kv_cache, "--kv-cache", "fp32, bf16 or q8_0", parse_kv_dtype);
+    cfg.kv = parse_or_throw<KvDtype>(o.kv_cache, "--kv-cache (EDGELLM_KV_CACHE)",
+                                     "fp32, bf16 or q8_0", parse_kv_dtype);
   if (!o.gemm_precision.empty())
-    cfg.gemm = parse_or_throw<GemmPrecision>(o.gemm_precision, "--gemm-precision",
-                                             "fp32, bf16x2 or bf16", parse_gemm_precision);
+    cfg.gemm =
+        parse_or_throw<GemmPrecision>(o.gemm_precision, "--gemm-precision (EDGELLM_GEMM_PRECISION)",
+                                      "fp32, bf16x2 or bf16", parse_gemm_precision);
   if (!o.attn_precision.empty())
-    cfg.attention = parse_or_throw<AttnPrecision>(o.attn_precision, "--attn-precision",
-                                                  "fp32 or bf16", parse_attn_precision);
+    cfg.attention =
+        parse_or_throw<AttnPrecision>(o.attn_precision, "--attn-precision (EDGELLM_ATTN_PRECISION)",
+                                      "fp32 or bf16", parse_attn_precision);
   if (!o.quant_activations.empty())
-    cfg.quant = parse_or_throw<QuantPrecision>(o.quant_activations, "--quant-activations",
+    cfg.quant = parse_or_throw<QuantPrecision>(o.quant_activations,
+                                               "--quant-activations (EDGELLM_QUANT_PRECISION)",
                                                "fp32 or int8", parse_quant_precision);
   return cfg;
 }
