@@ -57,11 +57,11 @@ def rows_for(adapter: Any) -> list[Row]:
     ]
     if "gguf" in adapter.MODEL_CHOICES:
         rows += [
-            Row("GGUF fast (int8 activations)", "gguf", (), "same weights"),
+            Row("GGUF fast (default)", "gguf", (), "same weights"),
             Row(
-                "GGUF fast, fp32 activations",
+                "GGUF fast, int8 activations (opt-in)",
                 "gguf",
-                (("quant_activations", "fp32"),),
+                (("quant_activations", "int8"),),
                 "same weights",
             ),
         ]
