@@ -51,23 +51,23 @@ def rows_for(adapter: Any) -> list[Row]:
     base = adapter.DEFAULT_MODEL
     rows = [
         Row("fast (default)", base, (), "same weights"),
-        Row("fast, KV fp32", base, (("kv_cache", "fp32"),), "same weights"),
-        Row("fast, KV q8_0", base, (("kv_cache", "q8_0"),), "same weights"),
-        Row("fast, attention fp32", base, (("attn_precision", "fp32"),), "same weights"),
+        Row("fast + KV fp32", base, (("kv_cache", "fp32"),), "same weights"),
+        Row("fast + KV q8_0", base, (("kv_cache", "q8_0"),), "same weights"),
+        Row("fast + attention fp32", base, (("attn_precision", "fp32"),), "same weights"),
     ]
     if "gguf" in adapter.MODEL_CHOICES:
         rows += [
             Row("GGUF fast (default)", "gguf", (), "same weights"),
             Row(
-                "GGUF fast, int8 activations (opt-in)",
+                "GGUF + int8 activations (opt-in)",
                 "gguf",
                 (("quant_activations", "int8"),),
                 "same weights",
             ),
         ]
     rows += [
-        Row("--weights q8_0, fast", base, (), "checkpoint bf16", weights="q8_0"),
-        Row("--weights q4_0, fast", base, (), "checkpoint bf16", weights="q4_0"),
+        Row("--weights q8_0 (fast)", base, (), "checkpoint bf16", weights="q8_0"),
+        Row("--weights q4_0 (fast)", base, (), "checkpoint bf16", weights="q4_0"),
     ]
     return rows
 
