@@ -114,7 +114,8 @@ Framing parse_framing(std::string_view head, size_t max_body) {
     const std::string_view value = trim(line.substr(colon + 1));
     if (name == "content-length") {
       // Digits only: "-5", "+5", "0x10" and "" are malformed, not "too large".
-      if (value.empty() || !std::all_of(value.begin(), value.end(), ::isdigit))
+      if (value.empty() ||
+          !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
         return {400, "malformed Content-Length '" + std::string(value) + "'"};
       const size_t n = value.size() > 18 ? SIZE_MAX : std::stoull(std::string(value));
       if (has_length && n != f.content_length) return {400, "conflicting Content-Length headers"};
