@@ -33,6 +33,7 @@ SERVER = REPO / "build" / "edgellm_server"
 KINDS = ["cpp", "ray"]
 REPLY_SCHEMA = {"/v1/completions": schema.Completion, "/v1/chat/completions": schema.ChatCompletion}
 NAME = "smollm2-135m-instruct"
+JSON = {"Content-Type": "application/json"}
 PROMPTS = [
     "What is the capital of France?",
     "Name three colours.",
@@ -85,7 +86,7 @@ class Server:
             return r.status, r.read().decode()
 
     def post(self, path: str, body: bytes) -> tuple[int, dict[str, Any], Message]:
-        req = urllib.request.Request(self.url + path, data=body, method="POST")
+        req = urllib.request.Request(self.url + path, data=body, method="POST", headers=JSON)
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 reply = json.loads(r.read())
@@ -147,7 +148,9 @@ def test_models_and_health(server: Server) -> None:
 
 def sse_events(server: Server, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The data events of a streamed reply, raw (after them must come [DONE])."""
-    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST")
+    req = urllib.request.Request(
+        server.url + path, data=json.dumps(body).encode(), method="POST", headers=JSON
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
         lines = [ln for ln in r.read().decode().splitlines() if ln.startswith("data: ")]
@@ -381,5 +384,206 @@ def test_load_disconnect_and_sigterm(smollm2_checkpoint: Path, kind: str) -> Non
             s.proc.send_signal(signal.SIGTERM)
             code, reply, _ = running.result(timeout=60)
         assert code == 200 and reply["usage"]["completion_tokens"] == 12
+    finally:
+        assert s.stop() == 0
+
+
+# --- hostile clients (the C++ server's connection limits; raw sockets where a client can't) ---
+
+HOSTILE_MAX_BODY = 65536
+HOSTILE_HEADER_TIMEOUT = 3
+
+
+@pytest.fixture(scope="module")
+def hostile(smollm2_checkpoint: Path):
+    """Few workers (2 running + 2 queued + 8): a thread per slow connection would starve it."""
+    s = Server(
+        smollm2_checkpoint,
+        *("--parallel", "2", "--queue", "2", "--max-body", str(HOSTILE_MAX_BODY)),
+        *("--header-timeout", str(HOSTILE_HEADER_TIMEOUT)),
+    )
+    yield s
+    assert s.stop() == 0
+
+
+def read_reply(sock: socket.socket) -> tuple[int, str, dict[str, Any]]:
+    """One HTTP reply with a Content-Length JSON body: (status, head, body)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a reply: {buf!r}"
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "closed inside the body"
+        body += chunk
+    reply = json.loads(body[:length])
+    return int(head.split()[1]), head.decode(), reply
+
+
+def raw(server: Server, data: bytes, timeout: float = 10) -> tuple[int, str, dict[str, Any], bool]:
+    """Sends `data`, reads the reply; also whether the server then closed the connection."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
+        try:
+            sock.sendall(data)
+        except OSError:
+            pass  # the server may answer and close before it has read everything
+        status, head, reply = read_reply(sock)
+        try:
+            closed = sock.recv(1) == b""
+        except TimeoutError:
+            closed = False
+        except ConnectionResetError:
+            closed = True
+    if status >= 400:
+        schema.ErrorReply.model_validate(reply)
+    return status, head, reply, closed
+
+
+def post_head(length: int | None = None, extra: str = "", ctype: str = "application/json") -> str:
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n{extra}"
+    return head + (f"Content-Length: {length}\r\n" if length is not None else "")
+
+
+def completion_body(**kw: Any) -> bytes:
+    return json.dumps({"model": NAME, "prompt": "Once", "max_tokens": 2, **kw}).encode()
+
+
+def test_chunked_body_over_max_body_is_cut_off_with_413(hostile: Server) -> None:
+    ok = completion_body()
+    chunked = (post_head(extra="Transfer-Encoding: chunked\r\n") + "\r\n").encode()
+    status, _, reply, _ = raw(hostile, chunked + b"%x\r\n%s\r\n0\r\n\r\n" % (len(ok), ok))
+    assert status == 200 and reply["usage"]["completion_tokens"] == 2
+    # Over the limit and never finished: the 413 must come while the body is still arriving
+    # (a server that buffers the whole body first would wait for the last chunk forever).
+    piece = b"x" * 4096
+    over = b"".join(
+        b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(HOSTILE_MAX_BODY // 4096 + 2)
+    )
+    status, head, reply, closed = raw(hostile, chunked + over)
+    assert status == 413, reply
+    assert str(HOSTILE_MAX_BODY) in reply["error"]["message"] and closed
+    assert "Connection: close" in head
+
+
+def test_header_count_and_size_are_limited(hostile: Server) -> None:
+    def get(headers: str) -> tuple[int, dict[str, Any], bool]:
+        status, _, reply, closed = raw(hostile, f"GET /health HTTP/1.1\r\n{headers}\r\n".encode())
+        return status, reply, closed
+
+    assert get("".join(f"X-H{i}: v\r\n" for i in range(100)))[0] == 200  # at the limit
+    status, reply, closed = get("".join(f"X-H{i}: v\r\n" for i in range(101)))
+    assert status == 431 and "headers" in reply["error"]["message"] and closed
+    status, reply, closed = get("".join(f"X-Big{i}: {'v' * 6000}\r\n" for i in range(3)))
+    assert status == 431 and "bytes" in reply["error"]["message"] and closed
+    # Half a million small headers: refused long before they are all sent.
+    flood = b"GET /health HTTP/1.1\r\n" + b"X-A: b\r\n" * 500_000
+    status, _, reply, closed = raw(hostile, flood)
+    assert status == 431 and closed
+    assert hostile.get("/health")[0] == 200
+
+
+def test_slow_clients_neither_starve_nor_stay(hostile: Server) -> None:
+    """60 slowloris sockets (a byte every 0.3 s): /health and a completion still answer; each
+    slow socket gets a 408 once --header-timeout has passed since it connected."""
+    start = time.monotonic()  # before the connects: the deadline counts from each accept
+    slow = [socket.create_connection(("127.0.0.1", hostile.port), timeout=10) for _ in range(60)]
+    assert time.monotonic() - start < 0.9, "connects queued: the listen backlog overflowed"
+    try:
+        for sock in slow:
+            sock.sendall(post_head(100).encode()[:10])
+        for i in range(4):  # drip, more than the per-read timeout apart would not matter
+            time.sleep(0.3)
+            for sock in slow:
+                sock.sendall(post_head(100).encode()[10 + i : 11 + i])
+        t = time.monotonic()
+        with urllib.request.urlopen(hostile.url + "/health", timeout=2) as r:
+            assert r.status == 200
+        assert time.monotonic() - t < 2
+        code, reply, _ = hostile.post("/v1/completions", completion_body())
+        assert code == 200 and reply["usage"]["completion_tokens"] == 2
+        assert time.monotonic() - start < HOSTILE_HEADER_TIMEOUT, "too slow to test the deadline"
+        for sock in slow:  # one more byte each: the deadline counts from connect, not per byte
+            sock.sendall(b"X")
+        status, _, reply = read_reply(slow[0])
+        assert status == 408 and slow[0].recv(1) == b""
+        assert HOSTILE_HEADER_TIMEOUT - 0.5 < time.monotonic() - start < HOSTILE_HEADER_TIMEOUT + 3
+        assert all(read_reply(sock)[0] == 408 for sock in slow[1:])
+    finally:
+        for sock in slow:
+            sock.close()
+    # A body that trickles in gets the same time again, then 408.
+    with socket.create_connection(("127.0.0.1", hostile.port), timeout=15) as sock:
+        sock.sendall((post_head(100) + "\r\n").encode() + b'{"model": ')
+        t = time.monotonic()
+        status, _, reply = read_reply(sock)
+        assert status == 408 and time.monotonic() - t > HOSTILE_HEADER_TIMEOUT - 0.5
+
+
+@pytest.mark.parametrize(
+    "head, status",
+    [
+        (post_head(ctype="text/plain", length=len(completion_body())), 415),
+        (post_head(ctype="application/x-www-form-urlencoded", length=len(completion_body())), 415),
+        (post_head(ctype="application/json; charset=latin-1", length=len(completion_body())), 415),
+        (
+            post_head(length=len(completion_body())).replace(
+                "Content-Type: application/json\r\n", ""
+            ),
+            415,
+        ),
+        (post_head(ctype="Application/JSON; charset=UTF-8", length=len(completion_body())), 200),
+        (post_head(length=-5), 400),
+        (post_head(extra="Content-Length: 5x\r\n"), 400),
+        (post_head(), 411),
+    ],
+    ids=[
+        "text-plain",
+        "form",
+        "latin-1",
+        "no-type",
+        "json-utf8",
+        "negative-length",
+        "bad-length",
+        "no-length",
+    ],
+)
+def test_content_type_and_length_are_checked(hostile: Server, head: str, status: int) -> None:
+    code, _, reply, _ = raw(hostile, (head + "\r\n").encode() + completion_body())
+    assert code == status, reply
+    if status == 415:
+        assert reply["error"]["code"] == "unsupported_media_type"
+    # Answered without reading (or misreading) the body, the connection is not reused.
+    assert hostile.get("/health")[0] == 200
+
+
+def test_sigterm_cut_off_is_not_a_normal_end(smollm2_checkpoint: Path) -> None:
+    """Requests cancelled by the drain: a non-streamed one gets 503 server_shutdown, a streamed
+    one an error event that the OpenAI client raises (never finish_reason "stop")."""
+    s = Server(smollm2_checkpoint, "--parallel", "2", "--drain", "0.5")
+    try:
+        long = {"model": NAME, "prompt": "Count:", "max_tokens": 400, "ignore_eos": True}
+        with ThreadPoolExecutor(1) as pool:
+            whole = pool.submit(s.post, "/v1/completions", json.dumps(long).encode())
+            stream = s.client.completions.create(
+                model=NAME,
+                prompt="Count:",
+                max_tokens=400,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            parts = iter(stream)
+            next(parts)
+            while s.metric("edgellm_active_requests") < 2:
+                time.sleep(0.05)
+            s.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(openai.APIError, match="shut down"):
+                for _ in parts:
+                    pass
+            code, reply, headers = whole.result(timeout=60)
+        assert code == 503 and reply["error"]["code"] == "server_shutdown", reply
+        assert headers.get("Retry-After")
     finally:
         assert s.stop() == 0

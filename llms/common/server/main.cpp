@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   int threads = 0, max_context = 2048;
   std::string kv_cache;
   bool exact = false;
-  double drain_seconds = 10;
+  double drain_seconds = 10, header_timeout_seconds = 10;
   CLI::App app{"edgellm_server: OpenAI-compatible HTTP server with continuous batching"};
   app.add_option("--model", model, "checkpoint directory, or its name in the model store")
       ->capture_default_str();
@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--drain", drain_seconds, "seconds running requests get on SIGTERM")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--header-timeout", header_timeout_seconds,
+                 "seconds a request's line and headers may take to arrive (and its body as "
+                 "long again); 408 beyond")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -95,6 +100,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "edgellm server: arithmetic %s\n",
                  describe_exec_config(m.exec_config()).c_str());
     so.drain = std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
+    so.header_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(header_timeout_seconds * 1000));
     Server server(m, so);
     std::thread signals([&] {
       int sig = 0;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat_prompt.h"
+#include "connections.h"
 #include "edgellm/error.h"
 #include "metrics.h"
 
@@ -35,14 +36,38 @@ std::string error_type(int status) {
   return status >= 500 ? "server_error" : "invalid_request_error";
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+std::string error_body(const ApiError& e) {
   json err = {{"message", e.message},
               {"type", error_type(e.status)},
               {"param", e.param.empty() ? json(nullptr) : json(e.param)},
               {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return json{{"error", err}}.dump();
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
-  res.set_content(json{{"error", err}}.dump(), "application/json");
+  res.set_content(error_body(e), "application/json");
+}
+
+// A request cut off by the SIGTERM drain: never reported as a normal end.
+const ApiError kShutdown{503, "the server shut down before the request finished; retry it", "",
+                         "server_shutdown"};
+
+// "application/json", optionally with a UTF-8 charset parameter.
+bool is_json_content_type(const std::string& value) {
+  std::string v;
+  for (char c : value)
+    if (c != ' ' && c != '\t') v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  size_t semi = v.find(';');
+  if (v.substr(0, semi) != "application/json") return false;
+  while (semi != std::string::npos) {
+    const size_t next = v.find(';', semi + 1);
+    const std::string param = v.substr(semi + 1, next - semi - 1);
+    if (!param.empty() && param != "charset=utf-8" && param != "charset=\"utf-8\"") return false;
+    semi = next;
+  }
+  return true;
 }
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) {
@@ -83,8 +108,39 @@ struct Api {
   Metrics& metrics;
   std::atomic<uint64_t> next_id{1};
 
-  json parse_body(const httplib::Request& req) const {
-    json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  // Reads the body (at most --max-body bytes, also when chunked), then checks its type.
+  std::string read_body(const httplib::Request& req, httplib::Response& res,
+                        const httplib::ContentReader& reader) const {
+    std::string body;
+    bool too_large = false;
+    const bool ok = reader([&](const char* data, size_t n) {
+      if (body.size() + n > options.max_body_bytes) {
+        too_large = true;
+        return false;  // stops reading: the rest is never buffered
+      }
+      body.append(data, n);
+      return true;
+    });
+    if (!ok) {
+      res.set_header("Connection", "close");  // the rest of the body is still on the wire
+      if (too_large)
+        throw ApiError{
+            413, "the request body exceeds " + std::to_string(options.max_body_bytes) + " bytes",
+            "", ""};
+      throw ApiError{400, "the request body could not be read (malformed chunks, or too slow)", "",
+                     ""};
+    }
+    const std::string type = req.get_header_value("Content-Type");
+    if (!is_json_content_type(type))
+      throw ApiError{415,
+                     "Content-Type must be application/json (got '" +
+                         (type.empty() ? std::string("none") : type) + "')",
+                     "", "unsupported_media_type"};
+    return body;
+  }
+
+  json parse_body(const std::string& text) const {
+    json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded()) bad("", "the request body is not valid JSON");
     if (!body.is_object()) bad("", "the request body must be a JSON object");
     const json* m = optional_field(body, "model");
@@ -213,8 +269,9 @@ struct Api {
     return r;
   }
 
-  void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
-    const json body = parse_body(req);
+  void generate(const httplib::Request& req, httplib::Response& res,
+                const httplib::ContentReader& reader, bool chat) {
+    const json body = parse_body(read_body(req, res, reader));
     GenerationRequest r = parse(body, chat ? chat_prompt(body) : completion_prompt(body));
     std::shared_ptr<RequestStream> stream = scheduler.submit(r.prompt, r.options);
     if (!stream) {
@@ -249,6 +306,7 @@ struct Api {
     while (!stream->wait(text, std::chrono::milliseconds(1000))) {
     }
     if (!stream->error.empty()) throw ApiError{500, stream->error, "", ""};
+    if (stream->finish == FinishReason::cancelled) throw kShutdown;
     json choice = {{"index", 0}, {"finish_reason", finish_reason(*stream)}};
     if (chat)
       choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -260,8 +318,8 @@ struct Api {
   }
 
   // Server-sent events: one chunk per piece of text, a last chunk with the
-  // finish_reason and usage, then [DONE]. A failed write means the client is
-  // gone: the request is cancelled and its context freed.
+  // finish_reason and usage (or an error event), then [DONE]. A failed write
+  // means the client is gone: the request is cancelled and its context freed.
   void stream_response(httplib::Response& res, std::shared_ptr<RequestStream> stream, json head,
                        bool chat, bool include_usage) const {
     auto chunk = [head, chat](const std::string& text, const json& finish) {
@@ -299,12 +357,12 @@ struct Api {
               return false;
           }
           if (!done) return true;
-          if (!stream->error.empty()) {
-            if (!send(
-                    "data: " +
-                    json{{"error", {{"message", stream->error}, {"type", "server_error"}}}}.dump() +
-                    "\n\n"))
-              return false;
+          // An engine error or the shutdown: an error event, which the OpenAI client raises.
+          if (!stream->error.empty() || stream->finish == FinishReason::cancelled) {
+            const std::string error = stream->error.empty()
+                                          ? error_body(kShutdown)
+                                          : error_body({500, stream->error, "", ""});
+            if (!send("data: " + error + "\n\n")) return false;
           } else {
             std::string last = chunk("", finish_reason(*stream));
             json tail = json::parse(last.substr(6));
@@ -345,21 +403,49 @@ struct Server::Impl {
   Metrics metrics;
   Scheduler scheduler;
   Api api;
-  httplib::Server http;
+  GuardedHttpServer http;
   std::atomic<bool> stopped{false};
 
   Impl(const Model& m, const ServerOptions& o)
       : model(m),
         options(o),
         scheduler(m, o.scheduler, metrics),
-        api{m, options, scheduler, metrics} {}
+        api{m, options, scheduler, metrics},
+        http(limits(o), [this](int status, const std::string& message) {
+          metrics.count_response(status);
+          return error_body({status, message, "", ""});
+        }) {}
+
+  static ConnectionLimits limits(const ServerOptions& o) {
+    ConnectionLimits l;
+    l.header_timeout = o.header_timeout;
+    l.max_body_bytes = o.max_body_bytes;
+    // A worker for every admitted or queued request (a stream holds its worker),
+    // and a few for /health, /metrics and refusals.
+    l.workers = static_cast<size_t>(o.scheduler.max_batch + o.scheduler.max_queue) + 8;
+    return l;
+  }
 
   // Runs a handler, turning ApiError / engine errors into JSON error responses.
   template <typename Fn>
   httplib::Server::Handler wrap(Fn fn) {
-    return [this, fn](const httplib::Request& req, httplib::Response& res) {
+    return [fn](const httplib::Request& req, httplib::Response& res) {
       try {
         fn(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const Error& e) {
+        send_error(res, {400, e.what(), "", ""});
+      }
+    };
+  }
+  // A POST route that reads its own body (bounded while it arrives, chunked or not).
+  template <typename Fn>
+  httplib::Server::HandlerWithContentReader wrap_post(Fn fn) {
+    return [fn](const httplib::Request& req, httplib::Response& res,
+                const httplib::ContentReader& reader) {
+      try {
+        fn(req, res, reader);
       } catch (const ApiError& e) {
         send_error(res, e);
       } catch (const Error& e) {
@@ -373,13 +459,6 @@ Server::Server(const Model& model, const ServerOptions& options)
     : impl_(std::make_unique<Impl>(model, options)) {
   Impl& s = *impl_;
   httplib::Server& http = s.http;
-  // Enough HTTP threads that every admitted or queued request has one; more
-  // connections wait in the listener's backlog.
-  const size_t threads =
-      static_cast<size_t>(options.scheduler.max_batch + options.scheduler.max_queue) + 8;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http.set_payload_max_length(options.max_body_bytes);
-  http.set_keep_alive_timeout(5);
 
   http.Get("/health", s.wrap([&s](const httplib::Request&, httplib::Response& res) {
     if (s.scheduler.stopping()) throw ApiError{503, "the server is shutting down", "", ""};
@@ -393,11 +472,13 @@ Server::Server(const Model& model, const ServerOptions& options)
   http.Get("/v1/models",
            s.wrap([&s](const httplib::Request&, httplib::Response& res) { s.api.models(res); }));
   http.Post("/v1/chat/completions",
-            s.wrap([&s](const httplib::Request& req, httplib::Response& res) {
-              s.api.generate(req, res, /*chat=*/true);
+            s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
+                             const httplib::ContentReader& reader) {
+              s.api.generate(req, res, reader, /*chat=*/true);
             }));
-  http.Post("/v1/completions", s.wrap([&s](const httplib::Request& req, httplib::Response& res) {
-    s.api.generate(req, res, /*chat=*/false);
+  http.Post("/v1/completions", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
+                                                const httplib::ContentReader& reader) {
+    s.api.generate(req, res, reader, /*chat=*/false);
   }));
   // Statuses httplib sets itself (404 no route, 413 body too large, ...) get the same JSON shape.
   http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
@@ -431,7 +512,7 @@ Server::~Server() {
 bool Server::run() {
   Impl& s = *impl_;
   if (s.stopped) return true;  // a stop signal came while loading
-  if (!s.http.bind_to_port(s.options.host, s.options.port)) {
+  if (!s.http.bind(s.options.host, s.options.port)) {
     std::fprintf(stderr, "error: cannot listen on %s:%d (in use, or not a local address)\n",
                  s.options.host.c_str(), s.options.port);
     return false;

@@ -19,6 +19,9 @@ struct ServerOptions {
   std::string model_name;                  // the id clients name in "model"
   size_t max_body_bytes = 1 << 20;         // larger bodies get 413
   std::chrono::milliseconds drain{10000};  // on shutdown, time given to running requests
+  // A request's line and headers must arrive within this (and its body within as
+  // long again), or it gets 408; see connections.h for the other connection limits.
+  std::chrono::milliseconds header_timeout{10000};
   SchedulerOptions scheduler;
 };
 
