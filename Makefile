@@ -24,7 +24,7 @@ CMAKE_LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=c
 RAY_ENV := PYTHONPATH=$(CURDIR)/build/python:$(CURDIR)/llms:$(CURDIR) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 .PHONY: help bootstrap build fetch run serve serve-ray verify-sweep test test-cpp test-py test-sanitize build-sanitize \
-  build-fuzz fuzz bench bench-peers bench-serve format lint clean
+  build-fuzz fuzz bench bench-peers bench-serve quality format lint clean
 
 help:
 	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (PROMPT, N_TOKENS, MODEL, THREADS,"
@@ -38,6 +38,7 @@ help:
 	@echo "make bench      side-by-side benchmark against peers (docs/benchmarks.md)"
 	@echo "make bench-peers  ours vs llama.cpp (built natively in .venv-peers) and HF bf16, each model's GGUF"
 	@echo "make bench-serve  server throughput, 8 streams vs 1 (docs/benchmarks.md, serving section)"
+	@echo "make quality    KLD of each fast configuration vs the exact path (docs/quality.md)"
 	@echo "make format     clang-format the C++ and ruff-format the Python"
 	@echo "make lint       ruff check"
 	@echo "deployments:    make -C llms/<model> help"
@@ -138,6 +139,12 @@ bench-peers: build fetch
 	@for m in smollm2-135m-instruct gemma3-270m; do \
 	  flock -x /tmp/edgellm-cpu.lock $(PY) bench/run_bench.py --model models/$$m --gguf gguf=models/$$m/gguf/model.gguf \
 	    --reps $(BENCH_REPS) --no-hf-float32 || exit 1; done
+
+# KLD of each fast configuration vs the exact path, every deployment with a fetched model
+# (docs/quality.md holds the last run's tables).
+quality: build fetch
+	@for d in smollm2_135m gemma3_270m; do \
+	  $(MAKE) --no-print-directory -C llms/$$d quality || exit 1; done
 
 bench-serve: build fetch
 	$(PY) bench/serve_bench.py --out docs/benchmarks.md
