@@ -237,7 +237,7 @@ bool check_matmul(Isa isa, size_t rows, size_t cols, size_t n, bool with_bias, s
     for (size_t r = 0; r < rows; ++r) {
       double e = expected[t * rows + r], tol;
       if (chain) {
-        const Bf16Chain c = bf16_chain(&w[r * cols], &x_seen[t * cols], cols,
+        const Bf16Chain c = bf16_chain(w.data() + r * cols, x_seen.data() + t * cols, cols,
                                        with_bias ? static_cast<double>(bias[r]) : 0.0);
         e = c.value;
         tol = c.bound;
@@ -1490,7 +1490,9 @@ TEST(KernelKvQ8, QuantizeRoundTrip) {
     for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
     EXPECT_LE(amax, 127.0f * s) << "block " << b;
     // No smaller half scale would do: the one below gives |x| / s > 127.
-    if (sc[b] > 0) EXPECT_GT(amax, 127.0f * f16_to_float(sc[b] - 1)) << "block " << b;
+    if (sc[b] > 0) {
+      EXPECT_GT(amax, 127.0f * f16_to_float(sc[b] - 1)) << "block " << b;
+    }
     for (size_t i = 0; i < 32; ++i) {
       const size_t e = b * 32 + i;
       EXPECT_GE(qv[e], -127) << e;
