@@ -147,21 +147,6 @@ def test_gguf_writer_formats_dequantize_bit_identically(
         expect_bit_identical(engine_binding, path, t)
 
 
-def test_unsupported_type_is_named(tmp_path: Path, engine_binding: Any) -> None:
-    from gguf import GGMLQuantizationType, GGUFWriter
-
-    path = tmp_path / "q2k.gguf"
-    writer = GGUFWriter(path, "llama")
-    raw = np.zeros((2, 84), dtype=np.uint8)  # two rows of one Q2_K block (256 values)
-    writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=GGMLQuantizationType.Q2_K)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(engine_binding.Error, match=r"'blk\.0\.attn_q\.weight' has type Q2_K"):
-        engine_binding.gguf_dequantize(str(path), "blk.0.attn_q.weight")
-
-
 # ---------------------------------------------------------------------------- the CLI
 
 # `make test` builds the program: absent is a failure (conftest's rule), never a skip.

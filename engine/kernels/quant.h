@@ -1,8 +1,12 @@
 // Quantized weight matrices: GGUF block formats kept exact, repacked at setup
 // into two internal layouts the kernels stream.
 //
-//   i8  int8 values, one fp32 scale per `group` (32, or 16 for Q6_K):
-//       w = scale * q.               Q8_0, Q5_0 (q - 16), Q6_K (sc * d per 16)
+//   i8  int8 values, one fp32 scale per `group` (32, or 16 for the K formats
+//       with 16-element sub-blocks), optional fp32 min per group:
+//       w = scale * q (+ min).   Q8_0, Q5_0 (q - 16), Q6_K (sc * d per 16),
+//                                Q3_K (d * (sc - 32) per 16), IQ4_NL / IQ4_XS
+//                                (q = the codebook value), Q5_1 (min m),
+//                                Q5_K (min -dmin * m), Q2_K (per 16, min -dmin * m)
 //   u4  4-bit values, fp32 scale per 32, optional fp32 min per 32:
 //       w = scale * (q - zero) + min  Q4_0 (zero 8), Q4_1, Q4_K (min = -dmin * m)
 //
@@ -33,7 +37,20 @@
 namespace edgellm::kernels {
 
 // GGUF block formats with a kernel path (ggml names).
-enum class BlockFormat { q4_0, q4_1, q5_0, q8_0, q4_k, q6_k };
+enum class BlockFormat {
+  q4_0,
+  q4_1,
+  q5_0,
+  q5_1,
+  q8_0,
+  q2_k,
+  q3_k,
+  q4_k,
+  q5_k,
+  q6_k,
+  iq4_nl,
+  iq4_xs
+};
 std::string_view block_format_name(BlockFormat f);
 size_t block_elems(BlockFormat f);  // 32 or 256
 size_t block_bytes(BlockFormat f);  // bytes of one GGUF block
@@ -44,12 +61,12 @@ enum class QuantLayout { i8, u4 };
 struct QuantSegment {
   QuantLayout layout = QuantLayout::i8;
   size_t rows = 0, cols = 0;
-  size_t group = 32;  // elements per scale (i8: 32 or 16; u4: 32)
+  size_t group = 32;  // elements per scale and min (i8: 32 or 16; u4: 32)
   int zero = 0;       // u4 only
   bool has_min = false;
   std::vector<uint8_t> qs;    // i8: rows * cols int8; u4: rows * cols / 2
   std::vector<float> scales;  // rows * cols / group
-  std::vector<float> mins;    // rows * cols / 32 when has_min
+  std::vector<float> mins;    // rows * cols / group when has_min
   // When every scale and min is exactly an IEEE half (Q4_0, Q4_1, Q5_0, Q8_0
   // store them so) they are kept as halves instead: decode streams 2 bytes
   // less per block. Then `scales` and `mins` are empty.
@@ -57,6 +74,8 @@ struct QuantSegment {
   std::vector<uint16_t> scales16, mins16;
 
   size_t row_bytes() const { return layout == QuantLayout::i8 ? cols : cols / 2; }
+  // Mins per 16 (Q2_K) take the activations' sums per 16, the others per 32.
+  bool mins_per_16() const { return has_min && group == 16; }
   float scale(size_t i) const;  // scales[i] whichever way it is stored
   float min(size_t i) const;
   size_t bytes() const;  // what one pass over the segment streams
@@ -106,6 +125,7 @@ struct QuantizedActs {
   std::vector<float> sum;          // [n][cols / 32] fp32 sum of the block (for mins)
   std::vector<int32_t> qsum;       // [n][cols / 32] sum of q (for zero points)
   std::vector<float> scaled_qsum;  // [n][cols / 32] scale * qsum
+  std::vector<float> half_sum;     // [n][cols / 16] fp32 sum of each half (for mins per 16)
 };
 void quantize_acts(const float* x, size_t n, size_t cols, QuantizedActs& out);
 
@@ -114,13 +134,16 @@ using QuantRowsFn = void (*)(const QuantSegment& s, const QuantizedActs& a, floa
                              size_t r0, size_t r1);
 
 // fp32 activations: x [n][cols] and its per-block sums [n][cols / 32] (for
-// zero points and mins, taken once per row instead of per element).
+// zero points and mins, taken once per row instead of per element); sums per
+// 16 [n][cols / 16] only where a segment has mins_per_16().
 struct Fp32Acts {
   const float* x = nullptr;
   const float* block_sum = nullptr;
   size_t n = 0, cols = 0;
+  const float* half_sum = nullptr;
 };
-void block_sums(const float* x, size_t n, size_t cols, float* out);
+// Sums of each `group` (32 or 16) consecutive values of x: out [n][cols / group].
+void block_sums(const float* x, size_t n, size_t cols, float* out, size_t group = 32);
 
 using QuantRowsFp32Fn = void (*)(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy,
                                  size_t r0, size_t r1);

@@ -1,5 +1,5 @@
 // Quantized prefill GEMM on AMX-BF16 tiles at fp32 activations (kernels/quant.h):
-//   y[t][r] = sum_g scale[r,g] * sum_{j in g} (q[r,j] - zero) x[t,j] + min[r,b] * blocksum[t,b]
+//   y[t][r] = sum_g scale[r,g] * sum_{j in g} (q[r,j] - zero) x[t,j] + min[r,g] * groupsum[t,g]
 //
 // Exact like matmul_amx.cpp: the integers (q - zero) are exact in bf16 and x is
 // split into 3 bf16 parts (x = hi + mid + lo, avx512::to_bf16_parts), so every
@@ -80,7 +80,7 @@ inline void column(const float* f, const uint16_t* h, size_t i0, size_t count, b
     out[g * kPanel] = !have ? 0.0f : h ? _cvtsh_ss(h[i0 + g]) : f[i0 + g];
 }
 
-// A panel's unpacked weights, scales [group][16] and mins [block][16].
+// A panel's unpacked weights, scales [group][16] and mins [group][16].
 struct PanelView {
   const uint16_t* w;
   const float* scale;
@@ -98,7 +98,7 @@ struct Scratch {
     const size_t nb = s.cols / 32, ng = s.cols / s.group;
     wstride = s.cols * kPanel;
     sstride = ng * kPanel;
-    mstride = s.has_min ? nb * kPanel : 0;
+    mstride = s.has_min ? ng * kPanel : 0;
     w.resize(count * wstride + 32);
     scale.resize(count * sstride);
     min.resize(count * mstride);
@@ -119,7 +119,7 @@ struct Scratch {
         column(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, (r0 + n) * ng, ng,
                have, sc + n);
         if (s.has_min)
-          column(s.mins.data(), s.half_scales ? s.mins16.data() : nullptr, (r0 + n) * nb, nb, have,
+          column(s.mins.data(), s.half_scales ? s.mins16.data() : nullptr, (r0 + n) * ng, ng, have,
                  mn + n);
       }
     }
@@ -137,7 +137,7 @@ struct Scratch {
 constexpr size_t kGroupsPerPass = 4;  // C tiles stored per scaling pass
 
 // For groups h0 .. h0 + count: acc[t][0..32) += c[h][t][0..32) * scale[h]
-// (+ blocksum[t][h] * min[h]), two panels, each accumulator loaded and stored
+// (+ groupsum[t][h] * min[h]), two panels, each accumulator loaded and stored
 // once for the `count` groups.
 template <bool kMin>
 inline void scale_into(float* acc, const float* c, const PanelView& p0, const PanelView& p1,
@@ -167,7 +167,7 @@ inline void scale_into(float* acc, const float* c, const PanelView& p0, const Pa
 
 // One 32-token x 32-row block of y over all groups. `a` points at the block's
 // first token in part 0 (parts `plane` elements apart, rows `cols` apart);
-// bsum at the block's first token's block sums (nb per token).
+// bsum at the block's first token's group sums (ng per token).
 template <int KG, bool kMin>
 void block_32x32(const uint16_t* a, size_t cols, size_t plane, const PanelView& p0,
                  const PanelView& p1, const float* bsum, float* y, size_t ldy, size_t tokens,
@@ -177,7 +177,6 @@ void block_32x32(const uint16_t* a, size_t cols, size_t plane, const PanelView& 
   alignas(64) float c[2][G][32 * 32];  // two sets of G groups' tiles: 32 KiB, in L1
   std::memset(acc, 0, sizeof(acc));
   const size_t lda = cols * sizeof(uint16_t), a_lower = 16 * cols, ng = cols / KG;
-  const size_t nb = cols / 32;
   for (size_t g0 = 0;; g0 += G) {
     const size_t set = (g0 / G) & 1;
     for (size_t g = g0; g < std::min(ng, g0 + G); ++g) {
@@ -206,10 +205,10 @@ void block_32x32(const uint16_t* a, size_t cols, size_t plane, const PanelView& 
     }
     if (g0 > 0) {  // the previous set, while this set's tile products run
       const size_t h0 = g0 - G;
-      scale_into<kMin>(acc, c[set ^ 1][0], p0, p1, h0, G, bsum, nb, tokens);
+      scale_into<kMin>(acc, c[set ^ 1][0], p0, p1, h0, G, bsum, ng, tokens);
     }
     if (g0 + G >= ng) {  // this set is the last: scale it too
-      scale_into<kMin>(acc, c[set][0], p0, p1, g0, ng - g0, bsum, nb, tokens);
+      scale_into<kMin>(acc, c[set][0], p0, p1, g0, ng - g0, bsum, ng, tokens);
       break;
     }
   }
@@ -217,8 +216,9 @@ void block_32x32(const uint16_t* a, size_t cols, size_t plane, const PanelView& 
 }
 
 struct Call {
-  const uint16_t* xb;  // kParts planes of n_pad x cols bf16
-  const float* block_sum;
+  const uint16_t* xb;      // kParts planes of n_pad x cols bf16
+  const float* block_sum;  // [n][cols / 32] where a segment has mins per 32
+  const float* half_sum;   // [n][cols / 16] where a segment has mins per 16 (Q2_K)
   size_t n, n_pad;
 };
 
@@ -231,7 +231,8 @@ void segment_panels(const QuantSegment& s, const Call& call, float* y, size_t ld
   constexpr int kOther = KG == 16 ? 32 : 16;
   _tile_loadconfig(fault::active() == fault::Fault::stale_tile_config ? &tile_config<kOther>()
                                                                       : &tile_config<KG>());
-  const size_t cols = s.cols, nb = cols / 32, plane = call.n_pad * cols;
+  const size_t cols = s.cols, ng = cols / KG, plane = call.n_pad * cols;
+  const float* group_sum = KG == 16 ? call.half_sum : call.block_sum;
   const size_t panel_bytes = cols * kPanel * sizeof(uint16_t);
   const size_t chunk = std::max<size_t>(2, kChunkBytes / panel_bytes / 2 * 2);
   const size_t tblock = std::max<size_t>(32, kTokenBlockBytes / (kParts * cols * 2) / 32 * 32);
@@ -245,7 +246,7 @@ void segment_panels(const QuantSegment& s, const Call& call, float* y, size_t ld
         const size_t r0 = p * kPanel, rows = std::min<size_t>(2 * kPanel, s.rows - r0);
         for (size_t t = t0; t < t1; t += 32)
           block_32x32<KG, kMin>(call.xb + t * cols, cols, plane, v0, v1,
-                                kMin ? call.block_sum + t * nb : nullptr, y + t * ldy + r0, ldy,
+                                kMin ? group_sum + t * ng : nullptr, y + t * ldy + r0, ldy,
                                 std::min<size_t>(32, call.n - t), rows);
       }
     }
@@ -256,7 +257,9 @@ void segment_panels(const QuantSegment& s, const Call& call, float* y, size_t ld
 void run_segment(const QuantSegment& s, const Call& call, float* y, size_t ldy, size_t p0,
                  size_t p1) {
   thread_local Scratch scratch;
-  if (s.group == 16)
+  if (s.group == 16 && s.has_min)
+    segment_panels<16, true>(s, call, y, ldy, p0, p1, scratch);
+  else if (s.group == 16)
     segment_panels<16, false>(s, call, y, ldy, p0, p1, scratch);
   else if (s.has_min)
     segment_panels<32, true>(s, call, y, ldy, p0, p1, scratch);
@@ -272,9 +275,9 @@ void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y,
   avx512::to_bf16_parts(x, n, cols, n_pad, cols, kParts, xb, pool);
   // Block sums only for mins, vectorised and split over the pool: the scalar
   // block_sums() is a serial add chain, ~0.5 ms at 512 x 576 (a fifth of a GEMM).
-  thread_local std::vector<float> sums;
+  thread_local std::vector<float> sums, halves;
   const bool mins = std::any_of(w.segments.begin(), w.segments.end(),
-                                [](const QuantSegment& s) { return s.has_min; });
+                                [](const QuantSegment& s) { return s.has_min && s.group == 32; });
   if (mins) {
     sums.resize(n * nb);
     float* out = sums.data();  // this thread's buffer, written by the workers
@@ -284,7 +287,21 @@ void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y,
             _mm512_add_ps(_mm512_loadu_ps(x + i * 32), _mm512_loadu_ps(x + i * 32 + 16)));
     });
   }
-  const Call call{.xb = xb, .block_sum = mins ? sums.data() : nullptr, .n = n, .n_pad = n_pad};
+  const bool mins16 = std::any_of(w.segments.begin(), w.segments.end(),
+                                  [](const QuantSegment& s) { return s.mins_per_16(); });
+  if (mins16) {
+    halves.resize(n * nb * 2);
+    float* out = halves.data();
+    pool.parallel_chunks(n, [&](size_t t0, size_t t1) {
+      for (size_t i = t0 * nb * 2; i < t1 * nb * 2; ++i)
+        out[i] = _mm512_reduce_add_ps(_mm512_loadu_ps(x + i * 16));
+    });
+  }
+  const Call call{.xb = xb,
+                  .block_sum = mins ? sums.data() : nullptr,
+                  .half_sum = mins16 ? halves.data() : nullptr,
+                  .n = n,
+                  .n_pad = n_pad};
   // Work items: pairs of panels over all segments (32 rows each, the block).
   std::vector<size_t> first_pair;  // per segment, then the total
   size_t pairs = 0;

@@ -1,14 +1,16 @@
 // GGUF block formats -> the internal i8 / u4 layouts (kernels/quant.h), the
 // exact dequantization of a row, and ggml's reference quantizers for q8_0 and
 // q4_0 (quantizing a bf16 checkpoint at setup). Block layouts follow ggml's
-// block_q4_0 ... block_q6_K (ggml-common.h); the arithmetic follows gguf-py's
-// quants.py, whose results the tests hold us to bit for bit.
+// block_q4_0 ... block_q6_K, block_iq4_nl, block_iq4_xs (ggml-common.h); the
+// arithmetic follows gguf-py's quants.py, whose results the tests hold us to
+// bit for bit.
 //
 // Compiled without ISA flags, so no FMA contraction: d * q + m rounds twice,
 // as numpy does.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "edgellm/bf16.h"
 #include "edgellm/error.h"
@@ -27,7 +29,8 @@ float load_f16(const uint8_t* p) {
   return f16_to_float(load_u16(p));
 }
 
-// Q4_K's 12 bytes of packed 6-bit scales and mins (gguf-py Q4_K.get_scale_min).
+// Q4_K's and Q5_K's 12 bytes of packed 6-bit scales and mins (gguf-py
+// Q4_K.get_scale_min).
 void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
   if (j < 4) {
     sc = s[j] & 63;
@@ -38,11 +41,39 @@ void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
   }
 }
 
+// Element j of a Q5_0 / Q5_1 block: its low nibble (byte j % 16 of qs, low
+// nibble for j < 16) and bit j of the 32-bit qh, 0..31.
+int q5_value(const uint8_t* qh4, const uint8_t* qs, int j) {
+  uint32_t qh;
+  std::memcpy(&qh, qh4, 4);
+  return ((qs[j % 16] >> (4 * (j / 16))) & 0xf) | static_cast<int>((qh >> j) & 1) << 4;
+}
+
+// Element p of a Q2_K / Q3_K super-block's 2-bit field: 64 bytes, each half of
+// 128 elements in 32 bytes, four 2-bit planes of 32 elements.
+int q2_value(const uint8_t* qs, int p) {
+  return (qs[32 * (p / 128) + p % 32] >> (2 * (p % 128 / 32))) & 3;
+}
+
+// IQ4_NL's and IQ4_XS's non-linear codebook (ggml kvalues_iq4nl).
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+
+// A 32-element IQ4 sub-block: 16 bytes, element j in nibble j / 16 of byte j % 16.
+void iq4_values(const uint8_t* qs, uint8_t* out) {
+  for (int j = 0; j < 32; ++j)
+    out[j] = static_cast<uint8_t>(kIq4Values[(qs[j % 16] >> (4 * (j / 16))) & 0xf]);
+}
+
+uint8_t as_byte(int q) {
+  return static_cast<uint8_t>(static_cast<int8_t>(q));
+}
+
 // One GGUF row -> the segment's row `r`.
 void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s, size_t r) {
   uint8_t* qs = s.qs.data() + r * s.row_bytes();
   float* scales = s.scales.data() + r * (cols / s.group);
-  float* mins = s.has_min ? s.mins.data() + r * (cols / 32) : nullptr;
+  float* mins = s.has_min ? s.mins.data() + r * (cols / s.group) : nullptr;
   const size_t nb = cols / block_elems(f), bb = block_bytes(f);
   for (size_t b = 0; b < nb; ++b) {
     const uint8_t* blk = src + b * bb;
@@ -51,15 +82,36 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
         scales[b] = load_f16(blk);
         std::memcpy(qs + b * 32, blk + 2, 32);
         break;
-      case BlockFormat::q5_0: {
+      case BlockFormat::q5_0:
         scales[b] = load_f16(blk);
-        uint32_t qh;
-        std::memcpy(&qh, blk + 2, 4);
-        for (int j = 0; j < 32; ++j) {
-          const int lo = (blk[6 + j % 16] >> (4 * (j / 16))) & 0xf;
-          qs[b * 32 + j] =
-              static_cast<uint8_t>(static_cast<int8_t>((lo | ((qh >> j) & 1) << 4) - 16));
+        for (int j = 0; j < 32; ++j) qs[b * 32 + j] = as_byte(q5_value(blk + 2, blk + 6, j) - 16);
+        break;
+      case BlockFormat::q5_1:
+        scales[b] = load_f16(blk);
+        mins[b] = load_f16(blk + 2);
+        for (int j = 0; j < 32; ++j) qs[b * 32 + j] = as_byte(q5_value(blk + 4, blk + 8, j));
+        break;
+      case BlockFormat::q2_k: {  // scales[16] (low nibble scale, high min), qs[64], d, dmin
+        const float d = load_f16(blk + 80), dmin = load_f16(blk + 82);
+        for (int g = 0; g < 16; ++g) {
+          scales[b * 16 + g] = d * static_cast<float>(blk[g] & 0xf);
+          mins[b * 16 + g] = -(dmin * static_cast<float>(blk[g] >> 4));
         }
+        for (int p = 0; p < 256; ++p) qs[b * 256 + p] = as_byte(q2_value(blk + 16, p));
+        break;
+      }
+      case BlockFormat::q3_k: {  // hmask[32], qs[64], scales[12] (6-bit), d
+        const uint8_t *hmask = blk, *sc = blk + 96;
+        const float d = load_f16(blk + 108);
+        for (int g = 0; g < 16; ++g) {
+          const int lo = (sc[g % 8] >> (4 * (g / 8))) & 0xf;
+          const int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+          scales[b * 16 + g] = d * static_cast<float>((lo | hi << 4) - 32);
+        }
+        // A clear hmask bit subtracts 4 (the high bit is stored inverted).
+        for (int p = 0; p < 256; ++p)
+          qs[b * 256 + p] =
+              as_byte(q2_value(blk + 32, p) - ((hmask[p % 32] >> (p / 32)) & 1 ? 0 : 4));
         break;
       }
       case BlockFormat::q6_k: {
@@ -71,7 +123,36 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
           const int h = p / 128, rr = p % 128;
           const int lo = (ql[64 * h + rr % 64] >> (4 * (rr / 64))) & 0xf;
           const int hi = (qh[32 * h + rr % 32] >> (2 * (rr / 32))) & 3;
-          qs[b * 256 + p] = static_cast<uint8_t>(static_cast<int8_t>((lo | hi << 4) - 32));
+          qs[b * 256 + p] = as_byte((lo | hi << 4) - 32);
+        }
+        break;
+      }
+      case BlockFormat::q5_k: {  // d, dmin, scales[12], qh[32], qs[128]
+        const float d = load_f16(blk), dmin = load_f16(blk + 2);
+        const uint8_t *qh = blk + 16, *q = blk + 48;
+        for (int j = 0; j < 8; ++j) {
+          int sc, m;
+          q4k_scale_min(blk + 4, j, sc, m);
+          scales[b * 8 + j] = d * static_cast<float>(sc);
+          mins[b * 8 + j] = -(dmin * static_cast<float>(m));
+          // Sub-block j: nibble j % 2 of q[32 (j / 2) + l], bit j of qh[l].
+          for (int l = 0; l < 32; ++l)
+            qs[b * 256 + j * 32 + l] =
+                as_byte(((q[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf) | ((qh[l] >> j) & 1) << 4);
+        }
+        break;
+      }
+      case BlockFormat::iq4_nl:
+        scales[b] = load_f16(blk);
+        iq4_values(blk + 2, qs + b * 32);
+        break;
+      case BlockFormat::iq4_xs: {  // d, scales_h (u16), scales_l[4], qs[128]
+        const float d = load_f16(blk);
+        const uint16_t sh = load_u16(blk + 2);
+        for (int j = 0; j < 8; ++j) {
+          const int lo = (blk[4 + j / 2] >> (4 * (j % 2))) & 0xf, hi = (sh >> (2 * j)) & 3;
+          scales[b * 8 + j] = d * static_cast<float>((lo | hi << 4) - 32);
+          iq4_values(blk + 8 + 16 * j, qs + b * 256 + j * 32);
         }
         break;
       }
@@ -105,46 +186,40 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
   }
 }
 
+// What each format repacks into (ggml-common.h block sizes).
+struct FormatInfo {
+  std::string_view name;
+  size_t elems, bytes;
+  QuantLayout layout;
+  size_t group;
+  int zero;
+  bool has_min;
+};
+
+const FormatInfo& info(BlockFormat f) {
+  using L = QuantLayout;
+  static const FormatInfo kInfo[] = {
+      {"Q4_0", 32, 18, L::u4, 32, 8, false},   {"Q4_1", 32, 20, L::u4, 32, 0, true},
+      {"Q5_0", 32, 22, L::i8, 32, 0, false},   {"Q5_1", 32, 24, L::i8, 32, 0, true},
+      {"Q8_0", 32, 34, L::i8, 32, 0, false},   {"Q2_K", 256, 84, L::i8, 16, 0, true},
+      {"Q3_K", 256, 110, L::i8, 16, 0, false}, {"Q4_K", 256, 144, L::u4, 32, 0, true},
+      {"Q5_K", 256, 176, L::i8, 32, 0, true},  {"Q6_K", 256, 210, L::i8, 16, 0, false},
+      {"IQ4_NL", 32, 18, L::i8, 32, 0, false}, {"IQ4_XS", 256, 136, L::i8, 32, 0, false},
+  };
+  static_assert(std::size(kInfo) == static_cast<size_t>(BlockFormat::iq4_xs) + 1);
+  return kInfo[static_cast<size_t>(f)];
+}
+
 }  // namespace
 
 std::string_view block_format_name(BlockFormat f) {
-  switch (f) {
-    case BlockFormat::q4_0:
-      return "Q4_0";
-    case BlockFormat::q4_1:
-      return "Q4_1";
-    case BlockFormat::q5_0:
-      return "Q5_0";
-    case BlockFormat::q8_0:
-      return "Q8_0";
-    case BlockFormat::q4_k:
-      return "Q4_K";
-    case BlockFormat::q6_k:
-      return "Q6_K";
-  }
-  return "?";
+  return info(f).name;
 }
-
 size_t block_elems(BlockFormat f) {
-  return f == BlockFormat::q4_k || f == BlockFormat::q6_k ? 256 : 32;
+  return info(f).elems;
 }
-
 size_t block_bytes(BlockFormat f) {
-  switch (f) {
-    case BlockFormat::q4_0:
-      return 18;
-    case BlockFormat::q4_1:
-      return 20;
-    case BlockFormat::q5_0:
-      return 22;
-    case BlockFormat::q8_0:
-      return 34;
-    case BlockFormat::q4_k:
-      return 144;
-    case BlockFormat::q6_k:
-      return 210;
-  }
-  return 0;
+  return info(f).bytes;
 }
 
 size_t QuantSegment::bytes() const {
@@ -198,14 +273,14 @@ QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size
   QuantSegment s;
   s.rows = rows;
   s.cols = cols;
-  const bool u4 = f == BlockFormat::q4_0 || f == BlockFormat::q4_1 || f == BlockFormat::q4_k;
-  s.layout = u4 ? QuantLayout::u4 : QuantLayout::i8;
-  s.group = f == BlockFormat::q6_k ? 16 : 32;
-  s.zero = f == BlockFormat::q4_0 ? 8 : 0;
-  s.has_min = f == BlockFormat::q4_1 || f == BlockFormat::q4_k;
+  const FormatInfo& fi = info(f);
+  s.layout = fi.layout;
+  s.group = fi.group;
+  s.zero = fi.zero;
+  s.has_min = fi.has_min;
   s.qs.resize(rows * s.row_bytes());
   s.scales.resize(rows * (cols / s.group));
-  if (s.has_min) s.mins.resize(rows * (cols / 32));
+  if (s.has_min) s.mins.resize(rows * (cols / s.group));
   const size_t src_row = cols / block_elems(f) * block_bytes(f);
   for (size_t r = 0; r < rows; ++r) {
     const size_t from = row_order ? static_cast<size_t>(row_order[r]) : r;
@@ -274,8 +349,10 @@ void dequant_row(const QuantMatrix& m, size_t r, float* out) {
     const uint8_t* qs = s.qs.data() + r * s.row_bytes();
     const size_t g0 = r * (s.cols / s.group);  // first scale of the row
     if (s.layout == QuantLayout::i8) {
-      for (size_t c = 0; c < s.cols; ++c)
-        out[c] = static_cast<float>(static_cast<int8_t>(qs[c])) * s.scale(g0 + c / s.group);
+      for (size_t c = 0; c < s.cols; ++c) {
+        const float v = static_cast<float>(static_cast<int8_t>(qs[c])) * s.scale(g0 + c / s.group);
+        out[c] = s.has_min ? v + s.min(g0 + c / s.group) : v;
+      }
       return;
     }
     for (size_t c = 0; c < s.cols; ++c) {

@@ -7,7 +7,8 @@
 // and scaled once per block (per 16 for Q6_K):
 //   acc += scale_b * (q_b . x_b)
 // Zero points and mins are taken once per row and token, not per element:
-//   y = acc - zero * sum_b scale_b * sum(x_b) + sum_b min_b * sum(x_b),
+//   y = acc - zero * sum_b scale_b * sum(x_b) + sum_g min_g * sum(x_g)
+// (g the min's group: 32, or 16 for Q2_K),
 // both sums lane-wise into acc, so each output takes a single reduction.
 // Tiles: decode runs 4 rows x 1 token (four independent FMA chains, x loaded
 // once for four rows, the four sums reduced together); prefill V::kPrefillRows x
@@ -81,7 +82,7 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
 
   const size_t nb = s.cols / 32, ng = s.cols / s.group;
   constexpr size_t kPer = kG16 ? 2 : 1;  // scales per block
-  const bool zero = kU4 && s.zero != 0, mins = kU4 && s.has_min;
+  const bool zero = kU4 && s.zero != 0, mins = s.has_min;
   F acc[R][T];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
@@ -143,10 +144,13 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
             V::fmadd(V::dot_lanes(s.half_scales ? nullptr : s.scales.data() + g0,
                                   s.half_scales ? s.scales16.data() + g0 : nullptr, xsum, nb),
                      V::set1(-static_cast<float>(s.zero)), acc[i][j]);
-      if (mins)
+      if (mins) {  // one min per scale group
+        const size_t m0 = (r + i) * ng;
+        const float* gsum = kG16 ? a.half_sum + (t0 + j) * ng : xsum;
         acc[i][j] = V::add(acc[i][j],
-                           V::dot_lanes(s.half_scales ? nullptr : s.mins.data() + g0,
-                                        s.half_scales ? s.mins16.data() + g0 : nullptr, xsum, nb));
+                           V::dot_lanes(s.half_scales ? nullptr : s.mins.data() + m0,
+                                        s.half_scales ? s.mins16.data() + m0 : nullptr, gsum, ng));
+      }
     }
   if constexpr (R == 4 && T == 1) {  // decode: the four rows reduced together
     const F v[4] = {acc[0][0], acc[1][0], acc[2][0], acc[3][0]};

@@ -3,10 +3,11 @@
 // kernel (kernels/quant.h).
 //
 // fp32 activations, per output y[t][r] and block b of 32 columns:
-//   scale_b * sum_j (q_j - zero) x_j + min_b * sum(x_b)  (per 16-group for Q6_K)
+//   scale_b * sum_j (q_j - zero) x_j + min_b * sum(x_b)  (per 16-group for Q6_K,
+//   Q3_K, Q2_K; mins per 16 take the sums of x per 16)
 //
 // int8 activations, per output y[t][r] and block b, with integer dot products
-//   i8:  scale_g * sx_b * sum(q * xq)                  (per 16-group for Q6_K)
+//   i8:  scale_g * sx_b * sum(q * xq) + min_g * sum(x_g)  (per 16-group as above)
 //   u4:  scale_b * sx_b * (sum(q * xq) - zero * sum(xq)) + min_b * sum(x_b)
 // The SIMD paths compute the same integer sums; only the fp32 accumulation
 // order differs.
@@ -39,6 +40,7 @@ void resize_acts(size_t n, size_t cols, QuantizedActs& a) {
   a.sum.resize(n * nb);
   a.qsum.resize(n * nb);
   a.scaled_qsum.resize(n * nb);
+  a.half_sum.resize(2 * n * nb);
 }
 
 // Blocks [i0, i1) of the n * cols / 32 blocks of x.
@@ -46,10 +48,11 @@ void quantize_blocks(const float* x, QuantizedActs& a, size_t i0, size_t i1) {
   for (size_t i = i0; i < i1; ++i) {
     const float* v = x + i * 32;
     int8_t* q = a.q.data() + i * 32;
-    float amax = 0.0f, sum = 0.0f;
+    float amax = 0.0f, sum = 0.0f, half[2] = {0.0f, 0.0f};
     for (int j = 0; j < 32; ++j) {
       amax = std::max(amax, std::fabs(v[j]));
       sum += v[j];
+      half[j / 16] += v[j];
     }
     // +-127, never -128: the AVX2 path negates xq (sign trick).
     const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -60,6 +63,8 @@ void quantize_blocks(const float* x, QuantizedActs& a, size_t i0, size_t i1) {
     }
     a.scale[i] = d;
     a.sum[i] = sum;
+    a.half_sum[2 * i] = half[0];
+    a.half_sum[2 * i + 1] = half[1];
     a.qsum[i] = qsum;
     a.scaled_qsum[i] = d * static_cast<float>(qsum);
   }
@@ -82,10 +87,10 @@ void set_quant_precision(QuantPrecision p) {
   quant_precision_slot().store(p, std::memory_order_relaxed);
 }
 
-void block_sums(const float* x, size_t n, size_t cols, float* out) {
-  for (size_t i = 0; i < n * (cols / 32); ++i) {
+void block_sums(const float* x, size_t n, size_t cols, float* out, size_t group) {
+  for (size_t i = 0; i < n * (cols / group); ++i) {
     float sum = 0.0f;
-    for (int j = 0; j < 32; ++j) sum += x[i * 32 + j];
+    for (size_t j = 0; j < group; ++j) sum += x[i * group + j];
     out[i] = sum;
   }
 }
@@ -118,6 +123,11 @@ void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t 
             acc += s.scale(g0 + 2 * b) * lo + s.scale(g0 + 2 * b + 1) * hi;
           else
             acc += s.scale(g0 + b) * (lo + hi);
+          if (s.mins_per_16())
+            acc += s.min(g0 + 2 * b) * a.half_sum[t * 2 * nb + 2 * b] +
+                   s.min(g0 + 2 * b + 1) * a.half_sum[t * 2 * nb + 2 * b + 1];
+          else if (s.has_min)
+            acc += s.min(g0 + b) * a.block_sum[t * nb + b];
         } else {
           float dot = 0.0f;
           for (int j = 0; j < 16; ++j) {
@@ -158,6 +168,11 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
                          scales(2 * b + 1) * static_cast<float>(hi));
           else
             acc += scales(b) * sx * static_cast<float>(lo + hi);
+          if (s.mins_per_16())
+            acc += s.min(g0 + 2 * b) * a.half_sum[2 * ab] +
+                   s.min(g0 + 2 * b + 1) * a.half_sum[2 * ab + 1];
+          else if (s.has_min)
+            acc += s.min(g0 + b) * a.sum[ab];
         } else {
           int32_t dot = 0;
           for (int j = 0; j < 16; ++j) {
@@ -196,10 +211,20 @@ void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y,
   // Prefill on AMX tiles: the per-group tile sums beat the fp32 row kernel
   // once the 16-token A tiles are full.
   if (isa == Isa::amx && n >= amx::kMinQuantTokens) return amx::quant_matmul_fp32(w, x, n, y, pool);
-  thread_local std::vector<float> sums;
+  thread_local std::vector<float> sums, halves;
   sums.resize(n * (w.cols / 32));
   block_sums(x, n, w.cols, sums.data());
-  const Fp32Acts acts{.x = x, .block_sum = sums.data(), .n = n, .cols = w.cols};
+  const bool per_16 = std::any_of(w.segments.begin(), w.segments.end(),
+                                  [](const QuantSegment& s) { return s.mins_per_16(); });
+  if (per_16) {
+    halves.resize(n * (w.cols / 16));
+    block_sums(x, n, w.cols, halves.data(), 16);
+  }
+  const Fp32Acts acts{.x = x,
+                      .block_sum = sums.data(),
+                      .n = n,
+                      .cols = w.cols,
+                      .half_sum = per_16 ? halves.data() : nullptr};
   const QuantRowsFp32Fn rows_fn = isa >= Isa::avx512 ? avx512::quant_rows_fp32
                                   : isa >= Isa::avx2 ? avx2::quant_rows_fp32
                                                      : ref::quant_rows_fp32;

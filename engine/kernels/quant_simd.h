@@ -161,6 +161,17 @@ void tile_i8(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy
       }
     }
   }
+  // Mins (Q5_1, Q5_K, Q2_K), once per row and token: sum_g min_g * sum(x_g).
+  if (s.has_min)
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < T; ++j) {
+        const size_t m0 = (r + i) * ng, t = t0 + j;
+        tile.extra[i][j] += dot(s.half_scales ? nullptr : s.mins.data() + m0,
+                                s.half_scales ? s.mins16.data() + m0 : nullptr,
+                                g16 ? a.half_sum.data() + t * ng : a.sum.data() + t * nb, ng);
+      }
   tile.store(y, ldy, r, t0);
 }
 

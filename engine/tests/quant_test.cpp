@@ -1,7 +1,7 @@
 // Quantized kernels, both activation precisions: every ISA path against the
 // scalar reference of its precision; the fp32 reference against a double dot
 // product on the exactly dequantized weights; the integer path within
-// activation rounding of it. Every block format, odd shapes (rows not a
+// activation rounding of it. Every block format (kFormats), odd shapes (rows not a
 // multiple of the 4- or 2-row tile, token counts not a multiple of the 4-token
 // tile, 8 for the fp32 prefill tile).
 #include <gtest/gtest.h>
@@ -19,8 +19,10 @@
 namespace edgellm::kernels {
 namespace {
 
-constexpr BlockFormat kFormats[] = {BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q5_0,
-                                    BlockFormat::q8_0, BlockFormat::q4_k, BlockFormat::q6_k};
+constexpr BlockFormat kFormats[] = {BlockFormat::q4_0, BlockFormat::q4_1,   BlockFormat::q5_0,
+                                    BlockFormat::q5_1, BlockFormat::q8_0,   BlockFormat::q2_k,
+                                    BlockFormat::q3_k, BlockFormat::q4_k,   BlockFormat::q5_k,
+                                    BlockFormat::q6_k, BlockFormat::iq4_nl, BlockFormat::iq4_xs};
 
 // A random f16 in +-[2^-9, 2^0): a sane block scale.
 void put_f16(uint8_t* p, std::mt19937& rng, bool allow_negative) {
@@ -40,16 +42,27 @@ std::vector<uint8_t> random_blocks(BlockFormat f, size_t rows, size_t cols, std:
     uint8_t* blk = b.data() + i * bb;
     switch (f) {
       case BlockFormat::q4_1:
+      case BlockFormat::q5_1:
         put_f16(blk + 2, rng, true);  // the min
         [[fallthrough]];
       case BlockFormat::q4_0:
       case BlockFormat::q5_0:
       case BlockFormat::q8_0:
+      case BlockFormat::iq4_nl:
+      case BlockFormat::iq4_xs:
         put_f16(blk, rng, true);
         break;
       case BlockFormat::q4_k:
+      case BlockFormat::q5_k:
         put_f16(blk, rng, false);
         put_f16(blk + 2, rng, false);
+        break;
+      case BlockFormat::q2_k:
+        put_f16(blk + 80, rng, false);
+        put_f16(blk + 82, rng, false);
+        break;
+      case BlockFormat::q3_k:
+        put_f16(blk + 108, rng, true);
         break;
       case BlockFormat::q6_k:
         put_f16(blk + 208, rng, true);
@@ -64,6 +77,16 @@ QuantMatrix random_matrix(BlockFormat f, size_t rows, size_t cols, std::mt19937&
   const auto blocks = random_blocks(f, rows, cols, rng);
   append_segment(m, repack_gguf(f, blocks.data(), rows, cols));
   return m;
+}
+
+// fp32 activations with the sums the kernels take: per 32, and per 16 (for
+// Q2_K's mins), both kept in `sums`.
+Fp32Acts fp32_acts(const std::vector<float>& x, size_t n, size_t cols, std::vector<float>& sums) {
+  sums.resize(n * cols / 32 + n * cols / 16);
+  float* half = sums.data() + n * cols / 32;
+  block_sums(x.data(), n, cols, sums.data());
+  block_sums(x.data(), n, cols, half, 16);
+  return {.x = x.data(), .block_sum = sums.data(), .n = n, .cols = cols, .half_sum = half};
 }
 
 std::vector<float> random_x(size_t n, std::mt19937& rng) {
@@ -132,9 +155,8 @@ TEST(QuantTest, Fp32EveryTierMatchesTheReference) {
           SCOPED_TRACE(std::string(block_format_name(f)) + " rows " + std::to_string(rows) +
                        " cols " + std::to_string(cols) + " n " + std::to_string(n));
           const auto x = random_x(n * cols, rng);
-          std::vector<float> sums(n * cols / 32);
-          block_sums(x.data(), n, cols, sums.data());
-          const Fp32Acts acts{.x = x.data(), .block_sum = sums.data(), .n = n, .cols = cols};
+          std::vector<float> sums;
+          const Fp32Acts acts = fp32_acts(x, n, cols, sums);
           std::vector<float> want(n * rows, NAN);
           ref::quant_rows_fp32(w.segments[0], acts, want.data(), rows, 0, rows);
           const auto mag = abs_products(w, x, n);
@@ -171,9 +193,8 @@ TEST(QuantTest, Fp32ReferenceIsTheDequantizedProduct) {
     const size_t rows = 6, cols = 3 * block_elems(f), n = 3;
     const QuantMatrix w = random_matrix(f, rows, cols, rng);
     const auto x = random_x(n * cols, rng);
-    std::vector<float> sums(n * cols / 32), y(n * rows), row(cols);
-    block_sums(x.data(), n, cols, sums.data());
-    const Fp32Acts acts{.x = x.data(), .block_sum = sums.data(), .n = n, .cols = cols};
+    std::vector<float> sums, y(n * rows), row(cols);
+    const Fp32Acts acts = fp32_acts(x, n, cols, sums);
     ref::quant_rows_fp32(w.segments[0], acts, y.data(), rows, 0, rows);
     const auto mag = abs_products(w, x, n);
     for (size_t r = 0; r < rows; ++r) {
@@ -414,9 +435,8 @@ TEST(QuantTest, AmxStaleTileConfigIsCaught) {
   for (BlockFormat f : {BlockFormat::q6_k, BlockFormat::q8_0}) {
     const QuantMatrix w = random_matrix(f, 45, 2 * block_elems(f), rng);
     const auto x = random_x(n * w.cols, rng);
-    std::vector<float> sums(n * w.cols / 32);
-    block_sums(x.data(), n, w.cols, sums.data());
-    const Fp32Acts acts{.x = x.data(), .block_sum = sums.data(), .n = n, .cols = w.cols};
+    std::vector<float> sums;
+    const Fp32Acts acts = fp32_acts(x, n, w.cols, sums);
     std::vector<float> want(n * w.rows);
     ref::quant_rows_fp32(w.segments[0], acts, want.data(), w.rows, 0, w.rows);
     const auto mag = abs_products(w, x, n);
@@ -446,9 +466,8 @@ TEST(QuantTest, AmxPrefillMatchesTheReference) {
     SCOPED_TRACE(what + " rows " + std::to_string(w.rows) + " cols " + std::to_string(w.cols) +
                  " n " + std::to_string(n));
     const auto x = random_x(n * w.cols, rng);
-    std::vector<float> sums(n * w.cols / 32);
-    block_sums(x.data(), n, w.cols, sums.data());
-    const Fp32Acts acts{.x = x.data(), .block_sum = sums.data(), .n = n, .cols = w.cols};
+    std::vector<float> sums;
+    const Fp32Acts acts = fp32_acts(x, n, w.cols, sums);
     std::vector<float> want(n * w.rows, NAN);
     size_t base = 0;
     for (const QuantSegment& s : w.segments) {
@@ -485,6 +504,8 @@ TEST(QuantTest, AmxPrefillMatchesTheReference) {
   for (auto [f, rows] : {std::pair{BlockFormat::q4_k, size_t{40}},
                          {BlockFormat::q6_k, 19},
                          {BlockFormat::q5_0, 7},
+                         {BlockFormat::q2_k, 21},
+                         {BlockFormat::q5_k, 9},
                          {BlockFormat::q4_1, 33}}) {
     const auto blocks = random_blocks(f, rows, 512, rng);
     append_segment(mixed, repack_gguf(f, blocks.data(), rows, 512));

@@ -20,12 +20,24 @@ std::optional<kernels::BlockFormat> block_format(GgmlType t) {
       return BlockFormat::q4_1;
     case GgmlType::Q5_0:
       return BlockFormat::q5_0;
+    case GgmlType::Q5_1:
+      return BlockFormat::q5_1;
     case GgmlType::Q8_0:
       return BlockFormat::q8_0;
+    case GgmlType::Q2_K:
+      return BlockFormat::q2_k;
+    case GgmlType::Q3_K:
+      return BlockFormat::q3_k;
     case GgmlType::Q4_K:
       return BlockFormat::q4_k;
+    case GgmlType::Q5_K:
+      return BlockFormat::q5_k;
     case GgmlType::Q6_K:
       return BlockFormat::q6_k;
+    case GgmlType::IQ4_NL:
+      return BlockFormat::iq4_nl;
+    case GgmlType::IQ4_XS:
+      return BlockFormat::iq4_xs;
     default:
       return std::nullopt;
   }
@@ -57,8 +69,9 @@ kernels::BlockFormat runnable_format(const std::string& file, const GgufTensor& 
   const auto format = block_format(t.type);
   check(format.has_value(), file + ": tensor '" + t.name + "' has type " +
                                 ggml_type_name(static_cast<uint32_t>(t.type)) +
-                                ", which edgellm cannot run (supported: Q4_0, Q4_1, Q5_0, Q8_0, "
-                                "Q4_K, Q6_K, F16, BF16, F32)");
+                                ", which edgellm cannot run (supported: Q4_0, Q4_1, Q5_0, Q5_1, "
+                                "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, F16, BF16, "
+                                "F32)");
   return *format;
 }
 

@@ -1,0 +1,123 @@
+"""Every GGUF block format the engine runs decodes bit-identically to gguf-py.
+
+Each format is written into a GGUF file by gguf-py's GGUFWriter on odd shapes (7 rows, an odd
+number of blocks or several super-blocks per row), the engine repacks it into its kernel layout
+(kernels/quant.h) and dequantizes it (edgellm_py.gguf_dequantize), and every fp32 value must
+equal gguf.quants.dequantize's bit for bit. The blocks come from gguf-py's own quantizer where
+it has one, and from random valid block bytes (random quants, random finite fp16 scales) for
+every format, so all bit patterns of the quants are exercised. The expected values are computed
+here, at test time, by gguf-py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+# Block layout facts (ggml-common.h): elements, bytes, and the byte offsets of its fp16 fields.
+FORMATS: dict[str, tuple[int, int, tuple[int, ...]]] = {
+    "Q4_0": (32, 18, (0,)),
+    "Q4_1": (32, 20, (0, 2)),
+    "Q5_0": (32, 22, (0,)),
+    "Q5_1": (32, 24, (0, 2)),
+    "Q8_0": (32, 34, (0,)),
+    "Q2_K": (256, 84, (80, 82)),
+    "Q3_K": (256, 110, (108,)),
+    "Q4_K": (256, 144, (0, 2)),
+    "Q5_K": (256, 176, (0, 2)),
+    "Q6_K": (256, 210, (208,)),
+    "IQ4_NL": (32, 18, (0,)),
+    "IQ4_XS": (256, 136, (0,)),
+}
+ROWS = 7
+
+
+def blocks_per_row(kind: str) -> int:
+    return 5 if FORMATS[kind][0] == 32 else 3  # an odd count of blocks, several super-blocks
+
+
+def random_halves(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Finite fp16 values of both signs over many binades, with zeros and subnormals."""
+    mag = np.exp2(rng.uniform(-26.0, 4.0, n)) * rng.choice([-1.0, 1.0], n)
+    mag[rng.random(n) < 0.05] = 0.0
+    return mag.astype(np.float16)
+
+
+def random_blocks(kind: str, rng: np.random.Generator) -> np.ndarray:
+    """ROWS rows of random bytes, each fp16 field replaced by a random finite half."""
+    _, nbytes, halves = FORMATS[kind]
+    n_blocks = ROWS * blocks_per_row(kind)
+    raw = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
+    for offset in halves:
+        raw[:, offset : offset + 2] = random_halves(rng, n_blocks).view(np.uint8).reshape(-1, 2)
+    return raw.reshape(ROWS, -1)
+
+
+def quantized_blocks(kind: str, rng: np.random.Generator) -> np.ndarray | None:
+    """gguf-py's own quantization of random rows, where gguf-py can quantize the format."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    cols = FORMATS[kind][0] * blocks_per_row(kind)
+    values = (rng.standard_normal((ROWS, cols)) * rng.uniform(0.01, 3.0, (ROWS, 1))).astype(
+        np.float32
+    )
+    try:
+        return quantize(values, GGMLQuantizationType[kind])
+    except NotImplementedError:
+        return None
+
+
+def write_gguf(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    writer = GGUFWriter(path, "llama")
+    for name, (kind, raw) in tensors.items():
+        writer.add_tensor(name, raw, raw_dtype=GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("kind", sorted(FORMATS))
+def test_format_dequantizes_bit_identically(kind: str, tmp_path: Path, engine_binding: Any) -> None:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(sorted(FORMATS).index(kind))
+    tensors = {"random": (kind, random_blocks(kind, rng))}
+    quantized = quantized_blocks(kind, rng)
+    if quantized is not None:
+        tensors["quantized"] = (kind, quantized)
+    path = tmp_path / f"{kind}.gguf"
+    write_gguf(path, tensors)
+    reader = GGUFReader(path)
+    assert sorted(t.name for t in reader.tensors) == sorted(tensors)
+    for t in reader.tensors:
+        assert t.tensor_type.name == kind
+        want = dequantize(t.data, t.tensor_type).astype(np.float32)
+        assert want.shape == (ROWS, FORMATS[kind][0] * blocks_per_row(kind))
+        assert np.isfinite(want).all(), "the generated blocks must decode to finite values"
+        got = engine_binding.gguf_dequantize(str(path), t.name)
+        assert got.shape == want.shape, (t.name, got.shape, want.shape)
+        diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+        assert diff.size == 0, (
+            f"{kind} {t.name}: {diff.size} of {want.size} values differ, first at {diff[0]}: "
+            f"{got.flat[diff[0]]!r} vs {want.flat[diff[0]]!r}"
+        )
+
+
+def test_unsupported_type_lists_every_supported_one(tmp_path: Path, engine_binding: Any) -> None:
+    path = tmp_path / "q8_k.gguf"
+    write_gguf(path, {"blk.0.attn_q.weight": ("Q8_K", np.zeros((2, 292), dtype=np.uint8))})
+    with pytest.raises(engine_binding.Error) as e:
+        engine_binding.gguf_dequantize(str(path), "blk.0.attn_q.weight")
+    message = str(e.value)
+    assert "\n" not in message
+    assert "'blk.0.attn_q.weight' has type Q8_K" in message
+    supported = message.split("supported: ", 1)[1].rstrip(")").split(", ")
+    assert sorted(supported) == sorted([*FORMATS, "F16", "BF16", "F32"])
