@@ -180,9 +180,9 @@ const std::vector<KernelInfo>& registered_kernels() {
        all},
       {"matmul_i8",
        {S, A2, A5, AMX},
-       "W int8 + fp32 scale per 32 or 16 (GGUF Q8_0/Q5_0/Q6_K repacked), x/y fp32 (fast and "
-       "exact); amx (n >= 16): panels unpacked to bf16 per call, x as 3 exact bf16 parts, C "
-       "tiles per group scaled in fp32",
+       "W int8 + fp32 scale (+ min) per 32 or 16 (GGUF Q8_0/Q5_0/Q5_1/Q2_K/Q3_K/Q5_K/Q6_K/"
+       "IQ4_NL/IQ4_XS repacked), x/y fp32 (fast and exact); amx (n >= 16): panels unpacked to "
+       "bf16 per call, x as 3 exact bf16 parts, C tiles per group scaled in fp32",
        "rows any, cols % 32 == 0, any n",
        "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_u4",
