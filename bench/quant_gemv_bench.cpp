@@ -104,7 +104,14 @@ int main(int argc, char** argv) {
                           {"qkv gemma3", BlockFormat::q5_0, 1536, 640},
                           {"gate_up gemma3", BlockFormat::q4_k, 4096, 640},
                           {"down gemma3", BlockFormat::q6_k, 640, 2048},
-                          {"q gemma3", BlockFormat::q4_0, 1024, 640}};
+                          {"q gemma3", BlockFormat::q4_0, 1024, 640},
+                          // The formats repacked to int8 (+ min): SmolLM2's down shape.
+                          {"down smollm2", BlockFormat::q5_1, 576, 1536},
+                          {"down smollm2", BlockFormat::q2_k, 576, 1536},
+                          {"down smollm2", BlockFormat::q3_k, 576, 1536},
+                          {"down smollm2", BlockFormat::q5_k, 576, 1536},
+                          {"down smollm2", BlockFormat::iq4_nl, 576, 1536},
+                          {"down smollm2", BlockFormat::iq4_xs, 576, 1536}};
   bool any = false;
   for (const Shape& s : shapes) {
     if (only && block_format_name(s.format) != only) continue;
