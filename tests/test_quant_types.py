@@ -1,4 +1,4 @@
-"""Every GGUF block format the engine runs decodes bit-identically to gguf-py.
+"""Every GGUF block format the engine runs decodes bit-identically to gguf-py; one runs end to end.
 
 Each format is written into a GGUF file by gguf-py's GGUFWriter on odd shapes (7 rows, an odd
 number of blocks or several super-blocks per row), the engine repacks it into its kernel layout
@@ -6,16 +6,19 @@ number of blocks or several super-blocks per row), the engine repacks it into it
 equal gguf.quants.dequantize's bit for bit. The blocks come from gguf-py's own quantizer where
 it has one, and from random valid block bytes (random quants, random finite fp16 scales) for
 every format, so all bit patterns of the quants are exercised. The expected values are computed
-here, at test time, by gguf-py.
+here, at test time, by gguf-py. End to end: SmolLM2's GGUF re-quantized to Q5_1 (the one new
+format gguf-py can quantize) still answers through the CLI.
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import STORE
 
 # Block layout facts (ggml-common.h): elements, bytes, and the byte offsets of its fp16 fields.
 FORMATS: dict[str, tuple[int, int, tuple[int, ...]]] = {
@@ -33,6 +36,7 @@ FORMATS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "IQ4_XS": (256, 136, (0,)),
 }
 ROWS = 7
+SMOLLM2_GGUF = STORE / "smollm2-135m-instruct" / "model.gguf"
 
 
 def blocks_per_row(kind: str) -> int:
@@ -121,3 +125,51 @@ def test_unsupported_type_lists_every_supported_one(tmp_path: Path, engine_bindi
     assert "'blk.0.attn_q.weight' has type Q8_K" in message
     supported = message.split("supported: ", 1)[1].rstrip(")").split(", ")
     assert sorted(supported) == sorted([*FORMATS, "F16", "BF16", "F32"])
+
+
+def test_cli_runs_a_gguf_retyped_to_q5_1(smollm2_bin: Path, tmp_path: Path) -> None:
+    """End to end through a new format: SmolLM2's GGUF with every Q4_1 projection re-quantized
+    to Q5_1 by gguf-py (int8 layout with mins) still answers, beside its checkpoint's files."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize, quantize
+
+    if not SMOLLM2_GGUF.is_file():
+        pytest.skip(f"no {SMOLLM2_GGUF}: run `make fetch`")
+    src = SMOLLM2_GGUF.parent
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and f.name != "model.gguf":
+            (ckpt / f.name).symlink_to(f)
+    reader = GGUFReader(SMOLLM2_GGUF)
+    writer = GGUFWriter(ckpt / "model.gguf", reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    retyped = 0
+    for t in reader.tensors:
+        if t.tensor_type == GGMLQuantizationType.Q4_1:
+            values = dequantize(t.data, t.tensor_type).astype(np.float32)
+            writer.add_tensor(
+                t.name,
+                quantize(values, GGMLQuantizationType.Q5_1),
+                raw_dtype=GGMLQuantizationType.Q5_1,
+            )
+            retyped += 1
+        else:
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert retyped > 100, "SmolLM2's GGUF should hold its projections as Q4_1"
+    proc = subprocess.run(
+        [str(smollm2_bin), "--model", str(ckpt / "model.gguf"), "--n-tokens", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout, proc.stdout

@@ -6,7 +6,7 @@
 // product is exact and only the fp32 sums round; the scales and mins are
 // applied in fp32 (AVX-512 FMA), never folded into bf16 weights.
 //
-// The scale changes every group (32 columns, 16 for Q6_K), so each group's
+// The scale changes every group (32 columns, 16 for Q6_K, Q3_K, Q2_K), so each group's
 // 32-token x 32-row block is summed in fresh C tiles (tmm0..3, one K-step of
 // TDPBF16PS per part), stored, and FMA'd into an fp32 accumulator block with
 // the rows' scales (+ min * the tokens' block sums). Four groups' C tiles go to
