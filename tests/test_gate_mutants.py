@@ -10,7 +10,8 @@ mutant (and whether the looser `reduced` tier would have) is printed at the end 
 that table is in llms/verify/README.md.
 
 Cost: the two HF references (bf16 greedy, fp32 teacher-forced) of each model are captured
-once per session and shared by its mutants; a mutant costs one engine setup and 2 prompts.
+once (kept across sessions by verify/hf_cache.py) and shared by its mutants; a mutant costs
+one engine setup and 2 prompts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import REPO, SMOLLM2_DIR
+from verify import hf_cache
 from verify.adapter_support import VerifyConfig, load_deployment, load_verify_config
 from verify.comparators import GATE_N_TOKENS, topk_token_ids
 from verify.gate import (
@@ -94,13 +96,22 @@ def _capture_subject(model: str, model_dir: Path, choice: str) -> Subject:
     config = load_verify_config(deployment, model_dir, choice)
     prompts = load_prompts(PROMPTS_DIR / f"{config.variant}.txt")[:VERIFY]
     chat = config.prompt_format == "chat"
-    hf = HfRunner(model_dir, config.max_context, threads=1)
-    ids = encode_prompts(hf, prompts, chat, GATE_N_TOKENS, config.max_context)
-    reference = capture_side("reference", hf, prompts, ids, GATE_N_TOKENS)
-    hf.close()
-    fp32 = HfRunner(model_dir, config.max_context, threads=1, precision="fp32")
-    truth = capture_truth(fp32, reference)
-    fp32.close()
+    # The verify runner's content-keyed capture cache: an altered config is other content.
+    options = {"mutant_subject": prompts, "chat": chat, "max_context": config.max_context}
+    keys = {side: hf_cache.capture_key(side, model_dir, options) for side in ("reference", "truth")}
+    reference = hf_cache.lookup(keys["reference"], "reference")
+    if reference is None:
+        hf = HfRunner(model_dir, config.max_context, threads=1)
+        ids = encode_prompts(hf, prompts, chat, GATE_N_TOKENS, config.max_context)
+        reference = capture_side("reference", hf, prompts, ids, GATE_N_TOKENS)
+        hf.close()
+        hf_cache.store(keys["reference"], reference)
+    truth = hf_cache.lookup(keys["truth"], "truth")
+    if truth is None:
+        fp32 = HfRunner(model_dir, config.max_context, threads=1, precision="fp32")
+        truth = capture_truth(fp32, reference)
+        fp32.close()
+        hf_cache.store(keys["truth"], truth)
     return Subject(config, prompts, reference, truth)
 
 

@@ -50,6 +50,7 @@ def test_smollm2_passes_the_gate(
         "3",
         "--report-dir",
         str(tmp_path),
+        "--fresh-reference",  # HF really runs here, however warm the capture cache is
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = proc.stdout.strip().splitlines()[-1]
@@ -59,6 +60,8 @@ def test_smollm2_passes_the_gate(
     report = report_of(proc, tmp_path)
     assert report["verdict"] == "pass" and report["meta"]["prompt_format"] == "chat"
     assert report["meta"]["truth_runner"] == "hf-transformers-fp32"
+    assert "reference stored" in report["meta"]["hf_cache"], report["meta"]["hf_cache"]
+    assert "truth stored" in report["meta"]["hf_cache"], report["meta"]["hf_cache"]
     assert [p["failed"] for p in report["prompts"]] == [False, False, False]
     for p in report["prompts"]:
         assert p["teacher_forced"]["steps"] == p["calibrated"]["steps"] == 32
@@ -122,16 +125,27 @@ def test_weights_quantized_at_setup_are_judged_as_requantized(
 def test_spec_gate_is_the_seeds_gate(
     smollm2_checkpoint: Path, engine_binding: Any, tmp_path: Path
 ) -> None:
-    proc = run_verify(
-        "--max-prompts", "1", "--spec-gate", "--report-dir", str(tmp_path), "--stage", "1"
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = proc.stdout.strip().splitlines()[-1]
-    assert "first-divergence 1/1 (gating)" in summary, summary
-    assert "(informational" in summary and "calibrated" not in summary, summary
-    report = report_of(proc, tmp_path)
-    assert report["meta"]["truth_runner"].startswith("not run")
-    assert report["prompts"][0]["gating"] == ["first-divergence"]
+    """The seed's gate alone; run twice, the second run judges the cached HF capture (and
+    only that: the engine runs again) to the very same report."""
+    reports = []
+    for run, extra in (("fresh", ["--fresh-reference"]), ("cached", [])):
+        out = tmp_path / run
+        proc = run_verify(
+            "--max-prompts", "1", "--spec-gate", "--report-dir", str(out), "--stage", "1", *extra
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        summary = proc.stdout.strip().splitlines()[-1]
+        assert "first-divergence 1/1 (gating)" in summary, summary
+        assert "(informational" in summary and "calibrated" not in summary, summary
+        report = report_of(proc, out)
+        assert report["meta"]["truth_runner"].startswith("not run")
+        assert report["prompts"][0]["gating"] == ["first-divergence"]
+        reports.append(report)
+    fresh, cached = reports
+    assert fresh["meta"]["hf_cache"].startswith("reference stored"), fresh["meta"]
+    assert cached["meta"]["hf_cache"].startswith("reference reused"), cached["meta"]
+    assert cached["meta"]["seconds"]["engine"] > 0  # our side is measured every run
+    assert cached["prompts"] == fresh["prompts"]
 
 
 def test_held_out_prompts_do_not_fail(

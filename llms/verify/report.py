@@ -26,7 +26,7 @@ MARKDOWN_META = (
     "mode", "model_choice", "model_dir", "hf_reference", "variant", "prompt_format",
     "prompt_source", "k", "n_tokens", "gate", "strict", "engine_isa", "precision_path",
     "precision_tier", "truth_runner", "hf_attn_implementation", "versions",
-    "reference_eos_token_ids", "engine_eos_token_ids", "started",
+    "reference_eos_token_ids", "engine_eos_token_ids", "hf_cache", "started",
 )  # fmt: skip
 
 

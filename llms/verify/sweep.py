@@ -165,11 +165,12 @@ def judge(vr: ModuleType, job: Job, ctx: Any) -> None:
     ref = ray.get(job.refs["reference"])
     truth = ray.get(job.refs["truth"]) if "truth" in job.refs else None
     engine = ray.get(job.refs["capture"])
-    stage2 = None
+    stage2 = seconds = None
     if "deployed" in job.refs:
         deployed, floor = ray.get(job.refs["deployed"])
         stage2 = vr.judge_stage2(ctx, ref, engine, truth, deployed, floor)
-    report = vr.judge(ctx, ref, engine, truth, stage2)
+        seconds = deployed.get("seconds")
+    report = vr.judge(ctx, ref, engine, truth, stage2, seconds)
     job.status = "FAIL" if report.has_failure() else "PASS"
     job.report = report.paths[1] if report.paths else None
     cal = report.calibrated_summary()

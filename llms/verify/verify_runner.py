@@ -153,6 +153,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "calibrated lens reports at the requantized tier, the token lenses still gate)",
     )
     p.add_argument(
+        "--fresh-reference",
+        action="store_true",
+        help="run HF even where verify/hf_cache.py holds this very capture, and replace it",
+    )
+    p.add_argument(
         "--hf-threads",
         type=int,
         default=1,
@@ -329,8 +334,36 @@ def _hf(ctx: Context, precision: str) -> Any:
     return HfRunner(ref, ctx.config.max_context, threads=ctx.args.hf_threads, precision=precision)
 
 
+def hf_key(ctx: Context, side: str) -> str | None:
+    """The HF capture cache's key for this run's reference or truth (verify/hf_cache.py)."""
+    from verify import hf_cache
+
+    options = {
+        **run_meta(ctx),
+        "prompts": ctx.prompts,
+        "chat": ctx.chat,
+        "n_tokens": ctx.n_tokens,
+        "k": ctx.k,
+        "max_context": ctx.config.max_context,
+        "hf_threads": ctx.args.hf_threads,
+    }
+    checkpoint = Path(ctx.adapter.hf_reference(ctx.config.model_dir))
+    return hf_cache.capture_key(side, checkpoint, options)
+
+
+def cached_hf(ctx: Context, side: str) -> Capture | None:
+    """This run's HF capture from the cache, unless --fresh-reference asks for a new one."""
+    from verify import hf_cache
+
+    return None if ctx.args.fresh_reference else hf_cache.lookup(hf_key(ctx, side), side)
+
+
 def run_reference(ctx: Context) -> Capture:
-    """HF transformers bf16 on the checkpoint the adapter names."""
+    """HF transformers bf16 on the checkpoint the adapter names (or its cached capture)."""
+    from verify import hf_cache
+
+    if (hit := cached_hf(ctx, "reference")) is not None:
+        return hit
     start = time.monotonic()
     ref = ctx.adapter.hf_reference(ctx.config.model_dir)
     hf = _hf(ctx, "bf16")
@@ -355,17 +388,24 @@ def run_reference(ctx: Context) -> Capture:
     )
     hf.close()
     capture.meta["seconds"] = round(time.monotonic() - start, 1)
+    hf_cache.store(hf_key(ctx, "reference"), capture)
     return capture
 
 
 def run_truth(ctx: Context, reference: Capture) -> Capture:
-    """HF transformers fp32 on the same checkpoint, fed the bf16 reference's tokens."""
+    """HF transformers fp32 on the same checkpoint, fed the bf16 reference's tokens (or its
+    cached capture: the reference is a function of the same key material)."""
+    from verify import hf_cache
+
     check_matches(ctx, reference)
+    if (hit := cached_hf(ctx, "truth")) is not None:
+        return hit
     start = time.monotonic()
     hf = _hf(ctx, "fp32")
     capture = capture_truth(hf, reference, capture_layers=ctx.diagnose)
     hf.close()
     capture.meta["seconds"] = round(time.monotonic() - start, 1)
+    hf_cache.store(hf_key(ctx, "truth"), capture)
     return capture
 
 
@@ -529,7 +569,7 @@ def run_compare(
         if deployed is not None
         else None
     )
-    report = judge(ctx, reference, engine, truth, stage2)
+    report = judge(ctx, reference, engine, truth, stage2, deployed and deployed.get("seconds"))
     if ctx.diagnose or ctx.args.no_strict or not report.has_failure():
         return EXIT_OK
     return EXIT_GATE_FAILED
@@ -541,6 +581,7 @@ def judge(
     engine: Capture,
     truth: Capture | None = None,
     stage2: Any = None,
+    stage2_seconds: float | None = None,
 ) -> Report:
     """The compare phase: judge the captures, write the report, print its summary."""
     for capture in (reference, engine, truth):
@@ -570,10 +611,14 @@ def judge(
         **engine.meta,
         "precision_tier": tier,
         "truth_runner": truth.runner if truth is not None else "not run (--spec-gate)",
+        "hf_cache": ", ".join(
+            f"{c.side} {c.meta.get('hf_cache', 'not cached')}" for c in (reference, truth) if c
+        ),
         "seconds": {
             "reference (HF bf16)": reference.meta.get("seconds"),
             "truth (HF fp32)": truth.meta.get("seconds") if truth is not None else None,
             "engine": engine.meta.get("seconds"),
+            "stage 2 (deployed and exact path, corpus + prompts)": stage2_seconds,
         },
     }
     report = Report(meta)
@@ -661,9 +706,9 @@ def run(argv: list[str]) -> int:
                 floor = run_floor(ctx)
         return run_compare(ctx, reference, engine, truth, deployed, floor)
     with tempfile.TemporaryDirectory(prefix="edgellm-verify-", dir=work) as tmp:
-        spawn(argv, "reference", Path(tmp))
+        spawn_or_reuse(ctx, argv, "reference", Path(tmp))
         if ctx.wants_truth:
-            spawn(argv, "truth", Path(tmp))
+            spawn_or_reuse(ctx, argv, "truth", Path(tmp))
         spawn(argv, "capture", Path(tmp))
         if ctx.wants_stage2:
             spawn(argv, "deployed", Path(tmp))
@@ -676,6 +721,15 @@ def run(argv: list[str]) -> int:
                 )
                 spawn(argv, "floor", Path(tmp))
         return compare_saved(ctx, Path(tmp))
+
+
+def spawn_or_reuse(ctx: Context, argv: list[str], side: str, work: Path) -> None:
+    """An HF phase in a process of its own, unless its capture is cached (no torch import)."""
+    hit = cached_hf(ctx, side)
+    if hit is None:
+        spawn(argv, side, work)
+    else:
+        save_capture(hit, work / f"{side}.pkl")
 
 
 def needs_floor(ctx: Context, token_counts: list[int]) -> bool:
