@@ -104,20 +104,11 @@ build-fuzz: bootstrap
 	    -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python >/dev/null; fi
 	@cmake --build $(FUZZ_DIR) --target fuzz_targets -- --quiet
 
-# Each target runs FUZZ_SECONDS from its checked-in seeds (engine/fuzz/corpus/<name>);
+# Each target runs FUZZ_SECONDS from its checked-in seeds (engine/fuzz/corpus/<name>), one per core;
 # what it discovers goes to $(FUZZ_DIR)/work/<name>, its log beside it, and an
 # input that crashes to $(FUZZ_DIR)/crashes/.
 fuzz: build-fuzz
-	@mkdir -p $(FUZZ_DIR)/crashes
-	@for bin in $(FUZZ_DIR)/fuzz/fuzz_*; do \
-	  name=$$(basename $$bin); name=$${name#fuzz_}; work=$(FUZZ_DIR)/work/$$name; \
-	  mkdir -p $$work engine/fuzz/corpus/$$name; \
-	  if ! $$bin -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-	      -artifact_prefix=$(FUZZ_DIR)/crashes/$$name- -print_final_stats=1 \
-	      $$work engine/fuzz/corpus/$$name > $$work.log 2>&1; then \
-	    tail -n 40 $$work.log; echo "[fuzz] $$name FAILED (log: $$work.log)"; exit 1; fi; \
-	  echo "[fuzz] $$name: $$(grep -h number_of_executed_units $$work.log | tr -s ' ' | cut -d' ' -f2) runs in $(FUZZ_SECONDS) s, no finding"; \
-	done
+	@bash scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
 
 # SmolLM2 and Gemma 3 at 32..4096 tokens, then the Llama-3.2-1B fixture (made on first use,
 # 2.5 GB) at 32..2048 with its weights also quantized at setup (q8_0), each beside HF bf16.
