@@ -33,10 +33,15 @@ PARAGRAPH = (
     (Path(__file__).parent / "data" / "english_paragraph.txt").read_text(encoding="utf-8").strip()
 )
 
-# Perplexity on tests/data/english_paragraph.txt, HF bf16 on CPU, measured on the converted
-# checkpoints (converter v1): smollm2-135m-instruct 25.66 (171 tokens, no BOS: its
-# tokenizer does not add one), gemma3-270m 19.27 (172 tokens incl. <bos>). Bounds are ~2x.
-PPL_BOUND = {"smollm2-135m-instruct": 50.0, "gemma3-270m": 40.0}
+# Perplexity on tests/data/english_paragraph.txt, HF bf16 on CPU (torch 2.13.0, transformers
+# 4.57.6), on the converted checkpoints (converter v1): smollm2-135m-instruct 25.56 (171
+# tokens, no BOS: its tokenizer adds none), gemma3-270m 19.32 (172 tokens incl. <bos>).
+# A sanity check of the model as a whole, not of its weights: perplexity hardly moves under a
+# small weight error (every down_proj x1.02 moves it 0.2%), which is why the weights are
+# proven bit-exact by test_real_tensors_dequantize_bit_identically instead. The band is 1%
+# (another torch build moved it 0.4%), not the 2x it once was.
+PPL_MEASURED = {"smollm2-135m-instruct": 25.56, "gemma3-270m": 19.32}
+PPL_BAND = 0.01
 VARIANT = {"smollm2-135m-instruct": "instruct", "gemma3-270m": "base"}
 MODELS = sorted(VARIANT)
 
@@ -205,7 +210,8 @@ def test_perplexity(name: str) -> None:
     ids = tok(PARAGRAPH, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         ppl = math.exp(model(ids, labels=ids).loss.item())
-    assert ppl < PPL_BOUND[name], f"perplexity {ppl:.2f} >= {PPL_BOUND[name]}"
+    want = PPL_MEASURED[name]
+    assert abs(ppl - want) <= PPL_BAND * want, f"perplexity {ppl:.3f}, measured {want}"
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -12,6 +12,7 @@ and a sharded checkpoint; no two config fields a bug could confuse share a value
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -34,6 +35,7 @@ TOKENS = [1, 504, 3101, 42, 77, 19000, 8, 260, 4431, 12, 999, 31, 5, 48000, 600,
 PROMPT_LEN = 5
 SPLIT = 7  # the continued prefill: [0, SPLIT) first, then the rest at start_pos = SPLIT
 TOLERANCE = 2e-4  # of the largest |logit|: fp32 rounding, not bf16
+TIERS = ["scalar", "avx2", "avx512", "amx"]
 
 
 @pytest.fixture(scope="module", params=FIXTURES)
@@ -48,6 +50,7 @@ def fixture_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     return out
 
 
+@functools.cache
 def hf_logits(model_dir: Path) -> np.ndarray:
     # eager attention: the only HF path that applies attn_logit_softcapping.
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -96,14 +99,21 @@ def check(
     return worst
 
 
-def test_every_position_matches_transformers(fixture_dir: Path, engine_binding: Any) -> None:
+@pytest.mark.parametrize("tier", TIERS)
+def test_every_position_matches_transformers(
+    fixture_dir: Path, engine_binding: Any, tier: str
+) -> None:
+    """On every ISA tier this CPU has (a tier it lacks is skipped by name)."""
+    if TIERS.index(tier) > TIERS.index(engine_binding.detected_isa()):
+        pytest.skip(f"ISA tier {tier}: this CPU lacks it (not testable here)")
     name = fixture_dir.name.rstrip("0123456789")
     assert name in CONFIGS
     ref = hf_logits(fixture_dir)
     scale = float(np.abs(ref).max())
     session = engine_binding.Session()
     # The exact path (stage 1): HF fp32 is its truth; the fast path is stage 2's business.
-    session.setup(str(fixture_dir), threads=2, max_context=64, precision="exact")
+    session.setup(str(fixture_dir), threads=2, max_context=64, precision="exact", isa=tier)
+    assert session.exec_config["isa"] == tier
 
     prefill = [(k - 1, session.prefill(TOKENS[:k])) for k in range(1, len(TOKENS) + 1)]
     session.prefill(TOKENS[:PROMPT_LEN])
@@ -118,6 +128,6 @@ def test_every_position_matches_transformers(fixture_dir: Path, engine_binding: 
     }
     report_line(
         f"family fixtures: max |logit diff| vs HF fp32 (tolerance {TOLERANCE} x max |logit|)",
-        f"{name:<12} max|logit| {scale:7.3f}  tolerance {TOLERANCE * scale:.2e}  "
+        f"{name:<12} {tier:<7} max|logit| {scale:7.3f}  tolerance {TOLERANCE * scale:.2e}  "
         + "  ".join(f"{k} {v:.2e}" for k, v in errors.items()),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -72,6 +73,9 @@ class EngineRunner:
             weights=weights,
             precision="exact" if precision == "exact" else "",
             use_environment=precision == "deployed",
+            # The exact path ignores the precision overrides, never the tier asked for: stage 1
+            # under EDGELLM_ISA=avx2 proves the avx2 kernels' logic.
+            isa="" if precision == "deployed" else os.environ.get("EDGELLM_ISA", ""),
         )
         self.exec_config = dict(self.session.exec_config)
         self.max_context = int(self.session.max_context)
