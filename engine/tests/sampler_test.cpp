@@ -56,6 +56,24 @@ TEST(Sampler, FullSupportFollowsTheSoftmax) {
   EXPECT_NEAR(h.at(0) / 20000.0, 0.1, 0.02);
 }
 
+// Temperature T samples softmax(logits / T): p_i proportional to p1_i^(1/T). At T = 0.5 the
+// four probabilities become {16, 9, 4, 1} / 30, at T = 2 their square roots, normalized.
+TEST(Sampler, TemperatureScalesTheDistribution) {
+  const double p1[] = {0.4, 0.3, 0.2, 0.1};
+  const int32_t ids[] = {5, 2, 7, 0};
+  for (float t : {0.5f, 2.0f}) {
+    double z = 0;
+    for (double p : p1) z += std::pow(p, 1.0 / t);
+    const auto h = histogram({.temperature = t, .seed = 4}, four_token_logits(), 20000);
+    for (int i = 0; i < 4; ++i) {
+      const double want = std::pow(p1[i], 1.0 / t) / z;
+      // 5 sigma of a binomial proportion over 20000 draws is at most 0.018.
+      EXPECT_NEAR(h.count(ids[i]) ? h.at(ids[i]) / 20000.0 : 0.0, want, 0.018)
+          << "temperature " << t << " id " << ids[i];
+    }
+  }
+}
+
 TEST(Sampler, TopKRestrictsTheSupport) {
   const auto h = histogram({.temperature = 1.0f, .top_k = 2, .seed = 2}, four_token_logits(), 5000);
   EXPECT_EQ(support(h), (std::set<int32_t>{5, 2}));

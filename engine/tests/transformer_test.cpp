@@ -523,8 +523,9 @@ TEST(SessionTest, ExactAndFastSideBySide) {
   EXPECT_EQ(0, std::memcmp(exact_got.data(), exact_ref.data(), exact_ref.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(fast_got.data(), fast_ref.data(), fast_ref.size() * sizeof(float)));
   // Where the tier has faster arithmetic, the two paths really differ.
-  if (kernels::detect_isa() >= kernels::Isa::avx512)
+  if (kernels::detect_isa() >= kernels::Isa::avx512) {
     EXPECT_NE(0, std::memcmp(fast_got.data(), exact_got.data(), fast_got.size() * sizeof(float)));
+  }
 }
 
 // Regression: a context of 2^31 positions asked for the memory and died with
