@@ -38,9 +38,9 @@ from verify.gate import (
     encode_prompts,
     evaluate,
 )
+from verify.phases import PROMPTS_DIR, load_prompts
 from verify.runners.engine_runner import EngineRunner
 from verify.runners.records import DecodeStepRecord, PrefillRecord
-from verify.verify_runner import PROMPTS_DIR, load_prompts
 
 VERIFY = 2  # make verify's prompt count
 GEMMA_DIR = SMOLLM2_DIR.parent / "gemma3-270m"

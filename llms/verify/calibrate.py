@@ -30,7 +30,7 @@ for _p in (str(_LLMS), str(_LLMS.parent), str(_LLMS.parent / "build" / "python")
 
 from verify.comparators import calibrated_check  # noqa: E402
 from verify.errors import VerifyError  # noqa: E402
-from verify.verify_runner import (  # noqa: E402
+from verify.phases import (  # noqa: E402
     build_context,
     run_capture,
     run_reference,

@@ -28,10 +28,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from verify import phases
 from verify.errors import VerifyError
+from verify.options import parse_args
+from verify.report import ensure_writable
 
 _LLMS = Path(__file__).resolve().parents[1]
 _REPO = _LLMS.parent
@@ -97,18 +99,16 @@ def worker_env() -> dict[str, str]:
 
 def run_phase(argv: list[str], phase: str, reference: Any = None) -> Any:
     """One phase of one job, in a Ray worker: the local phase functions on the same options."""
-    from verify import verify_runner as vr
-
-    ctx = vr.build_context(vr.parse_args(argv))
+    ctx = phases.build_context(parse_args(argv))
     if phase == "reference":
-        return vr.run_reference(ctx)
+        return phases.run_reference(ctx)
     if phase == "truth":
-        return vr.run_truth(ctx, reference)
+        return phases.run_truth(ctx, reference)
     if phase == "capture":
-        return vr.run_capture(ctx, reference)
+        return phases.run_capture(ctx, reference)
     if phase == "deployed":  # stage 2's engine side (the corpus and the prompt set)
-        deployed = vr.run_deployed(ctx, reference)
-        floor = vr.run_floor(ctx) if vr.needs_floor(ctx, deployed["token_counts"]) else None
+        deployed = phases.run_deployed(ctx, reference)
+        floor = phases.run_floor(ctx) if phases.needs_floor(ctx, deployed["token_counts"]) else None
         return deployed, floor
     raise VerifyError(f"unknown phase {phase}")
 
@@ -158,7 +158,7 @@ def submit(job: Job, wants_truth: bool, wants_stage2: bool = False) -> None:
         job.refs["deployed"] = task.remote(job.argv, "deployed", job.refs["reference"])
 
 
-def judge(vr: ModuleType, job: Job, ctx: Any) -> None:
+def judge(job: Job, ctx: Any) -> None:
     """compare on the driver, exactly as the local run's last phase."""
     import ray
 
@@ -168,9 +168,9 @@ def judge(vr: ModuleType, job: Job, ctx: Any) -> None:
     stage2 = seconds = None
     if "deployed" in job.refs:
         deployed, floor = ray.get(job.refs["deployed"])
-        stage2 = vr.judge_stage2(ctx, ref, engine, truth, deployed, floor)
+        stage2 = phases.judge_stage2(ctx, ref, engine, truth, deployed, floor)
         seconds = deployed.get("seconds")
-    report = vr.judge(ctx, ref, engine, truth, stage2, seconds)
+    report = phases.judge(ctx, ref, engine, truth, stage2, seconds)
     job.status = "FAIL" if report.has_failure() else "PASS"
     job.report = report.paths[1] if report.paths else None
     cal = report.calibrated_summary()
@@ -204,14 +204,14 @@ def summary_table(jobs: list[Job], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def run(vr: ModuleType, args: Any, jobs: list[Job]) -> int:
+def run(args: Any, jobs: list[Job]) -> int:
     """Fan the jobs out, judge each as it completes, print the table; the exit status."""
     import ray
 
     contexts = {}
     for job in jobs:  # bad input fails here, before any cluster starts
-        contexts[job.spec] = vr.build_context(vr.parse_args(job.argv))
-    vr.ensure_writable(args.report_dir)
+        contexts[job.spec] = phases.build_context(parse_args(job.argv))
+    ensure_writable(args.report_dir)
     start = time.monotonic()
     start_ray(args.ray, args.ray_cpus)
     try:
@@ -238,7 +238,7 @@ def run(vr: ModuleType, args: Any, jobs: list[Job]) -> int:
                     )
                     continue
                 try:
-                    judge(vr, job, contexts[job.spec])
+                    judge(job, contexts[job.spec])
                 except Exception as e:  # noqa: BLE001 - the job fails, the sweep goes on
                     job.status, job.detail = "failed", _reason(e)
                 why = "" if job.status in ("PASS", "FAIL") else f": {job.detail}"
