@@ -32,6 +32,18 @@ void Metrics::add_tokens(size_t prompt, size_t generated) {
   generated_tokens_ += generated;
 }
 
+void Metrics::add_cached_tokens(size_t prompt) {
+  const std::lock_guard lock(mutex_);
+  cached_tokens_ += prompt;
+}
+
+void Metrics::set_prefix_cache(size_t blocks, size_t bytes, uint64_t evictions) {
+  const std::lock_guard lock(mutex_);
+  cache_blocks_ = blocks;
+  cache_bytes_ = bytes;
+  cache_evictions_ = evictions;
+}
+
 void Metrics::observe_ttft(double seconds) {
   const std::lock_guard lock(mutex_);
   ttft_.observe(seconds);
@@ -72,8 +84,19 @@ std::string Metrics::render() const {
   header("edgellm_requests_total", "counter", "HTTP responses by status code.");
   for (const auto& [status, n] : responses_)
     out << "edgellm_requests_total{code=\"" << status << "\"} " << n << '\n';
-  header("edgellm_prompt_tokens_total", "counter", "Prompt tokens prefilled.");
+  header("edgellm_prompt_tokens_total", "counter",
+         "Prompt tokens, prefilled or loaded from the prefix cache.");
   out << "edgellm_prompt_tokens_total " << prompt_tokens_ << '\n';
+  header("edgellm_prompt_tokens_cached_total", "counter",
+         "Prompt tokens whose KV was loaded from the prefix cache, not prefilled.");
+  out << "edgellm_prompt_tokens_cached_total " << cached_tokens_ << '\n';
+  header("edgellm_prefix_cache_blocks", "gauge", "Token blocks held by the prefix cache.");
+  out << "edgellm_prefix_cache_blocks " << cache_blocks_ << '\n';
+  header("edgellm_prefix_cache_bytes", "gauge", "KV bytes held by the prefix cache.");
+  out << "edgellm_prefix_cache_bytes " << cache_bytes_ << '\n';
+  header("edgellm_prefix_cache_evictions_total", "counter",
+         "Blocks evicted from the prefix cache to stay within its budget.");
+  out << "edgellm_prefix_cache_evictions_total " << cache_evictions_ << '\n';
   header("edgellm_generation_tokens_total", "counter", "Tokens generated.");
   out << "edgellm_generation_tokens_total " << generated_tokens_ << '\n';
   header("edgellm_queue_depth", "gauge", "Requests waiting for a free sequence slot.");

@@ -12,6 +12,17 @@ namespace {
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
+
+constexpr size_t kMinChunk = kMinPrefillChunk;
+
+// The next chunk of `left` prompt tokens under `budget`: never fewer than
+// kMinChunk tokens, nor leaving fewer (a prompt shorter than that goes whole),
+// so every row runs the prefill kernels. The budget is soft by up to 2 x kMinChunk.
+size_t chunk_size(size_t left, size_t budget) {
+  if (left <= std::max(budget, kMinChunk) || left < 2 * kMinChunk) return left;
+  const size_t n = std::max(budget, kMinChunk);
+  return left - n < kMinChunk ? left - kMinChunk : n;
+}
 }  // namespace
 
 bool RequestStream::wait(std::string& text, std::chrono::milliseconds timeout) {
@@ -38,6 +49,8 @@ struct Scheduler::Job {
   std::unique_ptr<Context> context;
   std::optional<Generation> gen;
   size_t prefilled = 0;
+  bool looked_up = false;     // the prefix cache was asked (at the first prefill turn)
+  PrefixCache::Chain cached;  // held from the lookup until the prompt's blocks are stored
   int32_t last_token = -1;
   int pos = 0;  // the position of the next decode step
   Clock::time_point submitted = Clock::now(), last_token_at;
@@ -50,6 +63,7 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
   check(options.max_batch >= 1, "--parallel must be >= 1");
   check(options.max_queue >= 0, "--queue must be >= 0");
   check(options.prefill_chunk >= 1, "--prefill-chunk must be >= 1");
+  if (options.cache_mb > 0) cache_ = std::make_unique<PrefixCache>(model, options.cache_mb << 20);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -146,6 +160,22 @@ void Scheduler::fail(Job& job, const std::string& message) {
   if (job.gen && !job.gen->done()) job.gen->finish(FinishReason::cancelled);
 }
 
+// Loads the KV of the prompt's longest cached prefix, in whole blocks, leaving
+// at least kMinChunk tokens to prefill (the last one's logits are needed).
+void Scheduler::reuse_cached_prefix(Job& job) {
+  job.looked_up = true;
+  if (!cache_) return;
+  job.cached = cache_->match(job.prompt);
+  const size_t block = cache_->block_tokens();
+  const size_t limit = job.prompt.size() > kMinChunk ? job.prompt.size() - kMinChunk : 0;
+  const size_t reuse = std::min(job.cached.tokens(), limit / block * block);
+  if (reuse == 0) return;
+  cache_->load(job.cached, reuse, *job.context);
+  job.prefilled = reuse;
+  job.stream->cached_tokens = reuse;
+  metrics_.add_cached_tokens(reuse);
+}
+
 // Up to prefill_chunk prompt tokens between two decode steps, oldest request
 // first: a long prompt is cut into chunks (the streams already decoding never
 // wait for more than one chunk), while short prompts that arrive together are
@@ -161,14 +191,20 @@ void Scheduler::prefill_some() {
       publish(*job, job->gen->finish(FinishReason::cancelled));
       continue;
     }
-    const size_t n = std::min(job->prompt.size() - job->prefilled, budget);
     try {
+      if (!job->looked_up) reuse_cached_prefix(*job);
+      const size_t n = chunk_size(job->prompt.size() - job->prefilled, budget);
       const std::span<const int32_t> chunk(job->prompt.data() + job->prefilled, n);
       const std::span<const float> logits =
           job->context->prefill(chunk, static_cast<int>(job->prefilled));
       job->prefilled += n;
-      budget -= n;
+      budget -= std::min(n, budget);
       if (!job->prefilling()) {
+        if (cache_) {
+          cache_->store(job->cached, job->prompt, *job->context);
+          job->cached.release();
+          metrics_.set_prefix_cache(cache_->blocks(), cache_->bytes(), cache_->evictions());
+        }
         const Generation::Step step = job->gen->next(logits);
         metrics_.observe_ttft(seconds_since(job->submitted));
         job->pos = static_cast<int>(job->prompt.size());
