@@ -1,6 +1,7 @@
 #include "edgellm/prefix_cache.h"
 
 #include <algorithm>
+#include <new>
 #include <utility>
 
 #include "edgellm/error.h"
@@ -137,12 +138,17 @@ void PrefixCache::store(Chain& chain, std::span<const int32_t> tokens, const Con
     Block* b = find(parent, hash, block);
     if (!b) {
       if (!make_room()) return;
-      auto owned = std::make_unique<Block>();
+      std::unique_ptr<Block> owned;
+      try {
+        owned = std::make_unique<Block>();
+        owned->tokens.assign(block.begin(), block.end());
+        owned->kv.resize(block_bytes_);
+      } catch (const std::bad_alloc&) {
+        return;  // a cache is an optimisation: out of memory, it just stops growing
+      }
       b = owned.get();
       b->hash = hash;
       b->parent = parent;
-      b->tokens.assign(block.begin(), block.end());
-      b->kv.resize(block_bytes_);
       context.save_kv(static_cast<int>(at), static_cast<int>(block_tokens_), b->kv);
       if (parent) ++parent->children;
       lru_.push_front(b);

@@ -200,15 +200,15 @@ void Scheduler::prefill_some() {
       job->prefilled += n;
       budget -= std::min(n, budget);
       if (!job->prefilling()) {
-        if (cache_) {
-          cache_->store(job->cached, job->prompt, *job->context);
-          job->cached.release();
-          metrics_.set_prefix_cache(cache_->blocks(), cache_->bytes(), cache_->evictions());
-        }
         const Generation::Step step = job->gen->next(logits);
         metrics_.observe_ttft(seconds_since(job->submitted));
         job->pos = static_cast<int>(job->prompt.size());
         publish(*job, step);
+        if (cache_) {  // after the first token, which need not wait for the copies
+          cache_->store(job->cached, job->prompt, *job->context);
+          job->cached.release();
+          metrics_.set_prefix_cache(cache_->blocks(), cache_->bytes(), cache_->evictions());
+        }
       }
     } catch (const std::exception& e) {
       fail(*job, e.what());
