@@ -104,7 +104,27 @@ def run_alone(binding: Any, model: Any, prompts: list[list[int]], cache_mb: int)
     return [out, scheduler]
 
 
-def test_prefix_cache_is_bit_identical_single_and_batched(engine_binding: Any, model: Any) -> None:
+# The KV dtypes the cache copies, and a GGUF file's quantized weights (int8 activations).
+VARIANTS = {
+    "bf16 KV": ("", {"kv_cache": "bf16"}),
+    "q8_0 KV": ("", {"kv_cache": "q8_0"}),
+    "exact fp32 KV": ("", {"precision": "exact"}),
+    "gguf": ("model.gguf", {}),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request: pytest.FixtureRequest, engine_binding: Any, smollm2_checkpoint: Path) -> Any:
+    file, options = VARIANTS[request.param]
+    m = engine_binding.Model()
+    m.setup(str(smollm2_checkpoint / file), threads=2, max_context=256, **options)
+    return m
+
+
+def test_prefix_cache_is_bit_identical_single_and_batched(
+    engine_binding: Any, variant: Any
+) -> None:
+    model = variant
     prompts = [conversation(engine_binding, model, q) for q in QUESTIONS]
     prompts.append(prompts[0])  # the whole prompt cached: its last tokens are still computed
     assert len(prompts[0]) > 64 and any(len(p) % 16 for p in prompts)  # partial last blocks

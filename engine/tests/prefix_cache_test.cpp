@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "edgellm/error.h"
@@ -24,8 +25,9 @@ constexpr int kContext = 128;
 
 // The fast deployed arithmetic with the given KV dtype; head_dim 32 so that
 // q8_0 and the bf16 attention kernels apply.
-Model fast_model(const TinyModel& m, const std::string& kv) {
+Model fast_model(const TinyModel& m, const std::string& kv, const std::string& isa = "") {
   SessionOptions o;
+  o.isa = isa;  // "": the CPU's best
   o.threads = 2;
   o.max_context = kContext;
   o.precision = "fast";
@@ -59,15 +61,18 @@ std::vector<uint8_t> saved(const Context& c, int start, int n) {
   return bytes;
 }
 
-class KvTransfer : public ::testing::TestWithParam<std::string> {};
+// (KV dtype, ISA tier; "" is the CPU's best). A tier the CPU lacks runs its best.
+class KvTransfer : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
-INSTANTIATE_TEST_SUITE_P(KvDtypes, KvTransfer, ::testing::Values("fp32", "bf16", "q8_0"));
+INSTANTIATE_TEST_SUITE_P(KvDtypes, KvTransfer,
+                         ::testing::Combine(::testing::Values("fp32", "bf16", "q8_0"),
+                                            ::testing::Values("", "avx2", "scalar")));
 
 // What the scheduler relies on: chunks of at least kMinPrefillChunk tokens, or
 // a loaded prefix and the rest, give one prefill's KV and logits bit for bit.
 TEST_P(KvTransfer, LoadedPrefixContinuesBitForBit) {
   const TinyModel m = tiny();
-  const Model model = fast_model(m, GetParam());
+  const Model model = fast_model(m, std::get<0>(GetParam()), std::get<1>(GetParam()));
   const std::vector<int32_t> p = prompt(50, 1);
   const std::span<const int32_t> all(p);
   Context whole(model);
@@ -91,7 +96,7 @@ TEST_P(KvTransfer, LoadedPrefixContinuesBitForBit) {
 
 TEST_P(KvTransfer, BadSpansAreErrors) {
   const TinyModel m = tiny();
-  const Model model = fast_model(m, GetParam());
+  const Model model = fast_model(m, std::get<0>(GetParam()), std::get<1>(GetParam()));
   Context c(model);
   std::vector<uint8_t> bytes(c.kv_bytes(4));
   EXPECT_THROW(c.save_kv(-1, 4, bytes), Error);
