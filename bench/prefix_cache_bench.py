@@ -14,15 +14,11 @@ Holds the shared CPU lock (bench/serve_bench.py's) for the whole run.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
-import openai
-from serve_bench import LOCK, REPO, SERVER, free_port
+from serve_bench import parse_and_lock, start_server
 
 TOPICS = ["flour", "ovens", "yeast", "butter", "sugar", "salt", "water", "eggs", "milk", "honey"]
 
@@ -40,16 +36,10 @@ def system_prompt(rep: int) -> str:
 
 class Server:
     def __init__(self, model: str, threads: int, *args: str) -> None:
-        port = free_port()
-        cmd = [str(SERVER), "--model", model, "--port", str(port), "--threads", str(threads)]
-        self.proc = subprocess.Popen([*cmd, "--max-context", "4096", "--parallel", "2", *args])
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
-                break
-            except OSError:
-                time.sleep(0.2)
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        self.proc, self.client = start_server(
+            ["--model", model, "--threads", str(threads), "--max-context", "4096"]
+            + ["--parallel", "2", *args]
+        )
         self.name = self.client.models.list().data[0].id
 
     def ask(self, messages: list[dict[str, str]], tokens: int) -> tuple[float, str, int, int]:
@@ -108,18 +98,8 @@ def chat_turns(server: Server, turns: int) -> list[tuple[float, int, int]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--turns", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-lock", action="store_true", help=f"the caller already holds {LOCK}")
-    args = ap.parse_args()
-    if not SERVER.is_file():
-        print(f"error: {SERVER} not built (make build)", file=sys.stderr)
-        return 1
-    lock = open(LOCK, "w")  # noqa: SIM115 - held for the whole run
-    if not args.no_lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    args, lock = parse_and_lock(ap)
     shared, chats = {}, {}
     try:
         for label, extra in (("cache", []), ("no cache", ["--cache-mb", "0"])):

@@ -71,6 +71,10 @@ std::string Metrics::render() const {
   auto header = [&](const char* name, const char* type, const char* help) {
     out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
   };
+  auto value = [&](const char* name, const char* type, const char* help, auto v) {
+    header(name, type, help);
+    out << name << ' ' << v << '\n';
+  };
   auto histogram = [&](const char* name, const char* help, const Histogram& h) {
     header(name, "histogram", help);
     uint64_t cumulative = 0;
@@ -84,25 +88,19 @@ std::string Metrics::render() const {
   header("edgellm_requests_total", "counter", "HTTP responses by status code.");
   for (const auto& [status, n] : responses_)
     out << "edgellm_requests_total{code=\"" << status << "\"} " << n << '\n';
-  header("edgellm_prompt_tokens_total", "counter",
-         "Prompt tokens, prefilled or loaded from the prefix cache.");
-  out << "edgellm_prompt_tokens_total " << prompt_tokens_ << '\n';
-  header("edgellm_prompt_tokens_cached_total", "counter",
-         "Prompt tokens whose KV was loaded from the prefix cache, not prefilled.");
-  out << "edgellm_prompt_tokens_cached_total " << cached_tokens_ << '\n';
-  header("edgellm_prefix_cache_blocks", "gauge", "Token blocks held by the prefix cache.");
-  out << "edgellm_prefix_cache_blocks " << cache_blocks_ << '\n';
-  header("edgellm_prefix_cache_bytes", "gauge", "KV bytes held by the prefix cache.");
-  out << "edgellm_prefix_cache_bytes " << cache_bytes_ << '\n';
-  header("edgellm_prefix_cache_evictions_total", "counter",
-         "Blocks evicted from the prefix cache to stay within its budget.");
-  out << "edgellm_prefix_cache_evictions_total " << cache_evictions_ << '\n';
-  header("edgellm_generation_tokens_total", "counter", "Tokens generated.");
-  out << "edgellm_generation_tokens_total " << generated_tokens_ << '\n';
-  header("edgellm_queue_depth", "gauge", "Requests waiting for a free sequence slot.");
-  out << "edgellm_queue_depth " << waiting_ << '\n';
-  header("edgellm_active_requests", "gauge", "Requests holding a context (prefill or decode).");
-  out << "edgellm_active_requests " << active_ << '\n';
+  value("edgellm_prompt_tokens_total", "counter",
+        "Prompt tokens, prefilled or loaded from the prefix cache.", prompt_tokens_);
+  value("edgellm_prompt_tokens_cached_total", "counter",
+        "Prompt tokens whose KV was loaded from the prefix cache, not prefilled.", cached_tokens_);
+  value("edgellm_prefix_cache_blocks", "gauge", "Token blocks held by the prefix cache.",
+        cache_blocks_);
+  value("edgellm_prefix_cache_bytes", "gauge", "KV bytes held by the prefix cache.", cache_bytes_);
+  value("edgellm_prefix_cache_evictions_total", "counter",
+        "Blocks evicted from the prefix cache to stay within its budget.", cache_evictions_);
+  value("edgellm_generation_tokens_total", "counter", "Tokens generated.", generated_tokens_);
+  value("edgellm_queue_depth", "gauge", "Requests waiting for a free sequence slot.", waiting_);
+  value("edgellm_active_requests", "gauge", "Requests holding a context (prefill or decode).",
+        active_);
   histogram("edgellm_time_to_first_token_seconds", "Queue wait + prefill + first token.", ttft_);
   histogram("edgellm_inter_token_latency_seconds", "Time between two tokens of one stream.",
             token_);
