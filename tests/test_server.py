@@ -292,6 +292,26 @@ def test_prefix_cache_hits_are_exact_and_reported(
     assert server.metric("edgellm_prefix_cache_bytes") > 0
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_tiny_cache_mb_evicts_within_its_budget(smollm2_checkpoint: Path, kind: str) -> None:
+    """--cache-mb 1 holds two 16-token blocks of SmolLM2's bf16 KV (23,040 bytes a token): a
+    prompt keeps its first two, another prompt's evict them, and every answer stays exact."""
+    s = Server(smollm2_checkpoint, "--cache-mb", "1", kind=kind)
+    try:
+        first, again = bakery(s, QUESTIONS[0]), bakery(s, QUESTIONS[0])
+        assert again.usage.prompt_tokens_details.cached_tokens == 32
+        other = chat(s, "A different prompt, with the default system turn, and long enough.")
+        assert other.usage.prompt_tokens_details.cached_tokens == 0
+        assert s.metric("edgellm_prefix_cache_evictions_total") >= 1
+        assert s.metric("edgellm_prefix_cache_bytes") <= 1 << 20
+        last = bakery(s, QUESTIONS[0])
+        assert last.usage.prompt_tokens_details.cached_tokens == 0  # its blocks went
+        texts = {r.choices[0].message.content for r in (first, again, last)}
+        assert len(texts) == 1
+    finally:
+        assert s.stop() == 0
+
+
 def test_typed_special_tokens_stay_text(server: Server, smollm2_checkpoint: Path) -> None:
     from transformers import AutoTokenizer
 
