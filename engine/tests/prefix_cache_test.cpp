@@ -107,6 +107,47 @@ TEST_P(KvTransfer, BadSpansAreErrors) {
   EXPECT_NO_THROW(c.load_kv(kContext - 4, 4, bytes));
 }
 
+// The scheduler's chunking: whatever the budget, every chunk and every rest is
+// at least kMinPrefillChunk tokens (or the whole of a shorter prompt), each
+// chunk makes progress and the budget is passed by less than 2 x that.
+TEST(PrefillChunkSize, ChunksAndRestsAreNeverShort) {
+  const size_t min = kMinPrefillChunk;
+  for (size_t prompt = 1; prompt <= 100; ++prompt)
+    for (size_t budget = 0; budget <= 70; ++budget) {
+      size_t left = prompt;
+      while (left > 0) {
+        const size_t n = prefill_chunk_size(left, budget);
+        ASSERT_TRUE(n >= 1 && n <= left) << prompt << " " << budget << " " << left;
+        ASSERT_TRUE(n >= min || n == prompt) << prompt << " " << budget << " " << left;
+        ASSERT_TRUE(left - n == 0 || left - n >= min) << prompt << " " << budget << " " << left;
+        ASSERT_LT(n, std::max(budget, min) + 2 * min) << prompt << " " << budget;
+        if (budget >= left) {
+          ASSERT_EQ(n, left);
+        }
+        left -= n;
+      }
+    }
+}
+
+// Prefilled in the chunks prefill_chunk_size gives for a small budget, a prompt
+// gets one prefill's logits bit for bit.
+TEST(PrefillChunkSize, ChunkedPrefillIsBitIdentical) {
+  const TinyModel m = tiny();
+  const Model model = fast_model(m, "bf16");
+  const std::vector<int32_t> p = prompt(70, 4);
+  Context whole(model), chunked(model);
+  const std::vector<float> expected = copy(whole.prefill(p));
+  for (size_t budget : {0, 5, 17, 40}) {
+    std::vector<float> got;
+    for (size_t at = 0; at < p.size();) {
+      const size_t n = prefill_chunk_size(p.size() - at, budget);
+      got = copy(chunked.prefill(std::span(p).subspan(at, n), static_cast<int>(at)));
+      at += n;
+    }
+    EXPECT_TRUE(same_bits(got, expected)) << "budget " << budget;
+  }
+}
+
 // A cache of `blocks` blocks of 16 tokens.
 struct Fixture {
   TinyModel m = tiny();

@@ -73,6 +73,12 @@ class Context;
 // (Context::load_kv), gets the same KV and logits bit for bit as one prefill.
 inline constexpr int kMinPrefillChunk = 16;
 
+// The next chunk of a prompt with `left` tokens to prefill, under a budget of
+// `budget` tokens: at least kMinPrefillChunk tokens and never leaving fewer (a
+// shorter rest goes whole), so every row runs the prefill kernels; it passes
+// the budget by less than 2 x kMinPrefillChunk.
+size_t prefill_chunk_size(size_t left, size_t budget);
+
 // The immutable part, loaded once: config, tokenizer, chat template, packed
 // weights, RoPE tables and the thread pool. Any number of Contexts share one
 // Model; its forward passes run one at a time (the thread pool takes one

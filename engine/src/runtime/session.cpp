@@ -163,6 +163,13 @@ std::optional<QuantSource> quant_source(const std::unique_ptr<GgufWeights>& gguf
 
 }  // namespace
 
+size_t prefill_chunk_size(size_t left, size_t budget) {
+  const size_t min = kMinPrefillChunk;
+  if (left <= std::max(budget, min) || left < 2 * min) return left;
+  const size_t n = std::max(budget, min);
+  return left - n < min ? left - min : n;
+}
+
 void Model::setup(const std::filesystem::path& model, const SessionOptions& options) {
   // A .gguf file runs inside the converted checkpoint directory that holds it.
   const bool is_gguf = model.extension() == ".gguf";

@@ -14,15 +14,6 @@ double seconds_since(Clock::time_point t) {
 }
 
 constexpr size_t kMinChunk = kMinPrefillChunk;
-
-// The next chunk of `left` prompt tokens under `budget`: never fewer than
-// kMinChunk tokens, nor leaving fewer (a prompt shorter than that goes whole),
-// so every row runs the prefill kernels. The budget is soft by up to 2 x kMinChunk.
-size_t chunk_size(size_t left, size_t budget) {
-  if (left <= std::max(budget, kMinChunk) || left < 2 * kMinChunk) return left;
-  const size_t n = std::max(budget, kMinChunk);
-  return left - n < kMinChunk ? left - kMinChunk : n;
-}
 }  // namespace
 
 bool RequestStream::wait(std::string& text, std::chrono::milliseconds timeout) {
@@ -176,7 +167,7 @@ void Scheduler::reuse_cached_prefix(Job& job) {
   metrics_.add_cached_tokens(reuse);
 }
 
-// Up to prefill_chunk prompt tokens between two decode steps, oldest request
+// Up to prefill_chunk prompt tokens (prefill_chunk_size) between two decode steps, oldest request
 // first: a long prompt is cut into chunks (the streams already decoding never
 // wait for more than one chunk), while short prompts that arrive together are
 // all prefilled before the next step, so they join the batch at once instead of
@@ -193,7 +184,7 @@ void Scheduler::prefill_some() {
     }
     try {
       if (!job->looked_up) reuse_cached_prefix(*job);
-      const size_t n = chunk_size(job->prompt.size() - job->prefilled, budget);
+      const size_t n = prefill_chunk_size(job->prompt.size() - job->prefilled, budget);
       const std::span<const int32_t> chunk(job->prompt.data() + job->prefilled, n);
       const std::span<const float> logits =
           job->context->prefill(chunk, static_cast<int>(job->prefilled));
