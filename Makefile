@@ -70,6 +70,7 @@ SERVE_MODEL = $(shell python3 -c 'import json, sys; d = json.load(open(sys.argv[
 serve-ray: build fetch
 	@cd llms && env $(RAY_ENV) ../$(PY) -m serve_ray --model '$(SERVE_MODEL)' --replicas $(REPLICAS) \
 	  --host $(HOST) --port $(PORT) $(if $(THREADS),--threads $(THREADS)) \
+	  $(if $(CACHE_MB),--cache-mb $(CACHE_MB)) \
 	  $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS)) \
 	  $(if $(MAX_REPLICAS),--min-replicas $(or $(MIN_REPLICAS),1) --max-replicas $(MAX_REPLICAS)) $(ARGS)
 

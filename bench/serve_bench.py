@@ -22,6 +22,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO
 
 import openai
 
@@ -45,6 +46,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def parse_and_lock(ap: argparse.ArgumentParser) -> tuple[argparse.Namespace, IO[str]]:
+    """The serving benches' common options parsed, with `ap`'s own, and the shared CPU lock
+    taken (unless --no-lock); exits with one line if edgellm_server is not built."""
+    ap.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-lock", action="store_true", help=f"the caller already holds {LOCK}")
+    args = ap.parse_args()
+    if not SERVER.is_file():
+        raise SystemExit(f"error: {SERVER} not built (make build)")
+    lock = open(LOCK, "w")  # noqa: SIM115 - held for the whole run
+    if not args.no_lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    return args, lock
+
+
+def start_server(args: list[str]) -> tuple[subprocess.Popen, openai.OpenAI]:
+    """edgellm_server with `args` on a free port, once /health answers, and its client."""
+    port = free_port()
+    proc = subprocess.Popen([str(SERVER), "--port", str(port), *args])
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+            break
+        except OSError:
+            time.sleep(0.2)
+    return proc, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
 
 
 def one_stream(client: openai.OpenAI, name: str, prompt: str, tokens: int) -> dict:
@@ -88,30 +118,14 @@ def scenario(client: openai.OpenAI, name: str, streams: int, tokens: int) -> dic
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, help="replace the serving section of this markdown file")
-    ap.add_argument("--no-lock", action="store_true", help=f"the caller already holds {LOCK}")
-    args = ap.parse_args()
-    if not SERVER.is_file():
-        print(f"error: {SERVER} not built (make build)", file=sys.stderr)
-        return 1
-    port = free_port()
-    lock = open(LOCK, "w")  # noqa: SIM115 - held for the whole run
-    if not args.no_lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    cmd = [str(SERVER), "--model", args.model, "--port", str(port), "--threads", str(args.threads)]
-    proc = subprocess.Popen([*cmd, "--max-context", "512", "--parallel", "8"])
+    args, lock = parse_and_lock(ap)
+    proc, client = start_server(
+        ["--model", args.model, "--threads", str(args.threads), "--max-context", "512"]
+        + ["--parallel", "8"]
+    )
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
-                break
-            except OSError:
-                time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         name = client.models.list().data[0].id
         one_stream(client, name, PROMPTS[0], 8)  # warm the contexts' pages, not timed
         results: dict[int, list[dict]] = {1: [], 8: []}

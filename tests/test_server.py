@@ -124,11 +124,12 @@ def chat(server: Server, prompt: str, **kw: Any) -> Any:
     )
 
 
-def engine_greedy(binding: Any, checkpoint: Path, prompt: str, n: int) -> str:
+def engine_greedy(binding: Any, checkpoint: Path, prompt: str, n: int, system: str = "") -> str:
     """The engine alone: the binding's prefill + decode_step loop, argmax."""
     s = binding.Session()
     s.setup(str(checkpoint), threads=2, max_context=512)
-    ids = s.tokenizer.encode(s.chat_template.render([("user", prompt)], True))
+    turns = [("system", system)] if system else []
+    ids = s.tokenizer.encode(s.chat_template.render([*turns, ("user", prompt)], True))
     logits, out, pos = s.prefill(ids), [], len(ids)
     for _ in range(n):
         tok = int(np.argmax(logits))
@@ -238,6 +239,77 @@ def test_eight_concurrent_clients_get_their_alone_answers(server: Server) -> Non
             pool.map(lambda p: chat(server, p, max_tokens=16).choices[0].message.content, PROMPTS)
         )
     assert together == alone
+
+
+# A system prompt shared by several requests (no other test sends it), over several 16-token blocks.
+BAKERY = (
+    "Bakery rules: answer in one short sentence, stay polite, never invent prices, and say that "
+    "the bakery opens at seven in the morning when asked about opening hours. Fresh bread comes "
+    "out of the oven at eight, cakes at ten, and the shop closes at six in the evening."
+)
+QUESTIONS = ["When do you open?", "Do you sell cakes?", "Is the bread fresh?", "Hello!"]
+
+
+def bakery(server: Server, question: str, **kw: Any) -> Any:
+    messages = [{"role": "system", "content": BAKERY}, {"role": "user", "content": question}]
+    return server.client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=12, temperature=0, **kw
+    )
+
+
+def whole_prompt_hit(prompt_tokens: int) -> int:
+    """What the prefix cache reuses of a prompt it has seen whole: its 16-token blocks, leaving
+    at least 16 tokens to compute (the last one's logits start the answer)."""
+    return (prompt_tokens - 16) // 16 * 16
+
+
+def test_prefix_cache_hits_are_exact_and_reported(
+    server: Server, engine_binding: Any, smollm2_checkpoint: Path
+) -> None:
+    before = server.metric("edgellm_prompt_tokens_cached_total")
+    first = bakery(server, QUESTIONS[0])
+    again = bakery(server, QUESTIONS[0])
+    n = first.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == whole_prompt_hit(n) >= 48
+    # Concurrent requests sharing the system prompt: its blocks are reused (the questions differ
+    # inside a block, so only the blocks before it), and every answer is the engine's alone.
+    with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+        together = list(pool.map(lambda q: bakery(server, q), QUESTIONS))
+    for q, r in zip(QUESTIONS, together, strict=True):
+        expected = engine_greedy(engine_binding, smollm2_checkpoint, q, 12, system=BAKERY)
+        assert r.choices[0].message.content == expected, q
+        cached = r.usage.prompt_tokens_details.cached_tokens
+        assert 0 < cached <= whole_prompt_hit(r.usage.prompt_tokens) and cached % 16 == 0, q
+    assert together[0].choices[0].message.content == first.choices[0].message.content
+    streamed = list(
+        bakery(server, QUESTIONS[0], stream=True, stream_options={"include_usage": True})
+    )
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == whole_prompt_hit(n)
+    replies = [first, again, *together]
+    total = sum(r.usage.prompt_tokens_details.cached_tokens for r in replies) + whole_prompt_hit(n)
+    assert server.metric("edgellm_prompt_tokens_cached_total") - before == total
+    assert server.metric("edgellm_prefix_cache_bytes") > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tiny_cache_mb_evicts_within_its_budget(smollm2_checkpoint: Path, kind: str) -> None:
+    """--cache-mb 1 holds two 16-token blocks of SmolLM2's bf16 KV (23,040 bytes a token): a
+    prompt keeps its first two, another prompt's evict them, and every answer stays exact."""
+    s = Server(smollm2_checkpoint, "--cache-mb", "1", kind=kind)
+    try:
+        first, again = bakery(s, QUESTIONS[0]), bakery(s, QUESTIONS[0])
+        assert again.usage.prompt_tokens_details.cached_tokens == 32
+        other = chat(s, "A different prompt, with the default system turn, and long enough.")
+        assert other.usage.prompt_tokens_details.cached_tokens == 0
+        assert s.metric("edgellm_prefix_cache_evictions_total") >= 1
+        assert s.metric("edgellm_prefix_cache_bytes") <= 1 << 20
+        last = bakery(s, QUESTIONS[0])
+        assert last.usage.prompt_tokens_details.cached_tokens == 0  # its blocks went
+        texts = {r.choices[0].message.content for r in (first, again, last)}
+        assert len(texts) == 1
+    finally:
+        assert s.stop() == 0
 
 
 def test_typed_special_tokens_stay_text(server: Server, smollm2_checkpoint: Path) -> None:

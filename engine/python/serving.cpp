@@ -24,11 +24,13 @@ struct BatchScheduler {
   edgellm::Metrics metrics;
   std::unique_ptr<edgellm::Scheduler> scheduler;
 
-  BatchScheduler(const edgellm::Model& model, int max_batch, int max_queue, int prefill_chunk) {
+  BatchScheduler(const edgellm::Model& model, int max_batch, int max_queue, int prefill_chunk,
+                 size_t cache_mb) {
     edgellm::SchedulerOptions o;
     o.max_batch = max_batch;
     o.max_queue = max_queue;
     o.prefill_chunk = prefill_chunk;
+    o.cache_mb = cache_mb;
     scheduler = std::make_unique<edgellm::Scheduler>(model, o, metrics);
   }
   ~BatchScheduler() {
@@ -63,13 +65,18 @@ void bind_serving(nb::module_& m) {
           [](const RequestStream& s) { return std::string(edgellm::finish_reason_name(s.finish)); })
       .def_prop_ro("error", [](const RequestStream& s) { return s.error; })
       .def_prop_ro("prompt_tokens", [](const RequestStream& s) { return s.prompt_tokens; })
-      .def_prop_ro("completion_tokens", [](const RequestStream& s) { return s.completion_tokens; });
+      .def_prop_ro("completion_tokens", [](const RequestStream& s) { return s.completion_tokens; })
+      .def_prop_ro(
+          "cached_tokens", [](const RequestStream& s) { return s.cached_tokens; },
+          "Prompt tokens whose KV came from the prefix cache instead of a prefill.");
 
   nb::class_<BatchScheduler>(m, "Scheduler",
                              "edgellm_server's continuous batching over one Model: requests join "
                              "and leave between steps, one batched decode step per iteration.")
-      .def(nb::init<const edgellm::Model&, int, int, int>(), "model"_a, "max_batch"_a = 8,
-           "max_queue"_a = 64, "prefill_chunk"_a = 256, nb::keep_alive<1, 2>())
+      .def(nb::init<const edgellm::Model&, int, int, int, size_t>(), "model"_a, "max_batch"_a = 8,
+           "max_queue"_a = 64, "prefill_chunk"_a = 256,
+           "cache_mb"_a = edgellm::SchedulerOptions{}.cache_mb, nb::keep_alive<1, 2>(),
+           "cache_mb: the prefix cache's MiB of prompt KV reused by later requests (0 = off).")
       .def(
           "submit",
           [](BatchScheduler& b, std::vector<int32_t> prompt, int max_tokens, float temperature,
@@ -95,7 +102,8 @@ void bind_serving(nb::module_& m) {
           "(active, waiting) requests now.")
       .def(
           "metrics", [](const BatchScheduler& b) { return b.metrics.render(); },
-          "The scheduler's Prometheus text (tokens, queue, TTFT, inter-token latency).")
+          "The scheduler's Prometheus text (tokens, cached tokens, prefix cache, queue, TTFT, "
+          "inter-token latency).")
       .def(
           "shutdown",
           [](BatchScheduler& b, int drain_ms) {

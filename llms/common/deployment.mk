@@ -93,7 +93,8 @@ chat: compile fetch
 # The server takes a checkpoint path or its entry in the model store (MODEL's in deployment.json).
 serve: compile fetch
 	@$(BUILD_DIR)/edgellm_server --model '$(call descriptor_get,d["models"].get(m, m))' \
-	  --host $(HOST) --port $(PORT) --threads $(THREADS) $(EXACT_ARG)
+	  --host $(HOST) --port $(PORT) --threads $(THREADS) $(EXACT_ARG) \
+	  $(if $(CACHE_MB),--cache-mb $(CACHE_MB))
 
 verify: compile fetch
 	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --max-prompts 2 $(WEIGHTS_ARG) $(VERIFY_ARGS)

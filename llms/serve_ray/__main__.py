@@ -78,6 +78,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--queue", type=_at_least(0), default=64, help="waiting requests per replica")
     p.add_argument("--prefill-chunk", type=_at_least(1), default=256)
     p.add_argument(
+        "--cache-mb",
+        type=_at_least(0),
+        default=256,
+        help="prefix cache per replica: MiB of prompt KV reused by later requests (0 = off)",
+    )
+    p.add_argument(
         "--drain", type=float, default=10.0, help="seconds running requests get on SIGTERM"
     )
     args = p.parse_args(argv)
@@ -142,7 +148,13 @@ def build_app(args: argparse.Namespace, path: Path, threads: int) -> Any:
         **scaling,
     )
     bound = replica.bind(
-        str(path), threads, args.max_context, args.parallel, args.queue, args.prefill_chunk
+        str(path),
+        threads,
+        args.max_context,
+        args.parallel,
+        args.queue,
+        args.prefill_chunk,
+        args.cache_mb,
     )
     return OpenAIIngress.bind(bound, args.name or model_name(path))
 

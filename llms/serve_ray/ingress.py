@@ -76,9 +76,14 @@ def job_of(r: ChatRequest | CompletionRequest) -> dict[str, Any]:
     return job
 
 
-def usage(last: dict[str, Any]) -> dict[str, int]:
+def usage(last: dict[str, Any]) -> dict[str, Any]:
     p, c = last["prompt_tokens"], last["completion_tokens"]
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": last["cached_tokens"]},
+    }
 
 
 async def sse(

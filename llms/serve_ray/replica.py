@@ -40,11 +40,12 @@ class EdgeLLMReplica:
         parallel: int,
         queue: int,
         prefill_chunk: int,
+        cache_mb: int,
     ) -> None:
         eg = engine()
         self.model = eg.Model()
         self.model.setup(model_path, threads=threads, max_context=max_context)
-        self.scheduler = eg.Scheduler(self.model, parallel, queue, prefill_chunk)
+        self.scheduler = eg.Scheduler(self.model, parallel, queue, prefill_chunk, cache_mb)
         self.encode_conversation = eg.encode_conversation
         # Threads that wait on RequestStream.wait (the GIL released): one per admitted or
         # queued request, so no stream waits behind another.
@@ -117,6 +118,7 @@ class EdgeLLMReplica:
             "error": stream.error,
             "prompt_tokens": stream.prompt_tokens,
             "completion_tokens": stream.completion_tokens,
+            "cached_tokens": stream.cached_tokens,
         }
 
     async def complete(self, job: dict[str, Any]) -> dict[str, Any]:

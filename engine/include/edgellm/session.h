@@ -66,6 +66,19 @@ struct PrefillCapture {
 
 class Context;
 
+// Prefill chunks of at least this many tokens compute each row with the
+// prefill kernels, the same whatever the chunk's size and start; shorter ones
+// run the decode kernels, which round differently. A prompt prefilled in chunks
+// of at least this size, or continued after a prefix's KV was loaded
+// (Context::load_kv), gets the same KV and logits bit for bit as one prefill.
+inline constexpr int kMinPrefillChunk = 16;
+
+// The next chunk of a prompt with `left` tokens to prefill, under a budget of
+// `budget` tokens: at least kMinPrefillChunk tokens and never leaving fewer (a
+// shorter rest goes whole), so every row runs the prefill kernels; it passes
+// the budget by less than 2 x kMinPrefillChunk.
+size_t prefill_chunk_size(size_t left, size_t budget);
+
 // The immutable part, loaded once: config, tokenizer, chat template, packed
 // weights, RoPE tables and the thread pool. Any number of Contexts share one
 // Model; its forward passes run one at a time (the thread pool takes one
@@ -120,6 +133,14 @@ class Context {
 
   // Runs one token at `pos` and returns the logits for the next position.
   std::span<const float> decode_step(int32_t token, int pos);
+
+  // The KV cache of positions [start, start + n) as bytes: every layer's keys
+  // and values in the cache's element type. load_kv() writes such bytes into
+  // any Context of the same model, which then continues at start + n exactly as
+  // if it had computed those positions itself (the prefix cache's reuse).
+  size_t kv_bytes(int n) const;
+  void save_kv(int start, int n, std::span<uint8_t> out) const;
+  void load_kv(int start, int n, std::span<const uint8_t> in);
 
   std::span<const float> logits() const;  // of the last prefill/decode_step
   int position() const;                   // positions in the KV cache: next one to run

@@ -3,11 +3,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "edgellm/bf16.h"
 #include "edgellm/error.h"
+#include "kernels/avx512.h"
+#include "kernels/quant.h"
 
 namespace edgellm {
+
+// kMinPrefillChunk's promise: from that many tokens on, every kernel of a
+// prefill takes its prefill path (below, the decode ones).
+static_assert(kMinPrefillChunk == kernels::avx512::kMinPrefillTokens &&
+              kMinPrefillChunk == kernels::amx::kMinTokens &&
+              kMinPrefillChunk == kernels::amx::kMinQuantTokens);
 
 namespace {
 
@@ -125,6 +134,60 @@ KvCache Transformer::new_kv_cache() const {
 size_t Transformer::kv_cache_bytes() const {
   return 2 * kernels::kv_bytes(cfg_.kv, static_cast<size_t>(c_.num_layers) * c_.num_kv_heads *
                                             max_context_ * c_.head_dim);
+}
+
+namespace {
+
+// fn(bytes, size) for each contiguous run that positions [start, start + n)
+// occupy in `kv`: one per array, layer and KV head ([layer][kv_head][position]).
+template <typename Cache, typename Fn>
+void for_kv_runs(Cache& kv, size_t heads, size_t max_context, size_t head_dim, size_t start,
+                 size_t n, Fn&& fn) {
+  const auto runs = [&](auto& array, size_t per_position) {
+    using Byte = std::conditional_t<std::is_const_v<Cache>, const uint8_t, uint8_t>;
+    const size_t elem = sizeof(array[0]);
+    for (size_t h = 0; h < heads; ++h)
+      fn(reinterpret_cast<Byte*>(array.data() + (h * max_context + start) * per_position),
+         n * per_position * elem);
+  };
+  switch (kv.dtype) {
+    case kernels::KvDtype::bf16:
+      runs(kv.k16, head_dim);
+      runs(kv.v16, head_dim);
+      break;
+    case kernels::KvDtype::q8_0:
+      runs(kv.k8, head_dim);
+      runs(kv.v8, head_dim);
+      runs(kv.k_scale, head_dim / kernels::kKvQ8Block);
+      runs(kv.v_scale, head_dim / kernels::kKvQ8Block);
+      break;
+    default:
+      runs(kv.k, head_dim);
+      runs(kv.v, head_dim);
+  }
+}
+
+}  // namespace
+
+size_t Transformer::kv_span_bytes(size_t n) const {
+  const size_t heads = static_cast<size_t>(c_.num_layers) * c_.num_kv_heads;
+  return 2 * kernels::kv_bytes(cfg_.kv, heads * n * c_.head_dim);
+}
+
+void Transformer::save_kv(const KvCache& kv, size_t start, size_t n, uint8_t* out) const {
+  for_kv_runs(kv, static_cast<size_t>(c_.num_layers) * c_.num_kv_heads, max_context_, c_.head_dim,
+              start, n, [&](const uint8_t* run, size_t bytes) {
+                std::memcpy(out, run, bytes);
+                out += bytes;
+              });
+}
+
+void Transformer::load_kv(KvCache& kv, size_t start, size_t n, const uint8_t* in) const {
+  for_kv_runs(kv, static_cast<size_t>(c_.num_layers) * c_.num_kv_heads, max_context_, c_.head_dim,
+              start, n, [&](uint8_t* run, size_t bytes) {
+                std::memcpy(run, in, bytes);
+                in += bytes;
+              });
 }
 
 void Transformer::ensure_scratch(Scratch& s, size_t n) const {

@@ -100,6 +100,12 @@ class Transformer {
   const kernels::ExecConfig& exec_config() const { return cfg_; }
   // Bytes of one sequence's KV cache (new_kv_cache()).
   size_t kv_cache_bytes() const;
+  // Positions [start, start + n) of a cache as one flat byte string (every
+  // layer's and head's keys, values and q8_0 scales, as stored), so a computed
+  // prefix moves between sequences bit for bit (runtime/prefix_cache.cpp).
+  size_t kv_span_bytes(size_t n) const;
+  void save_kv(const KvCache& kv, size_t start, size_t n, uint8_t* out) const;
+  void load_kv(KvCache& kv, size_t start, size_t n, const uint8_t* in) const;
 
   // Runs tokens at positions [start, start + n), appends their K/V to the
   // cache and writes the last position's logits to `logits` ([vocab]).

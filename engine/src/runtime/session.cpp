@@ -163,6 +163,13 @@ std::optional<QuantSource> quant_source(const std::unique_ptr<GgufWeights>& gguf
 
 }  // namespace
 
+size_t prefill_chunk_size(size_t left, size_t budget) {
+  const size_t min = kMinPrefillChunk;
+  if (left <= std::max(budget, min) || left < 2 * min) return left;
+  const size_t n = std::max(budget, min);
+  return left - n < min ? left - min : n;
+}
+
 void Model::setup(const std::filesystem::path& model, const SessionOptions& options) {
   // A .gguf file runs inside the converted checkpoint directory that holds it.
   const bool is_gguf = model.extension() == ".gguf";
@@ -335,6 +342,44 @@ std::span<const float> Context::decode_step(int32_t token, int pos) {
                    state_->logits.data(), nullptr);
   state_->position = pos + 1;
   return state_->logits;
+}
+
+namespace {
+
+// Names the bad argument of a KV save or load; `bytes` is the buffer's size.
+void check_kv_span(const Model::State& m, int start, int n, size_t bytes, const char* what) {
+  if (start < 0 || n < 0 ||
+      static_cast<size_t>(start) + static_cast<size_t>(n) > static_cast<size_t>(m.max_context))
+    throw Error(std::string(what) + ": positions [" + std::to_string(start) + ", " +
+                std::to_string(static_cast<int64_t>(start) + n) + ") outside the context of " +
+                std::to_string(m.max_context) + " tokens");
+  const size_t need = m.model->kv_span_bytes(static_cast<size_t>(n));
+  if (bytes != need)
+    throw Error(std::string(what) + ": " + std::to_string(n) + " positions take " +
+                std::to_string(need) + " bytes, the buffer has " + std::to_string(bytes));
+}
+
+}  // namespace
+
+size_t Context::kv_bytes(int n) const {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  if (n < 0) throw Error("kv_bytes: negative position count");
+  return state_->model->model->kv_span_bytes(static_cast<size_t>(n));
+}
+
+void Context::save_kv(int start, int n, std::span<uint8_t> out) const {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  check_kv_span(*state_->model, start, n, out.size(), "save_kv");
+  state_->model->model->save_kv(state_->kv, static_cast<size_t>(start), static_cast<size_t>(n),
+                                out.data());
+}
+
+void Context::load_kv(int start, int n, std::span<const uint8_t> in) {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  check_kv_span(*state_->model, start, n, in.size(), "load_kv");
+  state_->model->model->load_kv(state_->kv, static_cast<size_t>(start), static_cast<size_t>(n),
+                                in.data());
+  state_->position = start + n;
 }
 
 std::span<const float> Context::logits() const {

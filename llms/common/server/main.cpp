@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
                  "prompt tokens prefilled between two decode steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--cache-mb", so.scheduler.cache_mb,
+                 "prefix cache: MiB of prompt KV kept for reuse by later requests (0 = off)")
+      ->check(CLI::Range(size_t{0}, size_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--max-body", so.max_body_bytes, "largest request body in bytes (413 beyond)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

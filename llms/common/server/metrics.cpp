@@ -32,6 +32,18 @@ void Metrics::add_tokens(size_t prompt, size_t generated) {
   generated_tokens_ += generated;
 }
 
+void Metrics::add_cached_tokens(size_t prompt) {
+  const std::lock_guard lock(mutex_);
+  cached_tokens_ += prompt;
+}
+
+void Metrics::set_prefix_cache(size_t blocks, size_t bytes, uint64_t evictions) {
+  const std::lock_guard lock(mutex_);
+  cache_blocks_ = blocks;
+  cache_bytes_ = bytes;
+  cache_evictions_ = evictions;
+}
+
 void Metrics::observe_ttft(double seconds) {
   const std::lock_guard lock(mutex_);
   ttft_.observe(seconds);
@@ -59,6 +71,10 @@ std::string Metrics::render() const {
   auto header = [&](const char* name, const char* type, const char* help) {
     out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
   };
+  auto value = [&](const char* name, const char* type, const char* help, auto v) {
+    header(name, type, help);
+    out << name << ' ' << v << '\n';
+  };
   auto histogram = [&](const char* name, const char* help, const Histogram& h) {
     header(name, "histogram", help);
     uint64_t cumulative = 0;
@@ -72,14 +88,19 @@ std::string Metrics::render() const {
   header("edgellm_requests_total", "counter", "HTTP responses by status code.");
   for (const auto& [status, n] : responses_)
     out << "edgellm_requests_total{code=\"" << status << "\"} " << n << '\n';
-  header("edgellm_prompt_tokens_total", "counter", "Prompt tokens prefilled.");
-  out << "edgellm_prompt_tokens_total " << prompt_tokens_ << '\n';
-  header("edgellm_generation_tokens_total", "counter", "Tokens generated.");
-  out << "edgellm_generation_tokens_total " << generated_tokens_ << '\n';
-  header("edgellm_queue_depth", "gauge", "Requests waiting for a free sequence slot.");
-  out << "edgellm_queue_depth " << waiting_ << '\n';
-  header("edgellm_active_requests", "gauge", "Requests holding a context (prefill or decode).");
-  out << "edgellm_active_requests " << active_ << '\n';
+  value("edgellm_prompt_tokens_total", "counter",
+        "Prompt tokens, prefilled or loaded from the prefix cache.", prompt_tokens_);
+  value("edgellm_prompt_tokens_cached_total", "counter",
+        "Prompt tokens whose KV was loaded from the prefix cache, not prefilled.", cached_tokens_);
+  value("edgellm_prefix_cache_blocks", "gauge", "Token blocks held by the prefix cache.",
+        cache_blocks_);
+  value("edgellm_prefix_cache_bytes", "gauge", "KV bytes held by the prefix cache.", cache_bytes_);
+  value("edgellm_prefix_cache_evictions_total", "counter",
+        "Blocks evicted from the prefix cache to stay within its budget.", cache_evictions_);
+  value("edgellm_generation_tokens_total", "counter", "Tokens generated.", generated_tokens_);
+  value("edgellm_queue_depth", "gauge", "Requests waiting for a free sequence slot.", waiting_);
+  value("edgellm_active_requests", "gauge", "Requests holding a context (prefill or decode).",
+        active_);
   histogram("edgellm_time_to_first_token_seconds", "Queue wait + prefill + first token.", ttft_);
   histogram("edgellm_inter_token_latency_seconds", "Time between two tokens of one stream.",
             token_);

@@ -14,6 +14,8 @@ class Metrics {
  public:
   void count_response(int status);
   void add_tokens(size_t prompt, size_t generated);
+  void add_cached_tokens(size_t prompt);  // prompt tokens loaded from the prefix cache
+  void set_prefix_cache(size_t blocks, size_t bytes, uint64_t evictions);
   void observe_ttft(double seconds);
   void observe_token_latency(double seconds);  // between two tokens of one stream
   void set_queue(size_t waiting, size_t active);
@@ -36,7 +38,9 @@ class Metrics {
 
   mutable std::mutex mutex_;
   std::map<int, uint64_t> responses_;  // by HTTP status
-  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0;
+  size_t cache_blocks_ = 0, cache_bytes_ = 0;
+  uint64_t cache_evictions_ = 0;
   size_t waiting_ = 0, active_ = 0;
   Histogram ttft_ = make({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
   Histogram token_ = make({0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56});

@@ -12,6 +12,8 @@ namespace {
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
+
+constexpr size_t kMinChunk = kMinPrefillChunk;
 }  // namespace
 
 bool RequestStream::wait(std::string& text, std::chrono::milliseconds timeout) {
@@ -38,6 +40,8 @@ struct Scheduler::Job {
   std::unique_ptr<Context> context;
   std::optional<Generation> gen;
   size_t prefilled = 0;
+  bool looked_up = false;     // the prefix cache was asked (at the first prefill turn)
+  PrefixCache::Chain cached;  // held from the lookup until the prompt's blocks are stored
   int32_t last_token = -1;
   int pos = 0;  // the position of the next decode step
   Clock::time_point submitted = Clock::now(), last_token_at;
@@ -50,6 +54,7 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
   check(options.max_batch >= 1, "--parallel must be >= 1");
   check(options.max_queue >= 0, "--queue must be >= 0");
   check(options.prefill_chunk >= 1, "--prefill-chunk must be >= 1");
+  if (options.cache_mb > 0) cache_ = std::make_unique<PrefixCache>(model, options.cache_mb << 20);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -146,7 +151,23 @@ void Scheduler::fail(Job& job, const std::string& message) {
   if (job.gen && !job.gen->done()) job.gen->finish(FinishReason::cancelled);
 }
 
-// Up to prefill_chunk prompt tokens between two decode steps, oldest request
+// Loads the KV of the prompt's longest cached prefix, in whole blocks, leaving
+// at least kMinChunk tokens to prefill (the last one's logits are needed).
+void Scheduler::reuse_cached_prefix(Job& job) {
+  job.looked_up = true;
+  if (!cache_) return;
+  job.cached = cache_->match(job.prompt);
+  const size_t block = cache_->block_tokens();
+  const size_t limit = job.prompt.size() > kMinChunk ? job.prompt.size() - kMinChunk : 0;
+  const size_t reuse = std::min(job.cached.tokens(), limit / block * block);
+  if (reuse == 0) return;
+  cache_->load(job.cached, reuse, *job.context);
+  job.prefilled = reuse;
+  job.stream->cached_tokens = reuse;
+  metrics_.add_cached_tokens(reuse);
+}
+
+// Up to prefill_chunk prompt tokens (prefill_chunk_size) between two decode steps, oldest request
 // first: a long prompt is cut into chunks (the streams already decoding never
 // wait for more than one chunk), while short prompts that arrive together are
 // all prefilled before the next step, so they join the batch at once instead of
@@ -161,18 +182,24 @@ void Scheduler::prefill_some() {
       publish(*job, job->gen->finish(FinishReason::cancelled));
       continue;
     }
-    const size_t n = std::min(job->prompt.size() - job->prefilled, budget);
     try {
+      if (!job->looked_up) reuse_cached_prefix(*job);
+      const size_t n = prefill_chunk_size(job->prompt.size() - job->prefilled, budget);
       const std::span<const int32_t> chunk(job->prompt.data() + job->prefilled, n);
       const std::span<const float> logits =
           job->context->prefill(chunk, static_cast<int>(job->prefilled));
       job->prefilled += n;
-      budget -= n;
+      budget -= std::min(n, budget);
       if (!job->prefilling()) {
         const Generation::Step step = job->gen->next(logits);
         metrics_.observe_ttft(seconds_since(job->submitted));
         job->pos = static_cast<int>(job->prompt.size());
         publish(*job, step);
+        if (cache_) {  // after the first token, which need not wait for the copies
+          cache_->store(job->cached, job->prompt, *job->context);
+          job->cached.release();
+          metrics_.set_prefix_cache(cache_->blocks(), cache_->bytes(), cache_->evictions());
+        }
       }
     } catch (const std::exception& e) {
       fail(*job, e.what());

@@ -8,6 +8,13 @@
 // batched decode step (decode_batch) for every request that is decoding. The
 // per-token rules (sampling, stops, max tokens, streamed text) are the engine's
 // Generation, the same as generate().
+//
+// With a prefix cache (--cache-mb), a prompt whose first blocks were already
+// computed, by any earlier request, loads their KV instead of prefilling them
+// (edgellm/prefix_cache.h); its own whole blocks are stored once its prefill
+// is done. Every prefill chunk is at least kMinPrefillChunk tokens, so each
+// prompt row is computed by the same kernels whatever the chunking or cache
+// hit: outputs are bit-identical with and without the cache.
 #pragma once
 
 #include <atomic>
@@ -22,6 +29,7 @@
 #include <vector>
 
 #include "edgellm/generate.h"
+#include "edgellm/prefix_cache.h"
 #include "edgellm/session.h"
 #include "metrics.h"
 
@@ -38,6 +46,7 @@ class RequestStream {
   FinishReason finish = FinishReason::none;
   std::string error;  // set when the engine failed the request
   size_t prompt_tokens = 0, completion_tokens = 0;
+  size_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
 
  private:
   friend class Scheduler;
@@ -54,6 +63,7 @@ struct SchedulerOptions {
   int max_batch = 8;        // sequences decoding at once (contexts allocated lazily)
   int max_queue = 64;       // waiting requests beyond that are refused (HTTP 429)
   int prefill_chunk = 256;  // prompt tokens prefilled between two decode steps
+  size_t cache_mb = 256;    // prefix cache budget in MiB of KV (0 = off)
 };
 
 class Scheduler {
@@ -75,6 +85,7 @@ class Scheduler {
   void loop();
   void admit();
   void fail(Job& job, const std::string& message);
+  void reuse_cached_prefix(Job& job);
   void prefill_some();
   void decode_all();
   void retire_finished();
@@ -83,6 +94,8 @@ class Scheduler {
   const Model& model_;
   SchedulerOptions options_;
   Metrics& metrics_;
+  // Before the jobs, which hold its blocks: destroyed after them.
+  std::unique_ptr<PrefixCache> cache_;  // scheduler thread only; null when off
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Job>> waiting_;  // guarded by mutex_

@@ -293,7 +293,8 @@ struct Api {
   static json usage(const RequestStream& s) {
     return {{"prompt_tokens", s.prompt_tokens},
             {"completion_tokens", s.completion_tokens},
-            {"total_tokens", s.prompt_tokens + s.completion_tokens}};
+            {"total_tokens", s.prompt_tokens + s.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
   }
 
   static json finish_reason(const RequestStream& s) {
