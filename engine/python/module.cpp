@@ -217,6 +217,14 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
             return t.decode(ids, skip);
           },
           "ids"_a, "skip_special_tokens"_a = false)
+      .def(
+          "decode_bytes",
+          [](const edgellm::Tokenizer& t, const std::vector<int32_t>& ids, bool skip) {
+            const std::string text = t.decode(ids, skip);
+            return nb::bytes(text.data(), text.size());
+          },
+          "ids"_a, "skip_special_tokens"_a = false,
+          "decode() as UTF-8 bytes: one token may end inside a character")
       .def("token_to_id", &edgellm::Tokenizer::token_to_id)
       .def("vocab_size", &edgellm::Tokenizer::vocab_size);
 
@@ -340,6 +348,8 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
   m.def("model_store", &edgellm::model_store, "$EDGELLM_MODELS, else <repo>/models");
   m.def("checkpoint_dir", &edgellm::checkpoint_dir, "model"_a,
         "the HF-format directory of a model path: itself, or the one holding a .gguf file");
+  m.def("model_id", &edgellm::model_id, "model"_a,
+        "the id a server gives a model path it was not told a name for");
   nb::class_<edgellm::Deployment>(m, "Deployment")
       .def_static("load", &edgellm::Deployment::load, "file"_a)
       .def_ro("name", &edgellm::Deployment::name)
@@ -374,17 +384,24 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def_rw("temperature", &edgellm::SamplerOptions::temperature, "0 = greedy")
       .def_rw("top_k", &edgellm::SamplerOptions::top_k, "0 = off")
       .def_rw("top_p", &edgellm::SamplerOptions::top_p, "1 = off")
-      .def_rw("seed", &edgellm::SamplerOptions::seed);
+      .def_rw("seed", &edgellm::SamplerOptions::seed)
+      .def_rw("min_p", &edgellm::SamplerOptions::min_p, "0 = off")
+      .def_rw("frequency_penalty", &edgellm::SamplerOptions::frequency_penalty, "0 = off")
+      .def_rw("presence_penalty", &edgellm::SamplerOptions::presence_penalty, "0 = off");
 
   nb::class_<edgellm::Sampler>(m, "Sampler",
                                "Picks the next token from logits: greedy at temperature 0, "
-                               "else temperature / top-k / top-p with a seeded generator.")
+                               "else penalties / temperature / top-k / top-p / min-p with a "
+                               "seeded generator.")
       .def(
           "__init__",
-          [](edgellm::Sampler* self, float temperature, int top_k, float top_p, uint64_t seed) {
-            new (self) edgellm::Sampler(edgellm::SamplerOptions{temperature, top_k, top_p, seed});
+          [](edgellm::Sampler* self, float temperature, int top_k, float top_p, uint64_t seed,
+             float min_p, float frequency_penalty, float presence_penalty) {
+            new (self) edgellm::Sampler(edgellm::SamplerOptions{
+                temperature, top_k, top_p, seed, min_p, frequency_penalty, presence_penalty});
           },
-          "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0)
+          "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "min_p"_a = 0.0f,
+          "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f)
       .def(
           "sample",
           [](edgellm::Sampler& s, nb::ndarray<const float, nb::ndim<1>, nb::c_contig> logits) {

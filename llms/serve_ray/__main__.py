@@ -109,8 +109,7 @@ def resolve_model(model: str) -> Path:
 def model_name(path: Path) -> str:
     from serve_ray.replica import engine
 
-    base = Path(engine().checkpoint_dir(str(path))).resolve().name
-    return base + ("-gguf" if path.suffix == ".gguf" else "")
+    return engine().model_id(str(path))  # edgellm_server's default id
 
 
 def build_app(args: argparse.Namespace, path: Path, threads: int) -> Any:

@@ -16,12 +16,15 @@ from typing import Any
 
 import ray.exceptions
 from common.server.openai_schema import (
+    DEFAULT_MIN_P,
+    DEFAULT_TEMPERATURE,
     ApiError,
     ChatRequest,
     CompletionRequest,
     ModelCard,
     ModelList,
     parse_request,
+    parse_tokenize,
 )
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -59,21 +62,29 @@ def as_api_error(e: BaseException) -> ApiError:
 
 
 def job_of(r: ChatRequest | CompletionRequest) -> dict[str, Any]:
-    """What the replica needs, as plain data (OpenAI's defaults as server.cpp applies them)."""
+    """What the replica needs, as plain data (the defaults as server.cpp applies them)."""
     job: dict[str, Any] = {
         "max_tokens": r.limit(),
-        "temperature": 1.0 if r.temperature is None else r.temperature,
+        "temperature": DEFAULT_TEMPERATURE if r.temperature is None else r.temperature,
         "top_k": r.top_k or 0,
         "top_p": 1.0 if r.top_p is None else r.top_p,
+        "min_p": DEFAULT_MIN_P if r.min_p is None else r.min_p,
+        "frequency_penalty": r.frequency_penalty or 0.0,
+        "presence_penalty": r.presence_penalty or 0.0,
         "seed": (r.seed if r.seed is not None else random.getrandbits(64)) % (1 << 64),
         "stop": r.stop_strings(),
         "stop_at_eos": not r.ignore_eos,
+        "logprobs": r.logprobs_count() if isinstance(r, ChatRequest) else -1,
     }
-    if isinstance(r, ChatRequest):
-        job["messages"] = [(m.role, m.text()) for m in r.messages]
-    else:
-        job["prompt"] = r.text()
+    job.update(prompt_of(r))
     return job
+
+
+def prompt_of(r: Any) -> dict[str, Any]:
+    """{"messages": [(role, text)]} or {"prompt": text}: what the replica encodes."""
+    if getattr(r, "messages", None) is not None:
+        return {"messages": [(m.role, m.text()) for m in r.messages]}
+    return {"prompt": r.prompt if isinstance(r.prompt, str) else r.prompt[0]}
 
 
 def usage(last: dict[str, Any]) -> dict[str, int]:
@@ -87,13 +98,19 @@ async def sse(
     """server.cpp's event stream: a role chunk (chat), text chunks, a last chunk with the
     finish_reason and usage, the usage chunk if asked, then [DONE]."""
 
-    def chunk(text: str, finish: str | None) -> dict[str, Any]:
+    pending: list[dict[str, Any]] = []  # logprobs whose text is still held back
+
+    def chunk(text: str, finish: str | None, with_logprobs: bool = False) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if chat:
             if not text and finish is None:
                 choice["delta"] = {"role": "assistant", "content": ""}
             else:
                 choice["delta"] = {"content": text} if finish is None else {}
+            choice["logprobs"] = None
+            if with_logprobs and pending:
+                choice["logprobs"] = {"content": list(pending), "refusal": None}
+                pending.clear()
         else:
             choice.update(text=text, logprobs=None)
         return {**head, "choices": [choice]}
@@ -105,13 +122,15 @@ async def sse(
         if chat:
             yield data(chunk("", None))
         async for event in events:
-            if "text" in event:
-                yield data(chunk(event["text"], None))
+            pending.extend(event.get("logprobs", ()))
+            if event.get("text"):
+                yield data(chunk(event["text"], None, with_logprobs=True))
             elif "finish_reason" in event:
                 if event["error"]:
                     yield data({"error": {"message": event["error"], "type": "server_error"}})
                 else:
-                    yield data({**chunk("", event["finish_reason"]), "usage": usage(event)})
+                    last = chunk("", event["finish_reason"], with_logprobs=True)
+                    yield data({**last, "usage": usage(event)})
                     if include_usage:
                         yield data({**head, "choices": [], "usage": usage(event)})
         yield "data: [DONE]\n\n"
@@ -180,6 +199,20 @@ class OpenAIIngress:
             return error_response(as_api_error(e))
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> Response:
+        """server.cpp's /tokenize: the prompt tokens of a chat or completion request."""
+        try:
+            r = parse_tokenize(await request.body(), self.name)
+            tokens = await self.replica.prompt_tokens.remote(prompt_of(r))
+            if self.max_context is None:
+                self.max_context = (await self.replica.info.remote())["max_context"]
+        except Exception as e:  # noqa: BLE001
+            return error_response(as_api_error(e))
+        return JSONResponse(
+            {"count": len(tokens), "max_model_len": self.max_context, "tokens": tokens}
+        )
+
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Response:
         return await self.generate(request, chat=True)
@@ -239,6 +272,9 @@ class OpenAIIngress:
         if chat:
             head["object"] = "chat.completion"
             choice["message"] = {"role": "assistant", "content": last["text"]}
+            choice["logprobs"] = (
+                {"content": last["logprobs"], "refusal": None} if r.logprobs else None
+            )
         else:
             choice.update(text=last["text"], logprobs=None)
         return JSONResponse({**head, "choices": [choice], "usage": usage(last)})
