@@ -97,47 +97,18 @@ std::string content_text(const json& content, const std::string& where) {
 // The fields each route honours. Anything else gets 400 naming it rather than
 // silence: a field we ignored could change what the client expects to get.
 // `user`, `metadata` and `store` are here because they never change the output.
-const std::set<std::string> kChatFields = {"model",
-                                           "messages",
-                                           "max_tokens",
-                                           "max_completion_tokens",
-                                           "temperature",
-                                           "top_p",
-                                           "top_k",
-                                           "min_p",
-                                           "seed",
-                                           "stop",
-                                           "ignore_eos",
-                                           "stream",
-                                           "stream_options",
-                                           "n",
-                                           "logprobs",
-                                           "top_logprobs",
-                                           "frequency_penalty",
-                                           "presence_penalty",
-                                           "user",
-                                           "metadata",
-                                           "store"};
-const std::set<std::string> kCompletionFields = {"model",
-                                                 "prompt",
-                                                 "max_tokens",
-                                                 "max_completion_tokens",
-                                                 "temperature",
-                                                 "top_p",
-                                                 "top_k",
-                                                 "min_p",
-                                                 "seed",
-                                                 "stop",
-                                                 "ignore_eos",
-                                                 "stream",
-                                                 "stream_options",
-                                                 "n",
-                                                 "logprobs",
-                                                 "frequency_penalty",
-                                                 "presence_penalty",
-                                                 "user",
-                                                 "metadata",
-                                                 "store"};
+// clang-format off
+const std::set<std::string> kGenerationFields = {
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "seed", "stop", "ignore_eos", "stream",
+    "stream_options", "n", "logprobs", "user", "metadata", "store"};
+// clang-format on
+std::set<std::string> with(std::set<std::string> fields, std::initializer_list<const char*> more) {
+  fields.insert(more.begin(), more.end());
+  return fields;
+}
+const std::set<std::string> kChatFields = with(kGenerationFields, {"messages", "top_logprobs"});
+const std::set<std::string> kCompletionFields = with(kGenerationFields, {"prompt"});
 // Unimplemented fields that clients often send with a value that asks for
 // nothing: that value is accepted, any other gets 400.
 const std::map<std::string, json> kNoOpValues = {{"tools", json::array()},
