@@ -426,6 +426,27 @@ def test_logprobs_are_consistent_with_the_greedy_pick(server: Server) -> None:
     assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in content]
 
 
+def test_completions_logprobs_have_the_legacy_shape(server: Server) -> None:
+    kw = dict(model=NAME, prompt="The capital of France is", max_tokens=6, temperature=0)
+    r = server.client.completions.create(**kw, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.tokens) == 6
+    offsets = [0]
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == logprob == max(top.values())  # greedy: the top-1, always listed
+        assert len(top) == 2 and all(v <= 0.0 for v in top.values())
+        offsets.append(offsets[-1] + len(token))
+    assert lp.text_offset == offsets[:-1]
+    parts = [
+        p.choices[0].logprobs
+        for p in server.client.completions.create(**kw, logprobs=2, stream=True)
+        if p.choices and p.choices[0].logprobs
+    ]
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
+    assert server.client.completions.create(**kw).choices[0].logprobs is None
+
+
 def test_penalties_change_the_output_as_the_engine_does(
     server: Server, engine_binding: Any, smollm2_checkpoint: Path
 ) -> None:
@@ -486,7 +507,8 @@ def test_sampling_defaults_are_temperature_07_and_min_p_005(server: Server) -> N
         ("/v1/chat/completions", {"frequency_penalty": 3}, "frequency_penalty"),
         ("/v1/chat/completions", {"min_p": -0.1}, "min_p"),
         ("/v1/completions", {"echo": True}, "echo"),
-        ("/v1/completions", {"logprobs": 2}, "logprobs"),
+        ("/v1/completions", {"logprobs": 6}, "logprobs"),
+        ("/v1/completions", {"logprobs": True}, "logprobs"),
     ],
 )
 def test_unimplemented_fields_get_400_naming_them(

@@ -74,7 +74,7 @@ def job_of(r: ChatRequest | CompletionRequest) -> dict[str, Any]:
         "seed": (r.seed if r.seed is not None else random.getrandbits(64)) % (1 << 64),
         "stop": r.stop_strings(),
         "stop_at_eos": not r.ignore_eos,
-        "logprobs": r.logprobs_count() if isinstance(r, ChatRequest) else -1,
+        "logprobs": r.logprobs_count(),
     }
     job.update(prompt_of(r))
     return job
@@ -85,6 +85,28 @@ def prompt_of(r: Any) -> dict[str, Any]:
     if getattr(r, "messages", None) is not None:
         return {"messages": [(m.role, m.text()) for m in r.messages]}
     return {"prompt": r.prompt if isinstance(r.prompt, str) else r.prompt[0]}
+
+
+def choice_logprobs(chat: bool, entries: list[dict[str, Any]], offset: list[int]) -> Any:
+    """server.cpp's choice_logprobs: chat's content list, or the legacy completions shape
+    (the sampled token always in its top_logprobs map; text_offset in characters from
+    offset[0], which it advances)."""
+    if chat:
+        return {"content": entries, "refusal": None}
+    legacy: dict[str, list[Any]] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+    for e in entries:
+        legacy["tokens"].append(e["token"])
+        legacy["token_logprobs"].append(e["logprob"])
+        top = {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+        legacy["top_logprobs"].append({**top, e["token"]: e["logprob"]})
+        legacy["text_offset"].append(offset[0])
+        offset[0] += sum(1 for b in e["bytes"] if b & 0xC0 != 0x80)  # bytes that start a char
+    return legacy
 
 
 def usage(last: dict[str, Any]) -> dict[str, int]:
@@ -99,6 +121,7 @@ async def sse(
     finish_reason and usage, the usage chunk if asked, then [DONE]."""
 
     pending: list[dict[str, Any]] = []  # logprobs whose text is still held back
+    offset = [0]  # the legacy text_offset so far
 
     def chunk(text: str, finish: str | None, with_logprobs: bool = False) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -107,12 +130,12 @@ async def sse(
                 choice["delta"] = {"role": "assistant", "content": ""}
             else:
                 choice["delta"] = {"content": text} if finish is None else {}
-            choice["logprobs"] = None
-            if with_logprobs and pending:
-                choice["logprobs"] = {"content": list(pending), "refusal": None}
-                pending.clear()
         else:
-            choice.update(text=text, logprobs=None)
+            choice["text"] = text
+        choice["logprobs"] = None
+        if with_logprobs and pending:
+            choice["logprobs"] = choice_logprobs(chat, list(pending), offset)
+            pending.clear()
         return {**head, "choices": [choice]}
 
     def data(obj: dict[str, Any]) -> str:
@@ -272,9 +295,8 @@ class OpenAIIngress:
         if chat:
             head["object"] = "chat.completion"
             choice["message"] = {"role": "assistant", "content": last["text"]}
-            choice["logprobs"] = (
-                {"content": last["logprobs"], "refusal": None} if r.logprobs else None
-            )
         else:
-            choice.update(text=last["text"], logprobs=None)
+            choice["text"] = last["text"]
+        asked = r.logprobs_count() >= 0
+        choice["logprobs"] = choice_logprobs(chat, last["logprobs"], [0]) if asked else None
         return JSONResponse({**head, "choices": [choice], "usage": usage(last)})

@@ -141,6 +141,10 @@ class ChatRequest(GenerationRequest):
 
 class CompletionRequest(GenerationRequest):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None  # legacy: alternatives per token
+
+    def logprobs_count(self) -> int:
+        return -1 if self.logprobs is None else self.logprobs
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
@@ -237,8 +241,6 @@ def _validate(cls: type[BaseModel], raw: dict[str, Any]) -> Any:
 def parse_request(body: bytes, chat: bool, model_name: str) -> ChatRequest | CompletionRequest:
     """The request of a generation route, or the ApiError edgellm_server answers it with."""
     raw = _load(body, model_name)
-    if not chat and "logprobs" in raw:
-        raise ApiError(400, "'logprobs' is implemented for /v1/chat/completions only", "logprobs")
     r = _validate(ChatRequest if chat else CompletionRequest, raw)
     if isinstance(r, ChatRequest) and r.top_logprobs is not None and not r.logprobs:
         raise ApiError(400, "'top_logprobs' requires 'logprobs': true", "top_logprobs")
@@ -330,10 +332,19 @@ class ChatCompletionChunk(_Head):
     usage: Usage | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy logprobs of /v1/completions."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class TextChoice(BaseModel):
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: Literal["stop", "length"] | None
 
 

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <ctime>
@@ -137,7 +138,7 @@ struct GenerationRequest {
   GenerateOptions options;
   bool stream = false;
   bool include_usage = false;
-  bool logprobs = false;  // chat: choices[].logprobs.content
+  bool logprobs = false;  // choices[].logprobs: chat's content list, or the legacy shape
 };
 
 // Server defaults for what the request leaves out. OpenAI's temperature 1 with
@@ -175,6 +176,39 @@ json chat_logprobs(const Tokenizer& tokenizer, const std::vector<TokenLogprobs>&
     content.push_back(std::move(entry));
   }
   return {{"content", content}, {"refusal", nullptr}};
+}
+
+// choices[].logprobs of a completion, OpenAI's legacy shape: the sampled token is
+// always in its top_logprobs map (so up to logprobs + 1 entries), and text_offset
+// counts characters from `offset` (the completion's start: there is no echo).
+json completion_logprobs(const Tokenizer& tokenizer, const std::vector<TokenLogprobs>& logprobs,
+                         size_t& offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       text_offset = json::array();
+  auto text_of = [&](int32_t id) { return tokenizer.decode(std::span<const int32_t>(&id, 1)); };
+  for (const TokenLogprobs& l : logprobs) {
+    const std::string text = text_of(l.chosen.token);
+    tokens.push_back(text);
+    token_logprobs.push_back(l.chosen.logprob);
+    json alternatives = json::object();
+    for (const TokenLogprob& t : l.top) alternatives[text_of(t.token)] = t.logprob;
+    alternatives[text] = l.chosen.logprob;
+    top.push_back(std::move(alternatives));
+    text_offset.push_back(offset);
+    // Characters: the bytes that start one (a token may hold part of a character).
+    offset += static_cast<size_t>(
+        std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", text_offset}};
+}
+
+json choice_logprobs(const Tokenizer& tokenizer, bool chat,
+                     const std::vector<TokenLogprobs>& logprobs, size_t& offset) {
+  return chat ? chat_logprobs(tokenizer, logprobs)
+              : completion_logprobs(tokenizer, logprobs, offset);
 }
 
 // Token text may end inside a character (byte-level BPE): invalid UTF-8 becomes U+FFFD.
@@ -330,8 +364,11 @@ struct Api {
         o.logprobs = v->get<int>();
       }
       if (r.logprobs && o.logprobs < 0) o.logprobs = 0;
-    } else if (optional_field(body, "logprobs")) {
-      bad("logprobs", "'logprobs' is implemented for /v1/chat/completions only");
+    } else if (const json* v = optional_field(body, "logprobs")) {  // legacy: how many alternatives
+      if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > 5)
+        bad("logprobs", "'logprobs' must be an integer in [0, 5]");
+      o.logprobs = v->get<int>();
+      r.logprobs = true;
     }
     if (const json* v = optional_field(body, "stop")) {
       if (v->is_string()) {
@@ -428,12 +465,13 @@ struct Api {
     if (!stream->error.empty()) throw ApiError{500, stream->error, "", ""};
     if (stream->finish == FinishReason::cancelled) throw kShutdown;
     json choice = {{"index", 0}, {"finish_reason", finish_reason(*stream)}};
-    if (chat) {
+    if (chat)
       choice["message"] = {{"role", "assistant"}, {"content", text}};
-      choice["logprobs"] = logprobs ? chat_logprobs(model.tokenizer(), lp) : json(nullptr);
-    } else {
-      choice.update({{"text", text}, {"logprobs", nullptr}});
-    }
+    else
+      choice["text"] = text;
+    size_t offset = 0;
+    choice["logprobs"] =
+        logprobs ? choice_logprobs(model.tokenizer(), chat, lp, offset) : json(nullptr);
     out["choices"] = json::array({choice});
     out["usage"] = usage(*stream);
     res.set_content(dump(out), "application/json");
@@ -445,24 +483,24 @@ struct Api {
   void stream_response(httplib::Response& res, std::shared_ptr<RequestStream> stream, json head,
                        bool chat, bool include_usage, bool logprobs) const {
     const Tokenizer* tokenizer = &model.tokenizer();
-    // `lp`: the logprobs of the tokens behind `text` (chat with logprobs), moved out when sent.
-    auto chunk = [head, chat, logprobs, tokenizer](const std::string& text, const json& finish,
-                                                   std::vector<TokenLogprobs>* lp = nullptr) {
+    auto offset = std::make_shared<size_t>(0);  // legacy text_offset so far
+    // `lp`: the logprobs of the tokens behind `text` (when asked for), moved out when sent.
+    auto chunk = [head, chat, logprobs, tokenizer, offset](
+                     const std::string& text, const json& finish,
+                     std::vector<TokenLogprobs>* lp = nullptr) {
       json c = head;
       json choice = {{"index", 0}, {"finish_reason", finish}};
-      if (chat) {
+      if (chat)
         choice["delta"] = text.empty() && finish.is_null()
                               ? json{{"role", "assistant"}, {"content", ""}}
                           : finish.is_null() ? json{{"content", text}}
                                              : json::object();
-        if (logprobs && lp && !lp->empty()) {
-          choice["logprobs"] = chat_logprobs(*tokenizer, *lp);
-          lp->clear();
-        } else {
-          choice["logprobs"] = nullptr;
-        }
-      } else {
-        choice.update({{"text", text}, {"logprobs", nullptr}});
+      else
+        choice["text"] = text;
+      choice["logprobs"] = nullptr;
+      if (logprobs && lp && !lp->empty()) {
+        choice["logprobs"] = choice_logprobs(*tokenizer, chat, *lp, *offset);
+        lp->clear();
       }
       c["choices"] = json::array({choice});
       return "data: " + dump(c) + "\n\n";
