@@ -509,15 +509,20 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "generate",
       [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
-         std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos) {
+         std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, float min_p,
+         float frequency_penalty, float presence_penalty) {
         edgellm::GenerateOptions o =
             generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
                              std::move(stop_tokens), stop_at_eos);
+        o.sampling.min_p = min_p;
+        o.sampling.frequency_penalty = frequency_penalty;
+        o.sampling.presence_penalty = presence_penalty;
         return TextStream(context, std::move(prompt), o, start_pos);
       },
       "context"_a, "prompt"_a, "max_tokens"_a = 100, "temperature"_a = 0.0f, "top_k"_a = 0,
       "top_p"_a = 1.0f, "seed"_a = 0, "stop"_a = std::vector<std::string>{},
       "stop_tokens"_a = std::vector<int32_t>{}, "stop_at_eos"_a = true, "start_pos"_a = 0,
+      "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
       nb::keep_alive<0, 1>(),
       "Streams the text generated after `prompt` (token ids) in `context`: prefill, then one "
       "decode step per iteration, until EOS / a stop token or string / max_tokens / the end of "
