@@ -139,12 +139,15 @@ std::vector<float> odd_logits(size_t n, uint32_t salt) {
   return logits;
 }
 
-void expect_same_candidates(const std::vector<std::pair<int32_t, double>>& got,
-                            const std::vector<std::pair<int32_t, double>>& want) {
+// The same tokens with the same probabilities (candidates() walks them in its own order).
+void expect_same_candidates(std::vector<std::pair<int32_t, double>> got,
+                            std::vector<std::pair<int32_t, double>> want) {
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].first, want[i].first) << "rank " << i;
-    EXPECT_NEAR(got[i].second, want[i].second, 1e-9) << "rank " << i;
+    EXPECT_EQ(got[i].first, want[i].first) << "entry " << i;
+    EXPECT_NEAR(got[i].second, want[i].second, 1e-9) << "token " << got[i].first;
   }
 }
 
@@ -158,7 +161,10 @@ TEST(Sampler, CandidatesEqualTheReferenceOnOddShapes) {
       {.temperature = 0.5f, .top_k = 40, .top_p = 0.95f, .min_p = 0.1f},
       {.temperature = 1.0f, .min_p = 0.3f, .frequency_penalty = 0.8f, .presence_penalty = 0.5f},
       {.temperature = 0.0f, .frequency_penalty = 1.5f, .presence_penalty = -0.3f},
-      {.temperature = 0.9f, .frequency_penalty = -0.5f}};
+      {.temperature = 0.9f, .frequency_penalty = -0.5f},
+      {.temperature = 0.3f, .top_p = 0.9999f},
+      {.temperature = 30.0f, .top_p = 0.5f, .min_p = 0.9f},  // flat: p reached far down
+      {.temperature = 0.2f, .top_k = 1}};
   for (size_t n : {1u, 2u, 7u, 33u, 1000u}) {
     for (size_t k = 0; k < settings.size(); ++k) {
       SCOPED_TRACE("vocab " + std::to_string(n) + ", setting " + std::to_string(k));
@@ -172,6 +178,18 @@ TEST(Sampler, CandidatesEqualTheReferenceOnOddShapes) {
       }
     }
   }
+}
+
+TEST(Sampler, TopPReachesIntoALongTail) {
+  // One likely id and 2000 at 5e-5 of its weight each (9% of the mass together):
+  // top-p 0.99 must keep the likely one and most of the tail, in that order.
+  std::vector<float> logits(2001, std::log(5e-5f));
+  logits[1234] = 0.0f;
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] -= 1e-7f * static_cast<float>(i);
+  const SamplerOptions o{.temperature = 1.0f, .top_p = 0.99f};
+  const auto got = Sampler(o).candidates(logits);
+  EXPECT_GT(got.size(), 1000u);
+  expect_same_candidates(got, reference_candidates(logits, o, {}));
 }
 
 TEST(Sampler, MinPKeepsTokensAtLeastThatFractionOfTheTop) {

@@ -212,8 +212,9 @@ class Sampler {
   explicit Sampler(const SamplerOptions& options);
   // Picks the next token; it counts for the penalties from then on.
   int32_t sample(std::span<const float> logits);
-  // What sample() would draw from now: the kept tokens, most likely first,
-  // with their probabilities (summing to 1). Greedy: the one argmax token.
+  // What sample() would draw from now: the kept tokens with their
+  // probabilities (summing to 1), in the order sample() walks them (most likely
+  // first under top-k or top-p, else by id). Greedy: the one argmax token.
   std::vector<std::pair<int32_t, double>> candidates(std::span<const float> logits);
 
  private:
@@ -221,7 +222,8 @@ class Sampler {
 
   SamplerOptions options_;
   uint64_t state_;
-  std::vector<int32_t> order_;
+  std::vector<int32_t> order_;               // the support: top-k ids or all
+  std::vector<double> weight_;               // their unnormalised probabilities
   std::vector<float> adjusted_;              // the logits after the penalties
   std::unordered_map<int32_t, int> counts_;  // picked token -> times
 };
