@@ -218,13 +218,12 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           },
           "ids"_a, "skip_special_tokens"_a = false)
       .def(
-          "decode_bytes",
-          [](const edgellm::Tokenizer& t, const std::vector<int32_t>& ids, bool skip) {
-            const std::string text = t.decode(ids, skip);
-            return nb::bytes(text.data(), text.size());
+          "token_bytes",
+          [](const edgellm::Tokenizer& t, int32_t id) {
+            const std::string bytes = t.token_bytes(id);
+            return nb::bytes(bytes.data(), bytes.size());
           },
-          "ids"_a, "skip_special_tokens"_a = false,
-          "decode() as UTF-8 bytes: one token may end inside a character")
+          "id"_a, "one token's raw bytes: part of a character stays as it is (decode: U+FFFD)")
       .def("token_to_id", &edgellm::Tokenizer::token_to_id)
       .def("vocab_size", &edgellm::Tokenizer::vocab_size);
 

@@ -116,9 +116,14 @@ class EdgeLLMReplica:
         return stream
 
     def logprob_entry(self, token: int, logprob: float) -> dict[str, Any]:
-        """server.cpp's logprob_entry: the token's text, logprob and UTF-8 bytes."""
-        raw = self.model.tokenizer.decode_bytes([token])
-        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+        """server.cpp's logprob_entry: the token's text (U+FFFD for part of a character),
+        logprob, and raw bytes."""
+        tokenizer = self.model.tokenizer
+        return {
+            "token": tokenizer.decode([token]),
+            "logprob": logprob,
+            "bytes": list(tokenizer.token_bytes(token)),
+        }
 
     def logprobs(self, records: list[Any]) -> list[dict[str, Any]]:
         """choices[].logprobs.content entries of the stream's (token, logprob, top) records."""

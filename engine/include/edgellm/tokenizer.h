@@ -39,6 +39,11 @@ class Tokenizer {
   // Equal to HF `tokenizer.decode(ids, skip_special_tokens=...)`.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
+  // One token's text as raw bytes: decode({id}) except that a token holding
+  // part of a UTF-8 character keeps those bytes (decode gives U+FFFD). The
+  // `bytes` of OpenAI's logprobs.
+  std::string token_bytes(int32_t id) const;
+
   int32_t token_to_id(std::string_view token) const;  // -1 when absent
   // One past the largest id of the vocabulary and the added tokens: the
   // number of embedding rows the tokenizer can address.

@@ -157,12 +157,15 @@ float number_in(const json& v, const char* name, double lo, double hi, bool lo_o
   return v.get<float>();
 }
 
-// The OpenAI shape of one token's log-probability: token text, logprob, UTF-8 bytes.
+// The OpenAI shape of one token's log-probability: its text (HF's decode([id]):
+// U+FFFD for part of a character), logprob, and raw bytes (the part itself).
 json logprob_entry(const Tokenizer& tokenizer, const TokenLogprob& t) {
-  const std::string text = tokenizer.decode(std::span<const int32_t>(&t.token, 1));
   json bytes = json::array();
-  for (const char c : text) bytes.push_back(static_cast<unsigned char>(c));
-  return {{"token", text}, {"logprob", t.logprob}, {"bytes", bytes}};
+  for (const char c : tokenizer.token_bytes(t.token))
+    bytes.push_back(static_cast<unsigned char>(c));
+  return {{"token", tokenizer.decode(std::span<const int32_t>(&t.token, 1))},
+          {"logprob", t.logprob},
+          {"bytes", bytes}};
 }
 
 // choices[].logprobs of a chat reply, for the tokens in `logprobs`.
@@ -196,8 +199,9 @@ json completion_logprobs(const Tokenizer& tokenizer, const std::vector<TokenLogp
     top.push_back(std::move(alternatives));
     text_offset.push_back(offset);
     // Characters: the bytes that start one (a token may hold part of a character).
+    const std::string bytes = tokenizer.token_bytes(l.chosen.token);
     offset += static_cast<size_t>(
-        std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+        std::count_if(bytes.begin(), bytes.end(), [](char c) { return (c & 0xC0) != 0x80; }));
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_logprobs},
