@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.set_version_flag("--version", "edgellm_server " EDGELLM_VERSION);
   app.add_option("--name", so.model_name,
-                 "model id clients send (default: the directory name; see model_id())");
+                 "model id clients send (default: the checkpoint directory's name; for a "
+                 "model.gguf, that name + -gguf)");
   app.add_option("--host", so.host, "address to listen on")->capture_default_str();
   app.add_option("--port", so.port, "port")->check(CLI::Range(1, 65535))->capture_default_str();
   app.add_option("--threads", threads, "engine threads (0 = all cores)")
