@@ -30,7 +30,7 @@ def model(engine_binding: Any, smollm2_checkpoint: Path) -> Any:
 def drain(stream: Any) -> str:
     data, done = b"", False
     while not done:
-        piece, done = stream.wait(1000)
+        piece, done, _ = stream.wait(1000)
         data += piece
     return data.decode()
 

@@ -63,6 +63,24 @@ def test_greedy_chat_is_the_engines_generate(edgellm: Any, llm: Any) -> None:
     assert reply.usage.total_tokens == len(prompt) + len(stream.tokens)
 
 
+def test_generate_takes_the_penalties_and_min_p(edgellm: Any, llm: Any) -> None:
+    """The sampler's penalties and min-p reach generate(): greedy output changes with a
+    penalty, the same way each time; min_p 1 at a hot temperature keeps only the argmax."""
+    m = llm.model
+    prompt = edgellm.encode_conversation(
+        m.tokenizer, m.chat_template, [("user", "Write the word 'yes' ten times.")]
+    )
+
+    def run(**kw: Any) -> str:
+        return "".join(edgellm.generate(edgellm.Context(m), prompt, max_tokens=16, **kw))
+
+    greedy = run()
+    assert run(presence_penalty=2.0) != greedy
+    assert run(presence_penalty=2.0) == run(presence_penalty=2.0)
+    assert run(frequency_penalty=1.5) != greedy
+    assert run(temperature=1.5, min_p=1.0, seed=5) == greedy
+
+
 def test_stream_concatenates_to_the_reply(llm: Any) -> None:
     messages = [
         {"role": "system", "content": "You are terse."},

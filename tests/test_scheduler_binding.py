@@ -26,7 +26,7 @@ def ids(binding: Any, model: Any, text: str) -> list[int]:
 def drain(stream: Any) -> str:
     data, done = b"", False
     while not done:
-        piece, done = stream.wait(1000)
+        piece, done, _ = stream.wait(1000)
         data += piece
     return data.decode()
 

@@ -217,6 +217,13 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
             return t.decode(ids, skip);
           },
           "ids"_a, "skip_special_tokens"_a = false)
+      .def(
+          "token_bytes",
+          [](const edgellm::Tokenizer& t, int32_t id) {
+            const std::string bytes = t.token_bytes(id);
+            return nb::bytes(bytes.data(), bytes.size());
+          },
+          "id"_a, "one token's raw bytes: part of a character stays as it is (decode: U+FFFD)")
       .def("token_to_id", &edgellm::Tokenizer::token_to_id)
       .def("vocab_size", &edgellm::Tokenizer::vocab_size);
 
@@ -340,6 +347,8 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
   m.def("model_store", &edgellm::model_store, "$EDGELLM_MODELS, else <repo>/models");
   m.def("checkpoint_dir", &edgellm::checkpoint_dir, "model"_a,
         "the HF-format directory of a model path: itself, or the one holding a .gguf file");
+  m.def("model_id", &edgellm::model_id, "model"_a,
+        "the id a server gives a model path it was not told a name for");
   nb::class_<edgellm::Deployment>(m, "Deployment")
       .def_static("load", &edgellm::Deployment::load, "file"_a)
       .def_ro("name", &edgellm::Deployment::name)
@@ -374,17 +383,24 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def_rw("temperature", &edgellm::SamplerOptions::temperature, "0 = greedy")
       .def_rw("top_k", &edgellm::SamplerOptions::top_k, "0 = off")
       .def_rw("top_p", &edgellm::SamplerOptions::top_p, "1 = off")
-      .def_rw("seed", &edgellm::SamplerOptions::seed);
+      .def_rw("seed", &edgellm::SamplerOptions::seed)
+      .def_rw("min_p", &edgellm::SamplerOptions::min_p, "0 = off")
+      .def_rw("frequency_penalty", &edgellm::SamplerOptions::frequency_penalty, "0 = off")
+      .def_rw("presence_penalty", &edgellm::SamplerOptions::presence_penalty, "0 = off");
 
   nb::class_<edgellm::Sampler>(m, "Sampler",
                                "Picks the next token from logits: greedy at temperature 0, "
-                               "else temperature / top-k / top-p with a seeded generator.")
+                               "else penalties / temperature / top-k / top-p / min-p with a "
+                               "seeded generator.")
       .def(
           "__init__",
-          [](edgellm::Sampler* self, float temperature, int top_k, float top_p, uint64_t seed) {
-            new (self) edgellm::Sampler(edgellm::SamplerOptions{temperature, top_k, top_p, seed});
+          [](edgellm::Sampler* self, float temperature, int top_k, float top_p, uint64_t seed,
+             float min_p, float frequency_penalty, float presence_penalty) {
+            new (self) edgellm::Sampler(edgellm::SamplerOptions{
+                temperature, top_k, top_p, seed, min_p, frequency_penalty, presence_penalty});
           },
-          "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0)
+          "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "min_p"_a = 0.0f,
+          "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f)
       .def(
           "sample",
           [](edgellm::Sampler& s, nb::ndarray<const float, nb::ndim<1>, nb::c_contig> logits) {
@@ -492,15 +508,20 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "generate",
       [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
-         std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos) {
+         std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, float min_p,
+         float frequency_penalty, float presence_penalty) {
         edgellm::GenerateOptions o =
             generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
                              std::move(stop_tokens), stop_at_eos);
+        o.sampling.min_p = min_p;
+        o.sampling.frequency_penalty = frequency_penalty;
+        o.sampling.presence_penalty = presence_penalty;
         return TextStream(context, std::move(prompt), o, start_pos);
       },
       "context"_a, "prompt"_a, "max_tokens"_a = 100, "temperature"_a = 0.0f, "top_k"_a = 0,
       "top_p"_a = 1.0f, "seed"_a = 0, "stop"_a = std::vector<std::string>{},
       "stop_tokens"_a = std::vector<int32_t>{}, "stop_at_eos"_a = true, "start_pos"_a = 0,
+      "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
       nb::keep_alive<0, 1>(),
       "Streams the text generated after `prompt` (token ids) in `context`: prefill, then one "
       "decode step per iteration, until EOS / a stop token or string / max_tokens / the end of "

@@ -3,6 +3,7 @@
 // same C++ loop as edgellm_server instead of re-implementing it in Python.
 #include "serving.h"
 
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -50,15 +51,25 @@ void bind_serving(nb::module_& m) {
           [](RequestStream& s, int timeout_ms) {
             std::string text;
             bool done;
+            std::vector<edgellm::TokenLogprobs> lp;
             {
               nb::gil_scoped_release release;
-              done = s.wait(text, std::chrono::milliseconds(timeout_ms));
+              done = s.wait(text, std::chrono::milliseconds(timeout_ms), &lp);
             }
-            return std::make_tuple(nb::bytes(text.data(), text.size()), done);
+            // (token, logprob, [(token, logprob), ...]) per new output token.
+            std::vector<std::tuple<int32_t, float, std::vector<std::pair<int32_t, float>>>> out;
+            for (const edgellm::TokenLogprobs& l : lp) {
+              std::vector<std::pair<int32_t, float>> top;
+              for (const edgellm::TokenLogprob& t : l.top) top.emplace_back(t.token, t.logprob);
+              out.emplace_back(l.chosen.token, l.chosen.logprob, std::move(top));
+            }
+            return std::make_tuple(nb::bytes(text.data(), text.size()), done, std::move(out));
           },
           "timeout_ms"_a,
-          "Waits up to timeout_ms for news: (new text as UTF-8 bytes, finished). Bytes, because "
-          "a piece may end inside a character.")
+          "Waits up to timeout_ms for news: (new text as UTF-8 bytes, finished, logprobs). Bytes, "
+          "because a piece may end inside a character. logprobs (submitted with logprobs >= 0): "
+          "(token, logprob, [(token, logprob), ...]) of each new output token, which may come "
+          "before its text.")
       .def("cancel", &RequestStream::cancel, "Stops the request before its next token.")
       .def_prop_ro(
           "finish_reason",
@@ -80,17 +91,21 @@ void bind_serving(nb::module_& m) {
       .def(
           "submit",
           [](BatchScheduler& b, std::vector<int32_t> prompt, int max_tokens, float temperature,
-             int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
-             bool stop_at_eos) {
+             int top_k, float top_p, uint64_t seed, std::vector<std::string> stop, bool stop_at_eos,
+             float min_p, float frequency_penalty, float presence_penalty, int logprobs) {
             edgellm::GenerateOptions o;
             o.max_tokens = max_tokens;
-            o.sampling = {temperature, top_k, top_p, seed};
+            o.sampling = {temperature,       top_k,           top_p, seed, min_p,
+                          frequency_penalty, presence_penalty};
             o.stop_strings = std::move(stop);
             o.stop_at_eos = stop_at_eos;
+            o.logprobs = logprobs;
             return b.scheduler->submit(std::move(prompt), std::move(o));
           },
           "prompt"_a, "max_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
           "seed"_a = 0, "stop"_a = std::vector<std::string>{}, "stop_at_eos"_a = true,
+          "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
+          "logprobs"_a = -1,
           "Queues a request; None when the queue is full or the scheduler is stopping.")
       .def_prop_ro("stopping", [](const BatchScheduler& b) { return b.scheduler->stopping(); })
       .def(

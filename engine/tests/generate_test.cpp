@@ -1,6 +1,7 @@
 // Generation's per-token rules on a 5-token vocabulary, driven by hand-made
 // logits (greedy): stop strings across token boundaries are held back and
-// cut, EOS and stop tokens end without output, max_tokens and cancel finish.
+// cut, EOS and stop tokens end without output (nor logprobs), max_tokens and
+// cancel finish.
 // Then generate() / Generator on a tiny random model: the same tokens as a
 // hand-written prefill + decode_step loop, the per-sample hook, decoding past
 // a stop (--ignore-eos), the callback's stop, the end of the context.
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <vector>
 
 #include "edgellm/error.h"
@@ -48,8 +50,10 @@ std::vector<float> pick(int32_t token) {
 // Runs the tokens through a Generation; returns each step's text ("|"-joined).
 std::string steps(Generation& g, const std::vector<int32_t>& tokens) {
   std::string out;
-  for (size_t i = 0; i < tokens.size() && !g.done(); ++i)
-    out += (i ? "|" : "") + g.next(pick(tokens[i])).text;
+  for (size_t i = 0; i < tokens.size() && !g.done(); ++i) {
+    if (i) out += "|";
+    out += g.next(pick(tokens[i])).text;
+  }
   return out;
 }
 
@@ -93,6 +97,28 @@ TEST(Generation, EosAndStopTokensEndWithoutOutput) {
   EXPECT_EQ(stop.tokens(), std::vector<int32_t>{4});
 }
 
+TEST(Generation, LogprobsComeWithOutputTokensOnly) {
+  const Tokenizer tok = tiny_tokenizer();
+  const ModelConfig cfg = tiny_config();
+  GenerateOptions o;
+  o.logprobs = 2;
+  Generation g(tok, cfg, o);
+  const Generation::Step a = g.next(pick(1));
+  ASSERT_TRUE(a.logprobs.has_value());
+  EXPECT_EQ(a.logprobs->chosen.token, 1);
+  // softmax of {0, 1, 0, 0, 0}: e / (e + 4) for the chosen one.
+  EXPECT_NEAR(a.logprobs->chosen.logprob, 1.0 - std::log(std::exp(1.0) + 4.0), 1e-6);
+  ASSERT_EQ(a.logprobs->top.size(), 2u);
+  EXPECT_EQ(a.logprobs->top[0].token, 1);
+  EXPECT_FLOAT_EQ(a.logprobs->top[0].logprob, a.logprobs->chosen.logprob);
+  const Generation::Step eos = g.next(pick(4));  // a stop token: not output, no logprobs
+  EXPECT_TRUE(eos.done);
+  EXPECT_FALSE(eos.logprobs.has_value());
+
+  Generation off(tok, cfg, {});  // logprobs = -1: none
+  EXPECT_FALSE(off.next(pick(0)).logprobs.has_value());
+}
+
 TEST(Generation, CancelAndFinishFlushTheHeldText) {
   const Tokenizer tok = tiny_tokenizer();
   const ModelConfig cfg = tiny_config();
@@ -108,7 +134,9 @@ TEST(Generation, CancelAndFinishFlushTheHeldText) {
   EXPECT_EQ(s.text, "a");
   EXPECT_EQ(g.finish_reason(), FinishReason::cancelled);
   EXPECT_THROW(g.next(pick(0)), Error);
-  EXPECT_THROW(Generation(tok, cfg, GenerateOptions{.max_tokens = 0}), Error);
+  GenerateOptions none;
+  none.max_tokens = 0;
+  EXPECT_THROW(Generation(tok, cfg, none), Error);
 }
 
 // ---- generate() over a real Context -------------------------------------------
@@ -117,7 +145,10 @@ TEST(Generation, CancelAndFinishFlushTheHeldText) {
 Session tiny_session(int max_context = 64) {
   const testing::TinyModel m = testing::write_tiny_session_model(R"(, "vocab_size": 26)");
   Session s;
-  s.setup(m.dir, {.threads = 2, .max_context = max_context});
+  SessionOptions o;
+  o.threads = 2;
+  o.max_context = max_context;
+  s.setup(m.dir, o);
   return s;
 }
 

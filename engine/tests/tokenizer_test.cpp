@@ -115,6 +115,18 @@ TEST(TokenizerTest, UnigramWithByteFallback) {
   EXPECT_EQ(t.decode(Ids{8}), "\xEF\xBF\xBD");
 }
 
+TEST(TokenizerTest, TokenBytesKeepPartsOfACharacter) {
+  // Byte-level BPE and byte fallback: "é" is two tokens; each one's decode is
+  // U+FFFD, its raw bytes are its half of the character.
+  const Tokenizer bpe = Tokenizer::load(model_dir(kBpeJson));
+  EXPECT_EQ(bpe.token_bytes(8), "\xC3");
+  EXPECT_EQ(bpe.token_bytes(9), "\xA9");
+  EXPECT_EQ(bpe.token_bytes(15), bpe.decode(Ids{15}));  // a whole token: its decode
+  const Tokenizer uni = Tokenizer::load(model_dir(kUnigramJson));
+  EXPECT_EQ(uni.token_bytes(8) + uni.token_bytes(9), "\xC3\xA9");
+  EXPECT_EQ(uni.token_bytes(6), " ab");
+}
+
 TEST(TokenizerTest, HostileInputDoesNotCrash) {
   const Tokenizer t = Tokenizer::load(model_dir(kBpeJson));
   // Invalid UTF-8 is read as U+FFFD per bad byte, as Python's errors="replace" does.

@@ -53,7 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="smollm2-135m-instruct",
         help="checkpoint directory (or .gguf), or its name in the model store",
     )
-    p.add_argument("--name", help="model id clients send (default: the directory name)")
+    p.add_argument(
+        "--name", help="model id clients send (default: the checkpoint's name, as edgellm_server)"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_at_least(1), default=8080)
     p.add_argument("--address", help="an existing Ray cluster (default: start a local one)")
@@ -115,8 +117,7 @@ def resolve_model(model: str) -> Path:
 def model_name(path: Path) -> str:
     from serve_ray.replica import engine
 
-    base = Path(engine().checkpoint_dir(str(path))).resolve().name
-    return base + ("-gguf" if path.suffix == ".gguf" else "")
+    return engine().model_id(str(path))  # edgellm_server's default id
 
 
 def build_app(args: argparse.Namespace, path: Path, threads: int) -> Any:

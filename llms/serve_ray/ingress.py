@@ -16,12 +16,15 @@ from typing import Any
 
 import ray.exceptions
 from common.server.openai_schema import (
+    DEFAULT_MIN_P,
+    DEFAULT_TEMPERATURE,
     ApiError,
     ChatRequest,
     CompletionRequest,
     ModelCard,
     ModelList,
     parse_request,
+    parse_tokenize,
 )
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -59,21 +62,51 @@ def as_api_error(e: BaseException) -> ApiError:
 
 
 def job_of(r: ChatRequest | CompletionRequest) -> dict[str, Any]:
-    """What the replica needs, as plain data (OpenAI's defaults as server.cpp applies them)."""
+    """What the replica needs, as plain data (the defaults as server.cpp applies them)."""
     job: dict[str, Any] = {
         "max_tokens": r.limit(),
-        "temperature": 1.0 if r.temperature is None else r.temperature,
+        "temperature": DEFAULT_TEMPERATURE if r.temperature is None else r.temperature,
         "top_k": r.top_k or 0,
         "top_p": 1.0 if r.top_p is None else r.top_p,
+        "min_p": DEFAULT_MIN_P if r.min_p is None else r.min_p,
+        "frequency_penalty": r.frequency_penalty or 0.0,
+        "presence_penalty": r.presence_penalty or 0.0,
         "seed": (r.seed if r.seed is not None else random.getrandbits(64)) % (1 << 64),
         "stop": r.stop_strings(),
         "stop_at_eos": not r.ignore_eos,
+        "logprobs": r.logprobs_count(),
     }
-    if isinstance(r, ChatRequest):
-        job["messages"] = [(m.role, m.text()) for m in r.messages]
-    else:
-        job["prompt"] = r.text()
+    job.update(prompt_of(r))
     return job
+
+
+def prompt_of(r: Any) -> dict[str, Any]:
+    """{"messages": [(role, text)]} or {"prompt": text}: what the replica encodes."""
+    if getattr(r, "messages", None) is not None:
+        return {"messages": [(m.role, m.text()) for m in r.messages]}
+    return {"prompt": r.prompt if isinstance(r.prompt, str) else r.prompt[0]}
+
+
+def choice_logprobs(chat: bool, entries: list[dict[str, Any]], offset: list[int]) -> Any:
+    """server.cpp's choice_logprobs: chat's content list, or the legacy completions shape
+    (the sampled token always in its top_logprobs map; text_offset in characters from
+    offset[0], which it advances)."""
+    if chat:
+        return {"content": entries, "refusal": None}
+    legacy: dict[str, list[Any]] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+    for e in entries:
+        legacy["tokens"].append(e["token"])
+        legacy["token_logprobs"].append(e["logprob"])
+        top = {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+        legacy["top_logprobs"].append({**top, e["token"]: e["logprob"]})
+        legacy["text_offset"].append(offset[0])
+        offset[0] += sum(1 for b in e["bytes"] if b & 0xC0 != 0x80)  # bytes that start a char
+    return legacy
 
 
 def usage(last: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +125,10 @@ async def sse(
     """server.cpp's event stream: a role chunk (chat), text chunks, a last chunk with the
     finish_reason and usage, the usage chunk if asked, then [DONE]."""
 
-    def chunk(text: str, finish: str | None) -> dict[str, Any]:
+    pending: list[dict[str, Any]] = []  # logprobs whose text is still held back
+    offset = [0]  # the legacy text_offset so far
+
+    def chunk(text: str, finish: str | None, with_logprobs: bool = False) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if chat:
             if not text and finish is None:
@@ -100,7 +136,11 @@ async def sse(
             else:
                 choice["delta"] = {"content": text} if finish is None else {}
         else:
-            choice.update(text=text, logprobs=None)
+            choice["text"] = text
+        choice["logprobs"] = None
+        if with_logprobs and pending:
+            choice["logprobs"] = choice_logprobs(chat, list(pending), offset)
+            pending.clear()
         return {**head, "choices": [choice]}
 
     def data(obj: dict[str, Any]) -> str:
@@ -110,13 +150,15 @@ async def sse(
         if chat:
             yield data(chunk("", None))
         async for event in events:
-            if "text" in event:
-                yield data(chunk(event["text"], None))
+            pending.extend(event.get("logprobs", ()))
+            if event.get("text"):
+                yield data(chunk(event["text"], None, with_logprobs=True))
             elif "finish_reason" in event:
                 if event["error"]:
                     yield data({"error": {"message": event["error"], "type": "server_error"}})
                 else:
-                    yield data({**chunk("", event["finish_reason"]), "usage": usage(event)})
+                    last = chunk("", event["finish_reason"], with_logprobs=True)
+                    yield data({**last, "usage": usage(event)})
                     if include_usage:
                         yield data({**head, "choices": [], "usage": usage(event)})
         yield "data: [DONE]\n\n"
@@ -185,6 +227,20 @@ class OpenAIIngress:
             return error_response(as_api_error(e))
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> Response:
+        """server.cpp's /tokenize: the prompt tokens of a chat or completion request."""
+        try:
+            r = parse_tokenize(await request.body(), self.name)
+            tokens = await self.replica.prompt_tokens.remote(prompt_of(r))
+            if self.max_context is None:
+                self.max_context = (await self.replica.info.remote())["max_context"]
+        except Exception as e:  # noqa: BLE001
+            return error_response(as_api_error(e))
+        return JSONResponse(
+            {"count": len(tokens), "max_model_len": self.max_context, "tokens": tokens}
+        )
+
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Response:
         return await self.generate(request, chat=True)
@@ -245,5 +301,7 @@ class OpenAIIngress:
             head["object"] = "chat.completion"
             choice["message"] = {"role": "assistant", "content": last["text"]}
         else:
-            choice.update(text=last["text"], logprobs=None)
+            choice["text"] = last["text"]
+        asked = r.logprobs_count() >= 0
+        choice["logprobs"] = choice_logprobs(chat, last["logprobs"], [0]) if asked else None
         return JSONResponse({**head, "choices": [choice], "usage": usage(last)})

@@ -61,6 +61,7 @@ class EdgeLLMReplica:
         return self.scheduler.metrics()
 
     def prompt_tokens(self, job: dict[str, Any]) -> list[int]:
+        """The engine's encode_conversation (as server.cpp) or the prompt's encode."""
         if "messages" in job:
             if not self.model.chat_template.available():
                 raise ApiError(
@@ -104,12 +105,36 @@ class EdgeLLMReplica:
             seed=job["seed"],
             stop=job["stop"],
             stop_at_eos=job["stop_at_eos"],
+            min_p=job["min_p"],
+            frequency_penalty=job["frequency_penalty"],
+            presence_penalty=job["presence_penalty"],
+            logprobs=job["logprobs"],
         )
         if stream is None:
             if self.scheduler.stopping:
                 raise ApiError(503, "the server is shutting down")
             raise ApiError(429, "the request queue is full; retry later", None, "queue_full")
         return stream
+
+    def logprob_entry(self, token: int, logprob: float) -> dict[str, Any]:
+        """server.cpp's logprob_entry: the token's text (U+FFFD for part of a character),
+        logprob, and raw bytes."""
+        tokenizer = self.model.tokenizer
+        return {
+            "token": tokenizer.decode([token]),
+            "logprob": logprob,
+            "bytes": list(tokenizer.token_bytes(token)),
+        }
+
+    def logprobs(self, records: list[Any]) -> list[dict[str, Any]]:
+        """choices[].logprobs.content entries of the stream's (token, logprob, top) records."""
+        return [
+            {
+                **self.logprob_entry(token, logprob),
+                "top_logprobs": [self.logprob_entry(t, lp) for t, lp in top],
+            }
+            for token, logprob, top in records
+        ]
 
     @staticmethod
     def outcome(stream: Any) -> dict[str, Any]:
@@ -125,15 +150,17 @@ class EdgeLLMReplica:
         """A whole completion in one call: {"text"} and the outcome (one Ray round trip)."""
         stream = self.submit(job)
         loop = asyncio.get_running_loop()
-        data, done = b"", False
+        data, done, records = b"", False, []
         try:
             while not done:
-                piece, done = await loop.run_in_executor(self.waiters, stream.wait, 1000)
+                piece, done, lp = await loop.run_in_executor(self.waiters, stream.wait, 1000)
                 data += piece
+                records += lp
         except BaseException:  # cancelled (the client went away): free the slot
             stream.cancel()
             raise
-        return {"text": data.decode("utf-8", "replace"), **self.outcome(stream)}
+        text = data.decode("utf-8", "replace")
+        return {"text": text, "logprobs": self.logprobs(records), **self.outcome(stream)}
 
     async def generate(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Events: {"prompt_tokens"} once admitted, {"text"} pieces, then the outcome."""
@@ -144,10 +171,10 @@ class EdgeLLMReplica:
         try:
             done = False
             while not done:
-                data, done = await loop.run_in_executor(self.waiters, stream.wait, 1000)
+                data, done, lp = await loop.run_in_executor(self.waiters, stream.wait, 1000)
                 text = utf8.decode(data, final=done)
-                if text:
-                    yield {"text": text}
+                if text or lp:
+                    yield {"text": text, "logprobs": self.logprobs(lp)}
         except BaseException:  # the client went away (Ray cancels this generator): free the slot
             stream.cancel()
             raise

@@ -50,4 +50,10 @@ std::filesystem::path model_store();
 // file (the converter writes the dequantized checkpoint beside the GGUF).
 std::filesystem::path checkpoint_dir(const std::filesystem::path& model);
 
+// The id a server gives a model path that was not named (clients send it as
+// "model"): a directory's name; a .gguf file's stem, or for the generic
+// "model.gguf" its checkpoint's name + "-gguf", skipping a folder called "gguf"
+// (models/smollm2-135m-instruct/gguf/model.gguf -> smollm2-135m-instruct-gguf).
+std::string model_id(const std::filesystem::path& model);
+
 }  // namespace edgellm

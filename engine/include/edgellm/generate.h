@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,8 +36,16 @@ struct GenerateOptions {
   // and unseen ones included), before the stop rules: the verify gate's
   // per-step records.
   std::function<void(std::span<const float> logits, int32_t token)> on_sample;
+  // >= 0: each output token's Step carries its log-probability and this many
+  // most likely alternatives (OpenAI's logprobs / top_logprobs); -1 = off.
+  int logprobs = -1;
   // Diagnosis: the prefill's per-layer outputs (Generator only).
   PrefillCapture* capture = nullptr;
+};
+
+struct TokenLogprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;  // most likely first
 };
 
 enum class FinishReason { none, stop, length, cancelled };
@@ -51,6 +60,9 @@ class Generation {
     int32_t token = -1;  // the sampled id (-1 when cancelled); not in tokens() when it stopped
     std::string text;    // text that became final: nothing that could still start a stop string
     bool done = false;
+    // With options.logprobs >= 0, for a token of the output (not a stop token):
+    // its log-probability and the options.logprobs most likely tokens.
+    std::optional<TokenLogprobs> logprobs;
   };
   // Samples the token that follows `logits` and applies the stop rules.
   Step next(std::span<const float> logits);

@@ -8,6 +8,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "edgellm/config.h"
@@ -207,24 +209,56 @@ class Session {
   Context context_;
 };
 
-// Picks the next token from logits: greedy when temperature == 0, otherwise
-// temperature / top-k / top-p sampling with a seeded generator.
+// Picks the next token from logits. The order is llama.cpp's and vLLM's:
+// penalties on the raw logits, then greedy when temperature == 0, otherwise
+// top-k, softmax at the temperature, top-p, min-p, and a draw with a seeded
+// generator (splitmix64: the same seed gives the same tokens on any machine).
 struct SamplerOptions {
   float temperature = 0.0f;
   int top_k = 0;       // 0 = off
   float top_p = 1.0f;  // 1 = off
   uint64_t seed = 0;
+  // Drops the tokens whose probability (after temperature) is below min_p
+  // times the most likely one's; 0 = off.
+  float min_p = 0.0f;
+  // OpenAI's penalties, on the tokens this sampler picked before (the output
+  // so far, not the prompt, as vLLM): logit -= frequency_penalty * count +
+  // presence_penalty * (count > 0). 0 = off; negative values favour repeats.
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
 };
 
 class Sampler {
  public:
   explicit Sampler(const SamplerOptions& options);
+  // Picks the next token; it counts for the penalties from then on.
   int32_t sample(std::span<const float> logits);
+  // What sample() would draw from now: the kept tokens with their
+  // probabilities (summing to 1), in the order sample() walks them (most likely
+  // first under top-k or top-p, else by id). Greedy: the one argmax token.
+  std::vector<std::pair<int32_t, double>> candidates(std::span<const float> logits);
 
  private:
+  std::span<const float> penalized(std::span<const float> logits);
+
   SamplerOptions options_;
   uint64_t state_;
-  std::vector<int32_t> order_;
+  std::vector<int32_t> order_;               // the support: top-k ids or all
+  std::vector<double> weight_;               // their unnormalised probabilities
+  std::vector<float> adjusted_;              // the logits after the penalties
+  std::unordered_map<int32_t, int> counts_;  // picked token -> times
 };
+
+// One token's log-probability under the model's own distribution: the
+// log-softmax of the raw logits, before penalties and temperature (vLLM's and
+// OpenAI's `logprobs`).
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+};
+// The `n` most likely tokens with their log-probabilities, most likely first.
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, size_t n);
+// The log-probability of `token`.
+float token_logprob(std::span<const float> logits, int32_t token);
 
 }  // namespace edgellm

@@ -39,6 +39,11 @@ class Tokenizer {
   // Equal to HF `tokenizer.decode(ids, skip_special_tokens=...)`.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
+  // One token's text as raw bytes: decode({id}) except that a token holding
+  // part of a UTF-8 character keeps those bytes (decode gives U+FFFD). The
+  // `bytes` of OpenAI's logprobs.
+  std::string token_bytes(int32_t id) const;
+
   int32_t token_to_id(std::string_view token) const;  // -1 when absent
   // One past the largest id of the vocabulary and the added tokens: the
   // number of embedding rows the tokenizer can address.
@@ -74,7 +79,7 @@ class StreamDecoder {
 };
 
 struct ChatMessage {
-  std::string role;  // "system" | "user" | "assistant"
+  std::string role;  // "system" | "user" | "assistant" | "tool"
   std::string content;
 };
 
@@ -102,6 +107,10 @@ class ChatTemplate {
   std::string source_;              // where the template came from, for error messages
   bool system_supported_ = true;    // Gemma 2 templates reject a system message
   bool check_alternation_ = false;  // Gemma: roles must alternate user/model
+  // The template names "tool": it lays tool messages out its own way (Qwen's
+  // <tool_response>, Llama 3.1's ipython), which we do not reproduce. One that
+  // never names it renders a tool message like any other role, as we do.
+  bool own_tool_layout_ = false;
   // Llama 3.1+: the system header's preamble lines.
   std::string knowledge_line_;  // "Cutting Knowledge Date: December 2023\n"
   std::string date_prefix_;     // "Today Date: "

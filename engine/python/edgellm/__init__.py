@@ -39,6 +39,7 @@ from ._core import (
     decode_batch,
     encode_conversation,
     generate,
+    model_id,
     model_store,
 )
 from .llm import LLM, load
@@ -62,5 +63,6 @@ __all__ = [
     "encode_conversation",
     "generate",
     "load",
+    "model_id",
     "model_store",
 ]

@@ -114,6 +114,16 @@ std::filesystem::path checkpoint_dir(const std::filesystem::path& model) {
   return model.extension() == ".gguf" ? model.parent_path() : model;
 }
 
+std::string model_id(const std::filesystem::path& model) {
+  std::filesystem::path path = std::filesystem::weakly_canonical(std::filesystem::absolute(model));
+  if (path.filename().empty()) path = path.parent_path();  // "dir/"
+  if (path.extension() != ".gguf") return path.filename().string();
+  if (path.stem() != "model") return path.stem().string();
+  std::filesystem::path dir = path.parent_path();
+  if (dir.filename() == "gguf") dir = dir.parent_path();
+  return dir.filename().string() + "-gguf";
+}
+
 namespace {
 
 // A checkpoint directory, or a .gguf file inside one (run quantized).

@@ -47,6 +47,10 @@ Generation::Step Generation::next(std::span<const float> logits) {
     s.token = token;
     return s;
   }
+  std::optional<TokenLogprobs> logprobs;
+  if (options_.logprobs >= 0)
+    logprobs = TokenLogprobs{{token, token_logprob(logits, token)},
+                             top_logprobs(logits, static_cast<size_t>(options_.logprobs))};
   tokens_.push_back(token);
   pending_ += stream_.push(token);
   // The earliest stop string in the held-back text ends the generation there.
@@ -55,14 +59,13 @@ Generation::Step Generation::next(std::span<const float> logits) {
   if (cut != std::string::npos) {
     pending_.resize(cut);
     finish_ = FinishReason::stop;
-    return emit(token, /*flush=*/true);
-  }
-  if (static_cast<int>(tokens_.size()) >= options_.max_tokens) {
+  } else if (static_cast<int>(tokens_.size()) >= options_.max_tokens) {
     pending_ += stream_.flush();
     finish_ = FinishReason::length;
-    return emit(token, /*flush=*/true);
   }
-  return emit(token, /*flush=*/false);
+  Step s = emit(token, /*flush=*/done());
+  s.logprobs = std::move(logprobs);
+  return s;
 }
 
 Generation::Step Generation::finish(FinishReason reason) {

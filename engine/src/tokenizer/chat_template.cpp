@@ -158,6 +158,7 @@ ChatTemplate ChatTemplate::load(const std::filesystem::path& model_dir) {
                         ? b->get<std::string>()
                         : tok::string_field(*b, "content", tok::at_key(where, "bos_token"));
   }
+  ct.own_tool_layout_ = tmpl.find("tool") != std::string::npos;
   if (tmpl.find("<|im_start|>") != std::string::npos) {
     ct.style_ = Style::chatml;
     ct.name_ = "chatml";
@@ -189,6 +190,12 @@ ChatTemplate ChatTemplate::load(const std::filesystem::path& model_dir) {
 
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt,
                                  std::vector<TextSpan>* content_spans) const {
+  if (own_tool_layout_)
+    for (const ChatMessage& m : messages)
+      if (m.role == "tool")
+        throw Error(source_ +
+                    ": this chat template lays out 'tool' messages in its own way, which "
+                    "edgellm does not reproduce");
   std::string out;
   auto content = [&](const std::string& text) {
     if (content_spans) content_spans->push_back({out.size(), out.size() + text.size()});

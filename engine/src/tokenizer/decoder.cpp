@@ -12,8 +12,8 @@ class SequenceDecoder final : public Decoder {
  public:
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps)
       : steps_(std::move(steps)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
-    for (const auto& s : steps_) s->decode_chain(tokens);
+  void decode_chain(std::vector<std::string>& tokens, bool keep_bytes) const override {
+    for (const auto& s : steps_) s->decode_chain(tokens, keep_bytes);
   }
 
  private:
@@ -26,7 +26,7 @@ class SequenceDecoder final : public Decoder {
 // across tokens survives.
 class ByteLevelDecoder final : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, bool keep_bytes) const override {
     std::string bytes;
     std::string token_bytes;
     for (const std::string& t : tokens) {
@@ -42,7 +42,7 @@ class ByteLevelDecoder final : public Decoder {
       }
       bytes += all_mapped ? token_bytes : t;
     }
-    tokens.assign(1, utf8_lossy(bytes));
+    tokens.assign(1, keep_bytes ? bytes : utf8_lossy(bytes));
   }
 };
 
@@ -50,7 +50,7 @@ class ReplaceDecoder final : public Decoder {
  public:
   ReplaceDecoder(Regex regex, std::string content)
       : regex_(std::move(regex)), content_(std::move(content)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, bool /*keep_bytes*/) const override {
     std::vector<std::pair<size_t, size_t>> matches;
     for (std::string& t : tokens) {
       matches.clear();
@@ -77,13 +77,13 @@ class ReplaceDecoder final : public Decoder {
 // one U+FFFD per byte (HF ByteFallback).
 class ByteFallbackDecoder final : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, bool keep_bytes) const override {
     std::vector<std::string> out;
     out.reserve(tokens.size());
     std::string pending;
     auto flush = [&] {
       if (pending.empty()) return;
-      if (is_valid_utf8(pending)) {
+      if (keep_bytes || is_valid_utf8(pending)) {
         out.push_back(pending);
       } else {
         for (size_t i = 0; i < pending.size(); ++i) out.emplace_back(kReplacementChar);
@@ -119,7 +119,7 @@ class ByteFallbackDecoder final : public Decoder {
 
 class FuseDecoder final : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, bool /*keep_bytes*/) const override {
     std::string joined;
     for (const std::string& t : tokens) joined += t;
     tokens.assign(1, std::move(joined));
@@ -132,7 +132,7 @@ class StripDecoder final : public Decoder {
  public:
   StripDecoder(uint32_t content, size_t start, size_t stop)
       : content_(content), start_(start), stop_(stop) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, bool /*keep_bytes*/) const override {
     for (std::string& t : tokens) {
       std::vector<size_t> offsets;  // byte offset of each character, plus the end
       std::vector<uint32_t> chars;
@@ -167,7 +167,7 @@ class MetaspaceDecoder final : public Decoder {
  public:
   MetaspaceDecoder(uint32_t replacement, bool prepends)
       : replacement_(replacement), prepends_(prepends) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, bool /*keep_bytes*/) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string out;
       const std::string& t = tokens[i];

@@ -14,7 +14,9 @@ namespace edgellm::tok {
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // keep_bytes: bytes that are not valid UTF-8 stay as they are (one token's
+  // part of a character) instead of HF's U+FFFD.
+  virtual void decode_chain(std::vector<std::string>& tokens, bool keep_bytes) const = 0;
 };
 
 // nullptr for a null decoder (HF then joins the tokens with spaces).

@@ -185,7 +185,8 @@ const std::string* Tokenizer::Impl::id_to_token(int32_t id) const {
   return model->id_to_token(id);
 }
 
-std::string Tokenizer::Impl::decode_raw(std::span<const int32_t> ids, bool skip_special) const {
+std::string Tokenizer::Impl::decode_raw(std::span<const int32_t> ids, bool skip_special,
+                                        bool keep_bytes) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
@@ -199,10 +200,14 @@ std::string Tokenizer::Impl::decode_raw(std::span<const int32_t> ids, bool skip_
     for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
     return out;
   }
-  decoder->decode_chain(tokens);
+  decoder->decode_chain(tokens, keep_bytes);
   std::string out;
   for (const std::string& t : tokens) out += t;
   return out;
+}
+
+std::string Tokenizer::token_bytes(int32_t id) const {
+  return impl_->decode_raw(std::span<const int32_t>(&id, 1), false, /*keep_bytes=*/true);
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {

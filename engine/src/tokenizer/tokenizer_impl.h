@@ -32,7 +32,8 @@ struct Tokenizer::Impl {
   // The token string HF's decoder sees for `id`, or nullptr for unknown ids.
   const std::string* id_to_token(int32_t id) const;
   // tokenizers' Tokenizer::decode, without transformers' clean-up.
-  std::string decode_raw(std::span<const int32_t> ids, bool skip_special) const;
+  std::string decode_raw(std::span<const int32_t> ids, bool skip_special,
+                         bool keep_bytes = false) const;
 };
 
 }  // namespace edgellm

@@ -25,7 +25,10 @@ int main(int argc, char** argv) {
   CLI::App app{"edgellm_server: OpenAI-compatible HTTP server with continuous batching"};
   app.add_option("--model", model, "checkpoint directory, or its name in the model store")
       ->capture_default_str();
-  app.add_option("--name", so.model_name, "model id clients send (default: the directory name)");
+  app.set_version_flag("--version", "edgellm_server " EDGELLM_VERSION);
+  app.add_option("--name", so.model_name,
+                 "model id clients send (default: the checkpoint directory's name; for a "
+                 "model.gguf, that name + -gguf)");
   app.add_option("--host", so.host, "address to listen on")->capture_default_str();
   app.add_option("--port", so.port, "port")->check(CLI::Range(1, 65535))->capture_default_str();
   app.add_option("--threads", threads, "engine threads (0 = all cores)")
@@ -69,6 +72,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "error: %s (see --help)\n", e.what());
     return 2;
@@ -91,9 +96,7 @@ int main(int argc, char** argv) {
     if (!is_model(dir))
       throw Error(model + ": no such checkpoint directory or .gguf file (nor in the model store " +
                   model_store().string() + ")");
-    if (so.model_name.empty())
-      so.model_name = std::filesystem::absolute(checkpoint_dir(dir)).filename().string() +
-                      (dir.extension() == ".gguf" ? "-gguf" : "");
+    if (so.model_name.empty()) so.model_name = model_id(dir);
     Model m;
     SessionOptions mo;
     mo.threads = threads;

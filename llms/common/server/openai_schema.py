@@ -14,7 +14,23 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_BODY_BYTES = 1 << 20  # larger bodies get 413, as edgellm_server's --max-body
-ROLES = ("system", "user", "assistant", "developer")  # developer is read as system
+ROLES = ("system", "user", "assistant", "developer", "tool")  # developer is read as system
+# Sampling where the request leaves it out (server.cpp's kDefaultTemperature, kDefaultMinP):
+# OpenAI's temperature 1 with no cut-off makes small models ramble into noise words.
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_MIN_P = 0.05
+# Unimplemented fields that clients often send with a value that asks for nothing: that value
+# is accepted, any other gets 400 (server.cpp's kNoOpValues).
+NO_OP_VALUES: dict[str, Any] = {
+    "tools": [],
+    "tool_choice": "none",
+    "logit_bias": {},
+    "echo": False,
+    "best_of": 1,
+    "suffix": "",
+    "parallel_tool_calls": False,
+    "response_format": {"type": "text"},
+}
 
 
 class ApiError(Exception):
@@ -50,7 +66,9 @@ def error_type(status: int) -> str:
 
 # --- requests --------------------------------------------------------------------------------
 
-_STRICT = ConfigDict(strict=True, extra="allow")
+# Every field a route honours is declared; any other gets 400 naming it (server.cpp's
+# check_fields): a field we ignored could change what the client expects to get.
+_STRICT = ConfigDict(strict=True, extra="forbid")
 
 
 class TextPart(BaseModel):
@@ -63,6 +81,8 @@ class Message(BaseModel):
     model_config = _STRICT
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: str | list[TextPart]
+    name: str | None = None  # no template we render uses it
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -88,12 +108,19 @@ class GenerationRequest(BaseModel):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=0, le=1 << 30)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     seed: int | None = None
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None
     ignore_eos: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = None
+    # Accepted, never change the output.
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -104,10 +131,20 @@ class GenerationRequest(BaseModel):
 
 class ChatRequest(GenerationRequest):
     messages: Annotated[list[Message], Field(min_length=1)]
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    def logprobs_count(self) -> int:
+        """GenerateOptions::logprobs: -1 off, else the alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else -1
 
 
 class CompletionRequest(GenerationRequest):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None  # legacy: alternatives per token
+
+    def logprobs_count(self) -> int:
+        return -1 if self.logprobs is None else self.logprobs
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
@@ -122,8 +159,17 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     return str(loc[0])
 
 
-def parse_request(body: bytes, chat: bool, model_name: str) -> ChatRequest | CompletionRequest:
-    """The request of a generation route, or the ApiError edgellm_server answers it with."""
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's): the prompt tokens of a chat or completion request."""
+
+    model_config = _STRICT
+    model: str
+    messages: Annotated[list[Message], Field(min_length=1)] | None = None
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | None = None
+
+
+def _load(body: bytes, model_name: str) -> dict[str, Any]:
+    """The body as a dict, null fields and no-op values dropped, its model checked."""
     if len(body) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes")
     import json
@@ -134,7 +180,12 @@ def parse_request(body: bytes, chat: bool, model_name: str) -> ChatRequest | Com
         raise ApiError(400, "the request body is not valid JSON") from None
     if not isinstance(raw, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    raw = {k: v for k, v in raw.items() if v is not None}  # null means absent, as in server.cpp
+    # Null means absent, as in server.cpp; so does a no-op value of an unimplemented field.
+    raw = {
+        k: v
+        for k, v in raw.items()
+        if v is not None and not (k in NO_OP_VALUES and _same_json(v, NO_OP_VALUES[k]))
+    }
     model = raw.get("model")
     if model is None:
         raise ApiError(400, "missing required field 'model'", "model")
@@ -147,21 +198,61 @@ def parse_request(body: bytes, chat: bool, model_name: str) -> ChatRequest | Com
             "model",
             "model_not_found",
         )
+    return raw
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON equality as nlohmann's: 1 == 1.0, but True is no number."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    """A message as server.cpp reads it: null fields absent, developer as system."""
+    m = {k: v for k, v in m.items() if v is not None}
+    if m.get("role") == "developer":
+        m["role"] = "system"
+    return m
+
+
+def _validate(cls: type[BaseModel], raw: dict[str, Any]) -> Any:
+    """cls from the body, or the ApiError server.cpp answers the first problem with."""
+    import json
+
     if isinstance(raw.get("messages"), list):
-        raw["messages"] = [
-            {**m, "role": "system" if m.get("role") == "developer" else m.get("role")}
-            if isinstance(m, dict)
-            else m
-            for m in raw["messages"]
-        ]
+        raw["messages"] = [_message(m) if isinstance(m, dict) else m for m in raw["messages"]]
     try:
-        return (ChatRequest if chat else CompletionRequest).model_validate_json(json.dumps(raw))
+        return cls.model_validate_json(json.dumps(raw))
     except ValidationError as e:
-        first = e.errors()[0]
+        # Unknown fields first, as server.cpp checks them before the values.
+        errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")
+        first = errors[0]
         param = _param(tuple(first["loc"]))
         if first["type"] == "missing":
             raise ApiError(400, f"missing required field '{param}'", param) from None
+        if first["type"] == "extra_forbidden":
+            raise ApiError(
+                400, f"unsupported field '{param}': this server does not implement it", param
+            ) from None
         raise ApiError(400, f"'{param}': {first['msg']}", param) from None
+
+
+def parse_request(body: bytes, chat: bool, model_name: str) -> ChatRequest | CompletionRequest:
+    """The request of a generation route, or the ApiError edgellm_server answers it with."""
+    raw = _load(body, model_name)
+    r = _validate(ChatRequest if chat else CompletionRequest, raw)
+    if isinstance(r, ChatRequest) and r.top_logprobs is not None and not r.logprobs:
+        raise ApiError(400, "'top_logprobs' requires 'logprobs': true", "top_logprobs")
+    return r
+
+
+def parse_tokenize(body: bytes, model_name: str) -> TokenizeRequest:
+    """POST /tokenize's request (a chat's messages or a completion's prompt)."""
+    r = _validate(TokenizeRequest, _load(body, model_name))
+    if r.messages is None and r.prompt is None:
+        raise ApiError(400, "missing required field 'prompt'", "prompt")
+    return r
 
 
 # --- replies ---------------------------------------------------------------------------------
@@ -194,9 +285,25 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: Literal["stop", "length"]
 
 
@@ -220,6 +327,7 @@ class Delta(BaseModel):
 class ChunkChoice(BaseModel):
     index: int
     delta: Delta
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None
 
 
@@ -229,10 +337,19 @@ class ChatCompletionChunk(_Head):
     usage: Usage | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy logprobs of /v1/completions."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class TextChoice(BaseModel):
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: Literal["stop", "length"] | None
 
 
@@ -255,6 +372,12 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"]
     data: Annotated[list[ModelCard], Field(min_length=1)]
+
+
+class Tokenized(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
 
 
 class Health(BaseModel):

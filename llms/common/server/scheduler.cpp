@@ -16,18 +16,23 @@ double seconds_since(Clock::time_point t) {
 constexpr size_t kMinChunk = kMinPrefillChunk;
 }  // namespace
 
-bool RequestStream::wait(std::string& text, std::chrono::milliseconds timeout) {
+bool RequestStream::wait(std::string& text, std::chrono::milliseconds timeout,
+                         std::vector<TokenLogprobs>* logprobs) {
   std::unique_lock lock(mutex_);
-  cv_.wait_for(lock, timeout, [&] { return !text_.empty() || done_; });
+  cv_.wait_for(lock, timeout, [&] { return !text_.empty() || !logprobs_.empty() || done_; });
   text += text_;
   text_.clear();
+  if (logprobs) logprobs->insert(logprobs->end(), logprobs_.begin(), logprobs_.end());
+  logprobs_.clear();
   return done_;
 }
 
-void RequestStream::push(const std::string& text, bool done) {
+void RequestStream::push(const std::string& text, bool done,
+                         const std::optional<TokenLogprobs>& logprobs) {
   {
     const std::lock_guard lock(mutex_);
     text_ += text;
+    if (logprobs) logprobs_.push_back(*logprobs);
     done_ = done_ || done;
   }
   cv_.notify_all();
@@ -147,7 +152,7 @@ void Scheduler::admit() {
 void Scheduler::fail(Job& job, const std::string& message) {
   job.stream->error = message;
   job.stream->finish = FinishReason::cancelled;
-  job.stream->push("", true);
+  job.stream->push("", true, std::nullopt);
   if (job.gen && !job.gen->done()) job.gen->finish(FinishReason::cancelled);
 }
 
@@ -253,7 +258,8 @@ void Scheduler::publish(Job& job, const Generation::Step& step) {
     job.stream->completion_tokens = job.gen->tokens().size();
     metrics_.add_tokens(job.prefilled, job.gen->tokens().size());
   }
-  if (!step.text.empty() || step.done) job.stream->push(step.text, step.done);
+  if (!step.text.empty() || step.done || step.logprobs)
+    job.stream->push(step.text, step.done, step.logprobs);
 }
 
 void Scheduler::retire_finished() {

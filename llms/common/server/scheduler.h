@@ -40,7 +40,10 @@ class RequestStream {
  public:
   // Waits up to `timeout` for news; moves new text into `text`. Returns true
   // once the request is finished (then finish/error/usage are final).
-  bool wait(std::string& text, std::chrono::milliseconds timeout);
+  // With GenerateOptions::logprobs >= 0, `logprobs` (when given) receives those
+  // of the new tokens; they may come before their text (held back for a stop string).
+  bool wait(std::string& text, std::chrono::milliseconds timeout,
+            std::vector<TokenLogprobs>* logprobs = nullptr);
   void cancel() { cancelled_.store(true); }
 
   FinishReason finish = FinishReason::none;
@@ -50,11 +53,12 @@ class RequestStream {
 
  private:
   friend class Scheduler;
-  void push(const std::string& text, bool done);
+  void push(const std::string& text, bool done, const std::optional<TokenLogprobs>& logprobs);
 
   std::mutex mutex_;
   std::condition_variable cv_;
   std::string text_;
+  std::vector<TokenLogprobs> logprobs_;
   bool done_ = false;
   std::atomic<bool> cancelled_{false};
 };

@@ -2,14 +2,16 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <ctime>
+#include <map>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
-#include "chat_prompt.h"
 #include "connections.h"
 #include "edgellm/error.h"
 #include "metrics.h"
@@ -93,13 +95,130 @@ std::string content_text(const json& content, const std::string& where) {
   return text;
 }
 
+// The fields each route honours. Anything else gets 400 naming it rather than
+// silence: a field we ignored could change what the client expects to get.
+// `user`, `metadata` and `store` are here because they never change the output.
+// clang-format off
+const std::set<std::string> kGenerationFields = {
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "seed", "stop", "ignore_eos", "stream",
+    "stream_options", "n", "logprobs", "user", "metadata", "store"};
+// clang-format on
+std::set<std::string> with(std::set<std::string> fields, std::initializer_list<const char*> more) {
+  fields.insert(more.begin(), more.end());
+  return fields;
+}
+const std::set<std::string> kChatFields = with(kGenerationFields, {"messages", "top_logprobs"});
+const std::set<std::string> kCompletionFields = with(kGenerationFields, {"prompt"});
+// Unimplemented fields that clients often send with a value that asks for
+// nothing: that value is accepted, any other gets 400.
+const std::map<std::string, json> kNoOpValues = {{"tools", json::array()},
+                                                 {"tool_choice", "none"},
+                                                 {"logit_bias", json::object()},
+                                                 {"echo", false},
+                                                 {"best_of", 1},
+                                                 {"suffix", ""},
+                                                 {"parallel_tool_calls", false},
+                                                 {"response_format", {{"type", "text"}}}};
+const std::set<std::string> kMessageFields = {"role", "content", "name", "tool_call_id"};
+
+// Refuses a field outside `known` unless it holds its no-op value (null is absent).
+void check_fields(const json& body, const std::set<std::string>& known) {
+  for (const auto& [name, value] : body.items()) {
+    if (value.is_null() || known.contains(name)) continue;
+    const auto noop = kNoOpValues.find(name);
+    if (noop != kNoOpValues.end() && noop->second == value) continue;
+    bad(name, "unsupported field '" + name + "': this server does not implement it");
+  }
+}
+
 // What every generation request shares, parsed and checked.
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   GenerateOptions options;
   bool stream = false;
   bool include_usage = false;
+  bool logprobs = false;  // choices[].logprobs: chat's content list, or the legacy shape
 };
+
+// Server defaults for what the request leaves out. OpenAI's temperature 1 with
+// no cut-off makes small models ramble into noise words; 0.7 with min-p 0.05
+// keeps them on topic while still varied (README: "Sampling defaults").
+constexpr float kDefaultTemperature = 0.7f;
+constexpr float kDefaultMinP = 0.05f;
+
+// A number field in [lo, hi] (`lo_open`: lo itself excluded), or 400.
+float number_in(const json& v, const char* name, double lo, double hi, bool lo_open = false) {
+  if (!v.is_number() || v.get<double>() < lo || (lo_open && v.get<double>() == lo) ||
+      v.get<double>() > hi)
+    bad(name, std::string("'") + name + "' must be a number in " + (lo_open ? "(" : "[") +
+                  std::to_string(static_cast<int>(lo)) + ", " +
+                  std::to_string(static_cast<int>(hi)) + "]");
+  return v.get<float>();
+}
+
+// The OpenAI shape of one token's log-probability: its text (HF's decode([id]):
+// U+FFFD for part of a character), logprob, and raw bytes (the part itself).
+json logprob_entry(const Tokenizer& tokenizer, const TokenLogprob& t) {
+  json bytes = json::array();
+  for (const char c : tokenizer.token_bytes(t.token))
+    bytes.push_back(static_cast<unsigned char>(c));
+  return {{"token", tokenizer.decode(std::span<const int32_t>(&t.token, 1))},
+          {"logprob", t.logprob},
+          {"bytes", bytes}};
+}
+
+// choices[].logprobs of a chat reply, for the tokens in `logprobs`.
+json chat_logprobs(const Tokenizer& tokenizer, const std::vector<TokenLogprobs>& logprobs) {
+  json content = json::array();
+  for (const TokenLogprobs& l : logprobs) {
+    json entry = logprob_entry(tokenizer, l.chosen);
+    entry["top_logprobs"] = json::array();
+    for (const TokenLogprob& t : l.top)
+      entry["top_logprobs"].push_back(logprob_entry(tokenizer, t));
+    content.push_back(std::move(entry));
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+// choices[].logprobs of a completion, OpenAI's legacy shape: the sampled token is
+// always in its top_logprobs map (so up to logprobs + 1 entries), and text_offset
+// counts characters from `offset` (the completion's start: there is no echo).
+json completion_logprobs(const Tokenizer& tokenizer, const std::vector<TokenLogprobs>& logprobs,
+                         size_t& offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       text_offset = json::array();
+  auto text_of = [&](int32_t id) { return tokenizer.decode(std::span<const int32_t>(&id, 1)); };
+  for (const TokenLogprobs& l : logprobs) {
+    const std::string text = text_of(l.chosen.token);
+    tokens.push_back(text);
+    token_logprobs.push_back(l.chosen.logprob);
+    json alternatives = json::object();
+    for (const TokenLogprob& t : l.top) alternatives[text_of(t.token)] = t.logprob;
+    alternatives[text] = l.chosen.logprob;
+    top.push_back(std::move(alternatives));
+    text_offset.push_back(offset);
+    // Characters: the bytes that start one (a token may hold part of a character).
+    const std::string bytes = tokenizer.token_bytes(l.chosen.token);
+    offset += static_cast<size_t>(
+        std::count_if(bytes.begin(), bytes.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", text_offset}};
+}
+
+json choice_logprobs(const Tokenizer& tokenizer, bool chat,
+                     const std::vector<TokenLogprobs>& logprobs, size_t& offset) {
+  return chat ? chat_logprobs(tokenizer, logprobs)
+              : completion_logprobs(tokenizer, logprobs, offset);
+}
+
+// Token text may end inside a character (byte-level BPE): invalid UTF-8 becomes U+FFFD.
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 struct Api {
   const Model& model;
@@ -154,6 +273,8 @@ struct Api {
     return body;
   }
 
+  // The engine's encode_conversation, as chat and the Ray replicas use it:
+  // message content is plain text, never the template's special tokens.
   std::vector<int32_t> chat_prompt(const json& body) const {
     const json* messages = optional_field(body, "messages");
     if (!messages) bad("messages", "missing required field 'messages'");
@@ -166,18 +287,22 @@ struct Api {
       const json& m = (*messages)[i];
       const std::string where = "messages[" + std::to_string(i) + "]";
       if (!m.is_object()) bad(where, where + " must be an object");
+      for (const auto& [name, value] : m.items())
+        if (!value.is_null() && !kMessageFields.contains(name))
+          bad(where + "." + name,
+              "unsupported field '" + where + "." + name + "': this server does not implement it");
       const json* role = optional_field(m, "role");
       if (!role || !role->is_string()) bad(where + ".role", where + ".role must be a string");
       std::string r = role->get<std::string>();
       if (r == "developer") r = "system";
-      if (r != "system" && r != "user" && r != "assistant")
-        bad(where + ".role", where + ".role must be system, user or assistant");
+      if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+        bad(where + ".role", where + ".role must be system, developer, user, assistant or tool");
       const json* content = optional_field(m, "content");
       if (!content) bad(where + ".content", "missing " + where + ".content");
       chat.push_back({r, content_text(*content, where + ".content")});
     }
     try {
-      return encode_chat(model.tokenizer(), model.chat_template(), chat);
+      return encode_conversation(model.tokenizer(), model.chat_template(), chat, true);
     } catch (const Error& e) {
       bad("messages", e.what());
     }
@@ -194,11 +319,12 @@ struct Api {
     return ids;
   }
 
-  GenerationRequest parse(const json& body, std::vector<int32_t> prompt) const {
+  GenerationRequest parse(const json& body, std::vector<int32_t> prompt, bool chat) const {
     GenerationRequest r;
     r.prompt = std::move(prompt);
     GenerateOptions& o = r.options;
-    o.sampling.temperature = 1.0f;  // OpenAI's defaults
+    o.sampling.temperature = kDefaultTemperature;
+    o.sampling.min_p = kDefaultMinP;
     o.sampling.seed = std::random_device{}();
     if (const json* v = optional_field(body, "n"); v && *v != 1)
       bad("n", "only n = 1 is supported");
@@ -210,16 +336,16 @@ struct Api {
         max_tokens = v->get<int>();
       }
     }
-    if (const json* v = optional_field(body, "temperature")) {
-      if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 2)
-        bad("temperature", "'temperature' must be a number in [0, 2]");
-      o.sampling.temperature = v->get<float>();
-    }
-    if (const json* v = optional_field(body, "top_p")) {
-      if (!v->is_number() || v->get<double>() <= 0 || v->get<double>() > 1)
-        bad("top_p", "'top_p' must be a number in (0, 1]");
-      o.sampling.top_p = v->get<float>();
-    }
+    if (const json* v = optional_field(body, "temperature"))
+      o.sampling.temperature = number_in(*v, "temperature", 0, 2);
+    if (const json* v = optional_field(body, "top_p"))
+      o.sampling.top_p = number_in(*v, "top_p", 0, 1, /*lo_open=*/true);
+    if (const json* v = optional_field(body, "min_p"))
+      o.sampling.min_p = number_in(*v, "min_p", 0, 1);
+    if (const json* v = optional_field(body, "frequency_penalty"))
+      o.sampling.frequency_penalty = number_in(*v, "frequency_penalty", -2, 2);
+    if (const json* v = optional_field(body, "presence_penalty"))
+      o.sampling.presence_penalty = number_in(*v, "presence_penalty", -2, 2);
     if (const json* v = optional_field(body, "top_k")) {
       if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > 1 << 30)
         bad("top_k", "'top_k' must be a non-negative integer");
@@ -227,7 +353,26 @@ struct Api {
     }
     if (const json* v = optional_field(body, "seed")) {
       if (!v->is_number_integer()) bad("seed", "'seed' must be an integer");
-      o.sampling.seed = static_cast<uint64_t>(v->get<int64_t>());
+      o.sampling.seed =
+          v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
+    }
+    if (chat) {
+      if (const json* v = optional_field(body, "logprobs")) {
+        if (!v->is_boolean()) bad("logprobs", "'logprobs' must be a boolean");
+        r.logprobs = v->get<bool>();
+      }
+      if (const json* v = optional_field(body, "top_logprobs")) {
+        if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > 20)
+          bad("top_logprobs", "'top_logprobs' must be an integer in [0, 20]");
+        if (!r.logprobs) bad("top_logprobs", "'top_logprobs' requires 'logprobs': true");
+        o.logprobs = v->get<int>();
+      }
+      if (r.logprobs && o.logprobs < 0) o.logprobs = 0;
+    } else if (const json* v = optional_field(body, "logprobs")) {  // legacy: how many alternatives
+      if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > 5)
+        bad("logprobs", "'logprobs' must be an integer in [0, 5]");
+      o.logprobs = v->get<int>();
+      r.logprobs = true;
     }
     if (const json* v = optional_field(body, "stop")) {
       if (v->is_string()) {
@@ -272,7 +417,8 @@ struct Api {
   void generate(const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader, bool chat) {
     const json body = parse_body(read_body(req, res, reader));
-    GenerationRequest r = parse(body, chat ? chat_prompt(body) : completion_prompt(body));
+    check_fields(body, chat ? kChatFields : kCompletionFields);  // unknown fields first
+    GenerationRequest r = parse(body, chat ? chat_prompt(body) : completion_prompt(body), chat);
     std::shared_ptr<RequestStream> stream = scheduler.submit(r.prompt, r.options);
     if (!stream) {
       if (scheduler.stopping()) throw ApiError{503, "the server is shutting down", "", ""};
@@ -285,9 +431,23 @@ struct Api {
                        {"created", static_cast<int64_t>(std::time(nullptr))},
                        {"model", options.model_name}};
     if (r.stream)
-      stream_response(res, stream, head, chat, r.include_usage);
+      stream_response(res, stream, head, chat, r.include_usage, r.logprobs);
     else
-      complete_response(res, stream, head, chat);
+      complete_response(res, stream, head, chat, r.logprobs);
+  }
+
+  // vLLM's /tokenize: the prompt tokens a chat ({model, messages}) or completion
+  // ({model, prompt}) request runs, for clients counting tokens and for the
+  // test that both servers encode a conversation alike.
+  void tokenize(const httplib::Request& req, httplib::Response& res,
+                const httplib::ContentReader& reader) const {
+    const json body = parse_body(read_body(req, res, reader));
+    check_fields(body, {"model", "messages", "prompt"});
+    const std::vector<int32_t> ids =
+        body.contains("messages") ? chat_prompt(body) : completion_prompt(body);
+    res.set_content(
+        json{{"count", ids.size()}, {"max_model_len", model.max_context()}, {"tokens", ids}}.dump(),
+        "application/json");
   }
 
   static json usage(const RequestStream& s) {
@@ -302,9 +462,10 @@ struct Api {
   }
 
   void complete_response(httplib::Response& res, const std::shared_ptr<RequestStream>& stream,
-                         json out, bool chat) const {
+                         json out, bool chat, bool logprobs) const {
     std::string text;
-    while (!stream->wait(text, std::chrono::milliseconds(1000))) {
+    std::vector<TokenLogprobs> lp;
+    while (!stream->wait(text, std::chrono::milliseconds(1000), &lp)) {
     }
     if (!stream->error.empty()) throw ApiError{500, stream->error, "", ""};
     if (stream->finish == FinishReason::cancelled) throw kShutdown;
@@ -312,18 +473,26 @@ struct Api {
     if (chat)
       choice["message"] = {{"role", "assistant"}, {"content", text}};
     else
-      choice.update({{"text", text}, {"logprobs", nullptr}});
+      choice["text"] = text;
+    size_t offset = 0;
+    choice["logprobs"] =
+        logprobs ? choice_logprobs(model.tokenizer(), chat, lp, offset) : json(nullptr);
     out["choices"] = json::array({choice});
     out["usage"] = usage(*stream);
-    res.set_content(out.dump(), "application/json");
+    res.set_content(dump(out), "application/json");
   }
 
   // Server-sent events: one chunk per piece of text, a last chunk with the
   // finish_reason and usage (or an error event), then [DONE]. A failed write
   // means the client is gone: the request is cancelled and its context freed.
   void stream_response(httplib::Response& res, std::shared_ptr<RequestStream> stream, json head,
-                       bool chat, bool include_usage) const {
-    auto chunk = [head, chat](const std::string& text, const json& finish) {
+                       bool chat, bool include_usage, bool logprobs) const {
+    const Tokenizer* tokenizer = &model.tokenizer();
+    auto offset = std::make_shared<size_t>(0);  // legacy text_offset so far
+    // `lp`: the logprobs of the tokens behind `text` (when asked for), moved out when sent.
+    auto chunk = [head, chat, logprobs, tokenizer, offset](
+                     const std::string& text, const json& finish,
+                     std::vector<TokenLogprobs>* lp = nullptr) {
       json c = head;
       json choice = {{"index", 0}, {"finish_reason", finish}};
       if (chat)
@@ -332,15 +501,23 @@ struct Api {
                           : finish.is_null() ? json{{"content", text}}
                                              : json::object();
       else
-        choice.update({{"text", text}, {"logprobs", nullptr}});
+        choice["text"] = text;
+      choice["logprobs"] = nullptr;
+      if (logprobs && lp && !lp->empty()) {
+        choice["logprobs"] = choice_logprobs(*tokenizer, chat, *lp, *offset);
+        lp->clear();
+      }
       c["choices"] = json::array({choice});
-      return "data: " + c.dump() + "\n\n";
+      return "data: " + dump(c) + "\n\n";
     };
     res.set_header("Cache-Control", "no-cache");
     auto started = std::make_shared<bool>(false);
+    // Logprobs whose text is still held back (a possible stop string) wait for it.
+    auto pending = std::make_shared<std::vector<TokenLogprobs>>();
     res.set_chunked_content_provider(
         "text/event-stream",
-        [stream, started, chunk, head, chat, include_usage](size_t, httplib::DataSink& sink) {
+        [stream, started, pending, chunk, head, chat, include_usage](size_t,
+                                                                     httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
             stream->cancel();
@@ -351,10 +528,11 @@ struct Api {
             if (chat && !send(chunk("", nullptr))) return false;
           }
           std::string text;
-          const bool done = stream->wait(text, std::chrono::milliseconds(500));
+          const bool done = stream->wait(text, std::chrono::milliseconds(500), pending.get());
           // An SSE comment while nothing comes (queued, long prefill) finds a closed socket.
-          if (!text.empty() || !done) {
-            if (!send(text.empty() ? std::string(": waiting\n\n") : chunk(text, nullptr)))
+          if (!text.empty() || (!done && pending->empty())) {
+            if (!send(text.empty() ? std::string(": waiting\n\n")
+                                   : chunk(text, nullptr, pending.get())))
               return false;
           }
           if (!done) return true;
@@ -365,10 +543,11 @@ struct Api {
                                           : error_body({500, stream->error, "", ""});
             if (!send("data: " + error + "\n\n")) return false;
           } else {
-            std::string last = chunk("", finish_reason(*stream));
+            // Logprobs of tokens cut with a stop string end up with the finish chunk.
+            std::string last = chunk("", finish_reason(*stream), pending.get());
             json tail = json::parse(last.substr(6));
             tail["usage"] = usage(*stream);
-            if (!send("data: " + tail.dump() + "\n\n")) return false;
+            if (!send("data: " + dump(tail) + "\n\n")) return false;
             if (include_usage) {
               json u = head;
               u["choices"] = json::array();
@@ -480,6 +659,10 @@ Server::Server(const Model& model, const ServerOptions& options)
   http.Post("/v1/completions", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
                                                 const httplib::ContentReader& reader) {
     s.api.generate(req, res, reader, /*chat=*/false);
+  }));
+  http.Post("/tokenize", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
+                                          const httplib::ContentReader& reader) {
+    s.api.tokenize(req, res, reader);
   }));
   // Statuses httplib sets itself (404 no route, 413 body too large, ...) get the same JSON shape.
   http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
