@@ -193,6 +193,9 @@ struct SamplerOptions {
   int top_k = 0;       // 0 = off
   float top_p = 1.0f;  // 1 = off
   uint64_t seed = 0;
+  // Keeps tokens whose probability is at least min_p times the top one's (0 = off).
+  // Last, so that positional initializers {temperature, top_k, top_p, seed} stay valid.
+  float min_p = 0.0f;
 };
 
 class Sampler {

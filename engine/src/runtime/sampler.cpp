@@ -46,6 +46,13 @@ int32_t Sampler::sample(std::span<const float> logits) {
       }
     }
   }
+  // min-p (after the temperature, as HF's MinPLogitsWarper): probs[0] is the top
+  // token's, exactly 1, so the cut-off is min_p itself.
+  if (options_.min_p > 0.0f) {
+    size_t above = 1;
+    while (above < keep && probs[above] >= options_.min_p) ++above;
+    keep = above;
+  }
   const double total =
       std::accumulate(probs.begin(), probs.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
   double r = static_cast<double>(next_random(state_) >> 11) * 0x1.0p-53 * total;
