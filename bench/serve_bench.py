@@ -26,7 +26,7 @@ from pathlib import Path
 import openai
 
 REPO = Path(__file__).resolve().parents[1]
-SERVER = REPO / "build" / "edgellm_server"
+SERVER = REPO / "build" / "edgellm"  # `edgellm serve`
 LOCK = "/tmp/edgellm-cpu.lock"
 BEGIN, END = "<!-- serve-bench:begin -->", "<!-- serve-bench:end -->"
 PROMPTS = [
@@ -102,7 +102,16 @@ def main() -> int:
     lock = open(LOCK, "w")  # noqa: SIM115 - held for the whole run
     if not args.no_lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-    cmd = [str(SERVER), "--model", args.model, "--port", str(port), "--threads", str(args.threads)]
+    cmd = [
+        str(SERVER),
+        "serve",
+        "--model",
+        args.model,
+        "--port",
+        str(port),
+        "--threads",
+        str(args.threads),
+    ]
     proc = subprocess.Popen([*cmd, "--max-context", "512", "--parallel", "8"])
     try:
         for _ in range(600):

@@ -29,7 +29,7 @@ import pytest
 from common.server import openai_schema as schema
 from conftest import REPO
 
-SERVER = REPO / "build" / "edgellm_server"
+SERVER = REPO / "build" / "edgellm"  # `edgellm serve`
 KINDS = ["cpp", "ray"]
 REPLY_SCHEMA = {"/v1/completions": schema.Completion, "/v1/chat/completions": schema.ChatCompletion}
 NAME = "smollm2-135m-instruct"
@@ -61,7 +61,7 @@ def server_command(kind: str, checkpoint: Path, port: int) -> list[str]:
 
         return [sys.executable, "-m", "serve_ray", *common, "--replicas", "1", "--num-cpus", "2"]
     assert SERVER.is_file(), f"{SERVER} missing: `make build` builds it"
-    return [str(SERVER), *common]
+    return [str(SERVER), "serve", *common]
 
 
 class Server:
