@@ -242,6 +242,16 @@ int run_inference(const Deployment& deployment, Options opt, InferenceMode mode)
   return 0;
 }
 
+void add_arithmetic_options(CLI::App& cmd, std::string& kv_cache, bool& exact) {
+  cmd.add_option("--kv-cache", kv_cache,
+                 "KV cache element type: fp32, bf16 or q8_0 (default: EDGELLM_KV_CACHE, else "
+                 "the precision's: fast bf16, exact fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "q8_0"}));
+  cmd.add_flag("--exact", exact,
+               "the gate's exact fp32 arithmetic instead of the fast default (EDGELLM_PRECISION="
+               "exact)");
+}
+
 void add_inference_options(CLI::App& cmd, Options& opt, const Deployment& deployment,
                            InferenceMode mode) {
   opt.model = deployment.default_model;
@@ -271,13 +281,7 @@ void add_inference_options(CLI::App& cmd, Options& opt, const Deployment& deploy
   cmd.add_option("--weights", opt.weights,
                  "quantize a bf16 checkpoint's matrices at setup (GGUF files run as stored)")
       ->check(CLI::IsMember({"q8_0", "q4_0"}));
-  cmd.add_option("--kv-cache", opt.kv_cache,
-                 "KV cache element type: fp32, bf16 or q8_0 (default: EDGELLM_KV_CACHE, else "
-                 "the precision's: fast bf16, exact fp32)")
-      ->check(CLI::IsMember({"fp32", "bf16", "q8_0"}));
-  cmd.add_flag("--exact", opt.exact,
-               "the gate's exact fp32 arithmetic instead of the fast default (EDGELLM_PRECISION="
-               "exact)");
+  add_arithmetic_options(cmd, opt.kv_cache, opt.exact);
   cmd.add_flag("--raw", opt.raw, "feed the prompt as raw text, without the chat template");
   cmd.add_option("--temperature,--temp", opt.sampling.temperature, "0 = greedy")
       ->check(in_range(0.0f))

@@ -49,6 +49,9 @@ struct InferenceOptions {
   std::vector<std::string> stop;  // stop strings: the answer ends before the first one
 };
 
+// --kv-cache and --exact, the arithmetic flags `serve` shares.
+void add_arithmetic_options(CLI::App& cmd, std::string& kv_cache, bool& exact);
+
 // Registers mode's flags on `cmd` (llama.cpp's short names beside the long ones),
 // starting from the deployment's defaults (model, prompt, context) so --help shows them.
 void add_inference_options(CLI::App& cmd, InferenceOptions& opt, const Deployment& deployment,

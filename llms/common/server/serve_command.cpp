@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "edgellm/error.h"
+#include "inference_driver.h"
 #include "server.h"
 
 namespace edgellm {
@@ -48,13 +49,7 @@ void add_serve_options(CLI::App& app, ServeOptions& opt, const Deployment& deplo
   app.add_option("-c,--max-context,--ctx-size", opt.max_context, "KV cache positions per sequence")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--kv-cache", opt.kv_cache,
-                 "KV cache element type: fp32, bf16 or q8_0 (default: EDGELLM_KV_CACHE, else "
-                 "the precision's: fast bf16, exact fp32)")
-      ->check(CLI::IsMember({"fp32", "bf16", "q8_0"}));
-  app.add_flag("--exact", opt.exact,
-               "the gate's exact fp32 arithmetic instead of the fast default "
-               "(EDGELLM_PRECISION=exact)");
+  add_arithmetic_options(app, opt.kv_cache, opt.exact);
   app.add_option("--parallel", so.scheduler.max_batch, "sequences decoded together")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
