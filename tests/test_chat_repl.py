@@ -196,3 +196,23 @@ def test_line_editing(terminal_chat: Any) -> None:
     t.wait_for(lambda s: "forget the conversation" in s)
     t.keys("/exit", "Enter")
     t.wait_for(lambda s: "EXIT=0" in s)
+
+
+def test_system_message_opens_every_conversation() -> None:
+    """chat --system: each reply is `run --system`'s greedy answer, /reset keeps the system."""
+    system, question = "You are a pirate. Always answer like a pirate.", "Say hello to me."
+
+    def answer(*args: str) -> str:
+        proc = subprocess.run(
+            [*edgellm_cmd("run"), "-t", "2", "-n", "24", "-p", question, *args],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    with_system = answer("--system", system)
+    assert with_system != answer()  # the system message changes this answer
+    proc = chat(f"{question}\n/reset\n{question}\n", "--system", system)
+    assert proc.returncode == 0, proc.stderr
+    first, cleared, again = replies(proc.stdout)
+    assert first == again == with_system and cleared == "(conversation cleared)"
