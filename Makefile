@@ -10,6 +10,7 @@ SAN_DIR := build-sanitize
 FUZZ_DIR := build-fuzz
 FUZZ_SECONDS ?= 10
 BENCH_REPS ?= 3
+PREFIX ?= /usr/local
 # Ray (docs/scale_out.md): RAY_ADDRESS empty = a local single-node cluster, dashboard off.
 RAY_ADDRESS ?=
 SWEEP ?= smollm2_135m:instruct:instruct smollm2_135m:instruct:heldout_instruct \
@@ -23,12 +24,13 @@ export CCACHE_NOHASHDIR := true
 CMAKE_LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 RAY_ENV := PYTHONPATH=$(CURDIR)/build/python:$(CURDIR)/llms:$(CURDIR) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-.PHONY: help bootstrap build fetch run serve serve-ray verify-sweep test test-cpp test-py test-sanitize build-sanitize \
+.PHONY: help bootstrap build install fetch run serve serve-ray verify-sweep test test-cpp test-py test-sanitize build-sanitize \
   build-fuzz fuzz bench bench-peers bench-serve quality format lint clean
 
 help:
 	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (PROMPT, N_TOKENS, MODEL, THREADS,"
 	@echo "                TEMPERATURE, TOP_K, TOP_P, SEED, ARGS=--json; make -C llms/<model> help)"
+	@echo "make install    put the edgellm command into PREFIX/bin (PREFIX=$(PREFIX)); edgellm --help"
 	@echo "make serve      OpenAI-compatible server for the default deployment (HOST, PORT, MODEL)"
 	@echo "make serve-ray  the same API on Ray Serve: REPLICAS=2 THREADS=<per replica> (RAY_ADDRESS, docs/scale_out.md)"
 	@echo "make verify-sweep  the gate of every SWEEP job as Ray tasks, one table (RAY_ADDRESS, SWEEP_ARGS)"
@@ -50,6 +52,10 @@ build: bootstrap
 	@if [ ! -f $(BUILD_DIR)/build.ninja ]; then \
 	  cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_LAUNCHER) -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python >/dev/null; fi
 	@cmake --build $(BUILD_DIR) -- --quiet
+
+# The `edgellm` command (and the C++ library, headers and CMake package) into PREFIX.
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 fetch: bootstrap
 	@for m in $(TEST_MODELS); do $(PY) scripts/fetch_model.py $$m || exit 1; done
@@ -91,12 +97,12 @@ build-sanitize: bootstrap
 	@if [ ! -f $(SAN_DIR)/build.ninja ]; then \
 	  cmake -S . -B $(SAN_DIR) -G Ninja $(CMAKE_LAUNCHER) -DCMAKE_BUILD_TYPE=Debug -DEDGELLM_SANITIZE=ON \
 	    -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python >/dev/null; fi
-	@cmake --build $(SAN_DIR) --target edgellm_tests smollm2_135m_inference -- --quiet
+	@cmake --build $(SAN_DIR) --target edgellm_tests edgellm_cli -- --quiet
 
 # ASan/UBSan abort on the first report; LeakSanitizer runs too.
 test-sanitize: build-sanitize fetch
 	cd $(SAN_DIR) && ctest --output-on-failure -j2
-	$(SAN_DIR)/smollm2_135m_inference --n-tokens 8 --max-context 256 --prompt "Name a color."
+	$(SAN_DIR)/edgellm run -n 8 -c 256 -p "Name a color."
 
 build-fuzz: bootstrap
 	@if [ ! -f $(FUZZ_DIR)/build.ninja ]; then \

@@ -3,7 +3,7 @@
 SmolLM2-135M, 2 threads. For each KV dtype, fresh processes (one per repetition, medians
 of --reps) time 32 greedy decode steps after a 512- and a 4096-token prompt on the bf16
 deployment (the checkpoint), and measure the peak RSS of the inference program
-(build/smollm2_135m_inference, as `make run` runs it: default prompt, 32 tokens) on the bf16
+(build/edgellm run, as `make run` runs it: default prompt, 32 tokens) on the bf16
 and on the GGUF deployment at --max-context 1024. Run it under the shared CPU lock:
 
     flock /tmp/edgellm-cpu.lock .venv/bin/python bench/kv_bench.py [--reps 3]
@@ -65,7 +65,7 @@ def speed(kv: str, reps: int) -> list[dict]:
 
 def peak_rss_mb(model: Path, kv: str) -> tuple[float, str]:
     """(peak RSS in MB, the program's KV cache line) of one inference run."""
-    cmd = [str(REPO / "build" / "smollm2_135m_inference"), "--model", str(model), "--threads",
+    cmd = [str(REPO / "build" / "edgellm"), "run", "--model", str(model), "--threads",
            str(THREADS), "--max-context", str(RSS_CONTEXT), "--n-tokens", str(STEPS),
            "--ignore-eos", "--kv-cache", kv]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -1,4 +1,4 @@
-"""Prefix caching: time to first token with and without it, through edgellm_server (not a test).
+"""Prefix caching: time to first token with and without it, through `edgellm serve` (not a test).
 
 Two scenarios, each on a server with the prefix cache (the default) and one with --cache-mb 0:
 - a shared system prompt of ~1,500 tokens: the TTFT of a request that brings it first, then of

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Ray's costs and gains, measured in one run (docs/scale_out.md).
 
-    bench/ray_bench.py serve [--n 40]   per-request latency: Ray Serve vs edgellm_server
+    bench/ray_bench.py serve [--n 40]   per-request latency: Ray Serve vs edgellm serve
     bench/ray_bench.py sweep            2 deployments x 2 prompt sets: serial vs Ray (2 CPUs)
 
 serve: both servers up at once (SmolLM2, 2 threads, one replica), the same 16-token completion

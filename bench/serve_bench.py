@@ -1,4 +1,4 @@
-"""Serving throughput: 1 stream vs 8 concurrent streams through edgellm_server (not a test).
+"""Serving throughput: 1 stream vs 8 concurrent streams through `edgellm serve` (not a test).
 
 Starts the server on SmolLM2, then per repetition runs one streaming request alone and then 8 at
 once (greedy, ignore_eos so every stream decodes the same number of tokens). Reports medians of the
@@ -27,7 +27,7 @@ from typing import IO
 import openai
 
 REPO = Path(__file__).resolve().parents[1]
-SERVER = REPO / "build" / "edgellm_server"
+SERVER = REPO / "build" / "edgellm"  # `edgellm serve`
 LOCK = "/tmp/edgellm-cpu.lock"
 BEGIN, END = "<!-- serve-bench:begin -->", "<!-- serve-bench:end -->"
 PROMPTS = [
@@ -50,7 +50,7 @@ def free_port() -> int:
 
 def parse_and_lock(ap: argparse.ArgumentParser) -> tuple[argparse.Namespace, IO[str]]:
     """The serving benches' common options parsed, with `ap`'s own, and the shared CPU lock
-    taken (unless --no-lock); exits with one line if edgellm_server is not built."""
+    taken (unless --no-lock); exits with one line if `edgellm` is not built."""
     ap.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -65,9 +65,9 @@ def parse_and_lock(ap: argparse.ArgumentParser) -> tuple[argparse.Namespace, IO[
 
 
 def start_server(args: list[str]) -> tuple[subprocess.Popen, openai.OpenAI]:
-    """edgellm_server with `args` on a free port, once /health answers, and its client."""
+    """`edgellm serve` with `args` on a free port, once /health answers, and its client."""
     port = free_port()
-    proc = subprocess.Popen([str(SERVER), "--port", str(port), *args])
+    proc = subprocess.Popen([str(SERVER), "serve", "--port", str(port), *args])
     for _ in range(600):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
@@ -157,7 +157,7 @@ def main() -> int:
             BEGIN,
             "## Serving: continuous batching (bench/serve_bench.py)",
             "",
-            f"{datetime.date.today()}, SmolLM2-135M-Instruct bf16, edgellm_server "
+            f"{datetime.date.today()}, SmolLM2-135M-Instruct bf16, edgellm serve "
             f"--threads {args.threads} --parallel 8, chat requests of {args.tokens} greedy tokens "
             f"(ignore_eos), streaming through the openai client; medians of {args.reps} "
             "repetitions, run under the shared CPU lock (the 2-core machine was shared, so "

@@ -59,15 +59,26 @@ def smollm2_checkpoint() -> Path:
     return SMOLLM2_DIR
 
 
-SMOLLM2_BIN = REPO / "build" / "smollm2_135m_inference"
+EDGELLM_BIN = REPO / "build" / "edgellm"
+
+
+def edgellm_cmd(subcommand: str = "run", deployment: str = "smollm2_135m") -> list[str]:
+    """The argv prefix of `edgellm SUBCOMMAND --deployment DEPLOYMENT`."""
+    return [str(EDGELLM_BIN), subcommand, "--deployment", deployment]
 
 
 @pytest.fixture(scope="session")
-def smollm2_bin(smollm2_checkpoint: Path) -> Path:
-    """The smollm2 inference program, which `make test` builds: absent is a failure."""
-    if not SMOLLM2_BIN.is_file():
-        pytest.fail(f"{SMOLLM2_BIN} is missing: cmake --build build")
-    return SMOLLM2_BIN
+def edgellm_bin() -> Path:
+    """The `edgellm` command, which `make test` builds: absent is a failure."""
+    if not EDGELLM_BIN.is_file():
+        pytest.fail(f"{EDGELLM_BIN} is missing: cmake --build build --target edgellm_cli")
+    return EDGELLM_BIN
+
+
+@pytest.fixture(scope="session")
+def smollm2_run(smollm2_checkpoint: Path, edgellm_bin: Path) -> list[str]:
+    """`edgellm run` on the smollm2 deployment (its checkpoint fetched)."""
+    return edgellm_cmd("run")
 
 
 @pytest.fixture(scope="session")

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import edgellm_cmd
 
-pytestmark = pytest.mark.usefixtures("smollm2_bin")
+pytestmark = pytest.mark.usefixtures("smollm2_run")
 
 
-def chat(binary: Path, stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
+def chat(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(binary), "--chat", "--threads", "2", "--n-tokens", "24", *args],
+        [*edgellm_cmd("chat"), "--threads", "2", "--n-tokens", "24", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -33,8 +34,8 @@ def replies(stdout: str) -> list[str]:
     return [t.strip() for t in turns if t.strip()]
 
 
-def test_two_turns_then_eof(smollm2_bin: Path) -> None:
-    proc = chat(smollm2_bin, "What is the capital of France?\nAnd of Italy?\n")
+def test_two_turns_then_eof() -> None:
+    proc = chat("What is the capital of France?\nAnd of Italy?\n")
     assert proc.returncode == 0, proc.stderr
     answers = replies(proc.stdout)
     assert len(answers) == 2, proc.stdout
@@ -42,37 +43,37 @@ def test_two_turns_then_eof(smollm2_bin: Path) -> None:
     assert "Rome" in answers[1], answers[1]
 
 
-def test_stop_string_ends_each_reply(smollm2_bin: Path) -> None:
+def test_stop_string_ends_each_reply() -> None:
     """The chat generates through generate(): its --stop strings cut every reply."""
-    plain = replies(chat(smollm2_bin, "What is the capital of France?\n").stdout)
+    plain = replies(chat("What is the capital of France?\n").stdout)
     assert "Paris" in plain[0], plain
-    proc = chat(smollm2_bin, "What is the capital of France?\nAnd of Italy?\n", "--stop", "is")
+    proc = chat("What is the capital of France?\nAnd of Italy?\n", "--stop", "is")
     assert proc.returncode == 0, proc.stderr
     cut = replies(proc.stdout)
     assert cut[0] == plain[0][: plain[0].index("is")].strip(), cut
     assert len(cut) == 2 and " is " not in f" {cut[1]} ", cut
 
 
-def test_reset_forgets_the_conversation(smollm2_bin: Path) -> None:
+def test_reset_forgets_the_conversation() -> None:
     """After /reset the same question gets the same answer as in a fresh session."""
-    fresh = replies(chat(smollm2_bin, "Name a color.\n").stdout)
-    after_reset = replies(chat(smollm2_bin, "Tell me a joke.\n/reset\nName a color.\n").stdout)
+    fresh = replies(chat("Name a color.\n").stdout)
+    after_reset = replies(chat("Tell me a joke.\n/reset\nName a color.\n").stdout)
     assert after_reset[-1] == fresh[0]
     assert "(conversation cleared)" in after_reset[-2]
 
 
-def test_help_and_exit(smollm2_bin: Path) -> None:
-    proc = chat(smollm2_bin, "/help\n/exit\nWhat is the capital of France?\n")
+def test_help_and_exit() -> None:
+    proc = chat("/help\n/exit\nWhat is the capital of France?\n")
     assert proc.returncode == 0, proc.stderr
     for command in ("/help", "/reset", "/exit", "Ctrl-C"):
         assert command in proc.stdout
     assert "Paris" not in proc.stdout  # nothing after /exit was answered
 
 
-def test_full_context_is_said(smollm2_bin: Path) -> None:
+def test_full_context_is_said() -> None:
     """A conversation that outgrows --max-context is said, and the new message still answered."""
     long = "Describe the history of Rome in detail. " * 3
-    proc = chat(smollm2_bin, f"{long}\n{long}\n", "--max-context", "120")
+    proc = chat(f"{long}\n{long}\n", "--max-context", "120")
     assert proc.returncode == 0, proc.stderr
     assert "the context is full" in proc.stdout, proc.stdout
     # Both messages were answered: a reply after each prompt marker, the second one real
@@ -82,8 +83,8 @@ def test_full_context_is_said(smollm2_bin: Path) -> None:
     assert answers[1].split("(the context is full", 1)[0].strip(), proc.stdout
 
 
-def test_message_over_the_context_is_not_sent(smollm2_bin: Path) -> None:
-    proc = chat(smollm2_bin, "word " * 200 + "\n", "--max-context", "64")
+def test_message_over_the_context_is_not_sent() -> None:
+    proc = chat("word " * 200 + "\n", "--max-context", "64")
     assert proc.returncode == 0, proc.stderr
     assert "not sent" in proc.stdout, proc.stdout
 
@@ -150,10 +151,11 @@ class Tmux:
 
 
 @pytest.fixture
-def terminal_chat(smollm2_bin: Path) -> Any:
+def terminal_chat(smollm2_run: list[str]) -> Any:
     if shutil.which("tmux") is None:
         pytest.fail("tmux is missing: scripts/bootstrap.sh installs it")
-    t = Tmux(f"{smollm2_bin} --chat --threads 2 --n-tokens 400; echo EXIT=$?; sleep 60")
+    chat = " ".join(edgellm_cmd("chat"))
+    t = Tmux(f"{chat} --threads 2 --n-tokens 400; echo EXIT=$?; sleep 60")
     t.wait_for(lambda s: "/help for commands" in s)
     yield t
     t.close()
@@ -194,3 +196,23 @@ def test_line_editing(terminal_chat: Any) -> None:
     t.wait_for(lambda s: "forget the conversation" in s)
     t.keys("/exit", "Enter")
     t.wait_for(lambda s: "EXIT=0" in s)
+
+
+def test_system_message_opens_every_conversation() -> None:
+    """chat --system: each reply is `run --system`'s greedy answer, /reset keeps the system."""
+    system, question = "You are a pirate. Always answer like a pirate.", "Say hello to me."
+
+    def answer(*args: str) -> str:
+        proc = subprocess.run(
+            [*edgellm_cmd("run"), "-t", "2", "-n", "24", "-p", question, *args],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    with_system = answer("--system", system)
+    assert with_system != answer()  # the system message changes this answer
+    proc = chat(f"{question}\n/reset\n{question}\n", "--system", system)
+    assert proc.returncode == 0, proc.stderr
+    first, cleared, again = replies(proc.stdout)
+    assert first == again == with_system and cleared == "(conversation cleared)"

@@ -1,4 +1,4 @@
-"""Bad input to an inference program: one clear line on stderr, non-zero exit.
+"""Bad input to `edgellm run`: one clear line on stderr, non-zero exit.
 
 Each case damages a copy of the real checkpoint in a temp dir (truncation,
 bit flips, shape/config disagreements) or passes a bad option.
@@ -13,20 +13,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error
+from conftest import assert_one_line_error, edgellm_cmd
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = REPO / "build" / "smollm2_135m_inference"
+RUN = edgellm_cmd("run")  # on the smollm2 deployment
 STORE = Path(os.environ.get("EDGELLM_MODELS", REPO / "models"))
 CKPT = STORE / "smollm2-135m-instruct"
 
-# Skipped only without the checkpoint; a missing binary fails (conftest.smollm2_bin).
-pytestmark = pytest.mark.usefixtures("smollm2_bin")
+# Skipped only without the checkpoint; a missing binary fails (conftest.smollm2_run).
+pytestmark = pytest.mark.usefixtures("smollm2_run")
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(BIN), "--n-tokens", "2", *args],
+        [*RUN, "--n-tokens", "2", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -123,9 +123,7 @@ def test_prompt_longer_than_context() -> None:
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])
 def test_bad_n_tokens(value: str) -> None:
-    proc = subprocess.run(
-        [str(BIN), "--n-tokens", value], capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([*RUN, "--n-tokens", value], capture_output=True, text=True, timeout=60)
     assert_one_line_error(proc, "--n-tokens")
 
 
@@ -225,7 +223,7 @@ def test_out_of_memory_names_the_step() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (450 << 20, 450 << 20))
 
     proc = subprocess.run(
-        [str(BIN), "--n-tokens", "2", "--threads", "2"],
+        [*RUN, "--n-tokens", "2", "--threads", "2"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -307,3 +305,55 @@ def test_model_file_changed_after_setup(ckpt_copy: Path, mode: str) -> None:
     materialize(ckpt_copy / "model.safetensors")
     proc = run_python(TRUNCATE_SCRIPT, str(ckpt_copy), mode)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+# --- the command line of the one `edgellm` command --------------------------------------
+
+
+def edgellm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [RUN[0], *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["frobnicate"], "unknown subcommand 'frobnicate' (expected run, chat, bench, serve"),
+        ([], "a subcommand is needed"),
+        (["run", "-x"], "-x"),
+        (["serve", "--prompt", "hi"], "--prompt"),
+        (["run", "--min-p", "1.5"], "--min-p: must be in [0, 1] (got 1.5)"),
+        (["run", "-n", "0"], "--n-tokens: must be >= 1 (got 0)"),
+        (["run", "-p", "a", "-f", "b"], "--prompt excludes --file"),
+        (["verify", "--full", "--max-prompts", "3"], "--full excludes --max-prompts"),
+    ],
+)
+def test_bad_command_line(args: list[str], message: str) -> None:
+    assert_one_line_error(edgellm(*args), message, code=2)
+
+
+def test_unknown_deployment_names_the_known_ones() -> None:
+    proc = edgellm("run", "--deployment", "nope")
+    assert_one_line_error(proc, "--deployment nope: no ", "known: gemma3_270m", code=1)
+    # --version and --help still answer without a readable preset.
+    assert edgellm("--version", env={"EDGELLM_DEPLOYMENT": "nope"}).returncode == 0
+
+
+def test_prompt_file_that_cannot_be_read(tmp_path: Path) -> None:
+    assert_one_line_error(run("-f", str(tmp_path / "absent.txt")), "absent.txt: cannot read")
+    (tmp_path / "empty.txt").write_text("\n")
+    assert_one_line_error(run("-f", str(tmp_path / "empty.txt")), "the prompt file is empty")
+
+
+def test_system_message_needs_a_chat_template() -> None:
+    assert_one_line_error(run("--raw", "--system", "Be brief."), "--system needs the chat template")
+
+
+def test_verify_without_the_venv(tmp_path: Path) -> None:
+    proc = edgellm("verify", env={"EDGELLM_VENV": str(tmp_path / "no-venv")})
+    assert_one_line_error(proc, "no-venv", "make bootstrap", code=1)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PYTHON, REPO, verify_env
+from conftest import PYTHON, REPO, edgellm_cmd, verify_env
 
 DEPLOYMENTS = sorted(p.parent.name for p in (REPO / "llms").glob("*/deployment.json"))
 
@@ -27,7 +27,9 @@ def test_every_deployment_folder_has_a_descriptor() -> None:
 
 
 @pytest.mark.parametrize("name", DEPLOYMENTS)
-def test_make_cpp_and_python_read_the_same_descriptor(name: str, engine_binding: Any) -> None:
+def test_make_cpp_and_python_read_the_same_descriptor(
+    name: str, engine_binding: Any, edgellm_bin: Path
+) -> None:
     d = engine_binding.Deployment.load(REPO / "llms" / name / "deployment.json")
     assert d.name == name
     # make: the default MODEL
@@ -42,21 +44,24 @@ def test_make_cpp_and_python_read_the_same_descriptor(name: str, engine_binding:
     adapter = importlib.import_module(f"{name}.verify_adapter")
     assert adapter.MODEL_CHOICES == dict(d.models)
     assert adapter.DEFAULT_MODEL == d.default_model
-    # C++: the program offers the same --model choices and default prompt
-    binary = REPO / "build" / f"{name}_inference"
+    # C++: `edgellm run --deployment <name>` offers the same --model choices and defaults
+    run = edgellm_cmd("run", name)
     proc = subprocess.run(
-        [str(binary), "--model", "no-such-choice"], capture_output=True, text=True, timeout=60
+        [*run, "--model", "no-such-choice"], capture_output=True, text=True, timeout=60
     )
     assert f"neither a known choice ({', '.join(sorted(d.models))})" in proc.stderr
-    help_text = subprocess.run([str(binary), "--help"], capture_output=True, text=True).stdout
+    help_text = subprocess.run([*run, "--help"], capture_output=True, text=True).stdout
     assert d.default_prompt[:30] in help_text
+    assert f"--model TEXT={d.default_model} " in help_text
 
 
-def test_smollm2_base_choice_is_one_fact(engine_binding: Any, tmp_path: Path) -> None:
+def test_smollm2_base_choice_is_one_fact(
+    engine_binding: Any, edgellm_bin: Path, tmp_path: Path
+) -> None:
     """`base` (the drift the descriptor fixed) resolves the same way in C++ and Python."""
     env = {**os.environ, "EDGELLM_MODELS": str(tmp_path)}
     proc = subprocess.run(
-        [str(REPO / "build" / "smollm2_135m_inference"), "--model", "base"],
+        [*edgellm_cmd("run"), "--model", "base"],
         capture_output=True,
         text=True,
         env=env,
@@ -105,7 +110,7 @@ def test_bad_descriptor_is_one_clear_error(
 
 
 def test_base_checkpoint_with_a_template_gets_raw_text_everywhere(
-    smollm2_checkpoint: Path, smollm2_bin: Path, engine_binding: Any, tmp_path: Path
+    smollm2_checkpoint: Path, smollm2_run: list[str], engine_binding: Any, tmp_path: Path
 ) -> None:
     """A base checkpoint that ships a chat template: make run and make verify both feed raw text."""
     ckpt = tmp_path / "base-with-template"
@@ -116,7 +121,7 @@ def test_base_checkpoint_with_a_template_gets_raw_text_everywhere(
     (ckpt / "edgellm.json").write_text(json.dumps({"edgellm_variant": "base"}))
     prompt = "The capital of France is"
     proc = subprocess.run(
-        [str(smollm2_bin), "--model", str(ckpt), "--prompt", prompt, "--n-tokens", "1", "--json"],
+        [*smollm2_run, "--model", str(ckpt), "--prompt", prompt, "--n-tokens", "1", "--json"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import STORE, assert_one_line_error
+from conftest import STORE, assert_one_line_error, edgellm_cmd
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = REPO / "build" / "smollm2_135m_inference"
 MODELS = {
     "smollm2-135m-instruct": STORE / "smollm2-135m-instruct" / "model.gguf",
     "gemma3-270m": STORE / "gemma3-270m" / "model.gguf",
@@ -150,12 +149,12 @@ def test_gguf_writer_formats_dequantize_bit_identically(
 # ---------------------------------------------------------------------------- the CLI
 
 # `make test` builds the program: absent is a failure (conftest's rule), never a skip.
-needs_cli = pytest.mark.usefixtures("smollm2_bin")
+needs_cli = pytest.mark.usefixtures("smollm2_run")
 
 
 def run_cli(model: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(BIN), "--model", str(model), "--n-tokens", "8", *args],
+        [*edgellm_cmd("run"), "--model", str(model), "--n-tokens", "8", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -29,3 +29,29 @@ def test_example_builds_against_the_installed_package(
         str(build / "edgellm_example"), str(smollm2_checkpoint), "What is the capital of France?"
     )
     assert "Paris" in out.stdout
+
+
+def test_make_install_puts_edgellm_on_the_path(tmp_path: Path, smollm2_checkpoint: Path) -> None:
+    """`make install PREFIX=...` (the build already made): PREFIX/bin/edgellm answers
+    --version and runs a short generation from PATH alone."""
+    prefix = tmp_path / "prefix"
+    run(
+        "make",
+        "--no-print-directory",
+        "-C",
+        str(REPO),
+        "-o",
+        "build",
+        "install",
+        f"PREFIX={prefix}",
+    )
+    assert (prefix / "bin" / "edgellm").is_file()
+    env = {"PATH": f"{prefix / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    version = run("edgellm", "--version", env=env)
+    assert version.stdout.startswith("edgellm ") and version.stdout.split()[1][0].isdigit()
+    gguf = smollm2_checkpoint / "model.gguf"
+    out = run(
+        "edgellm", "run", "-m", str(gguf), "-p", "What is the capital of France?", "-n", "8",
+        "-t", "2", "-c", "256", env={**env, "EDGELLM_MODELS": str(smollm2_checkpoint.parent)},
+    )  # fmt: skip
+    assert "Paris" in out.stdout, out.stdout + out.stderr

@@ -1,8 +1,8 @@
-"""edgellm_server end to end, with the official `openai` client (SmolLM2, few tokens).
+"""`edgellm serve` end to end, with the official `openai` client (SmolLM2, few tokens).
 
 Greedy answers are checked against the engine alone (the binding's prefill/decode loop), a batch
 of 8 concurrent clients against each one alone, and bad requests against their HTTP status.
-Every test on the `server` fixture runs against both servers: edgellm_server (C++) and the same
+Every test on the `server` fixture runs against both servers: `edgellm serve` (C++) and the same
 API on Ray Serve (llms/serve_ray, one replica); every JSON reply is checked against the shared
 schema (llms/common/server/openai_schema.py).
 """
@@ -29,7 +29,7 @@ import pytest
 from common.server import openai_schema as schema
 from conftest import REPO
 
-SERVER = REPO / "build" / "edgellm_server"
+SERVER = REPO / "build" / "edgellm"  # `edgellm serve`
 KINDS = ["cpp", "ray"]
 REPLY_SCHEMA = {
     "/v1/completions": schema.Completion,
@@ -57,7 +57,7 @@ def free_port() -> int:
 
 
 def server_command(kind: str, checkpoint: Path, port: int) -> list[str]:
-    """edgellm_server, or `make serve-ray`'s program on a local Ray cluster (same options)."""
+    """`edgellm serve`, or `make serve-ray`'s program on a local Ray cluster (same options)."""
     common = ["--model", str(checkpoint), "--port", str(port), "--threads", "2"]
     common += ["--max-context", "512"]
     if kind == "ray":
@@ -65,7 +65,7 @@ def server_command(kind: str, checkpoint: Path, port: int) -> list[str]:
 
         return [sys.executable, "-m", "serve_ray", *common, "--replicas", "1", "--num-cpus", "2"]
     assert SERVER.is_file(), f"{SERVER} missing: `make build` builds it"
-    return [str(SERVER), *common]
+    return [str(SERVER), "serve", *common]
 
 
 class Server:
@@ -673,8 +673,10 @@ def test_model_ids_and_version(engine_binding: Any, tmp_path: Path) -> None:
     assert (
         engine_binding.model_id(str(tmp_path / "smollm2" / "SmolLM2-Q8_0.gguf")) == "SmolLM2-Q8_0"
     )
-    out = subprocess.run([str(SERVER), "--version"], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0 and re.fullmatch(r"edgellm_server \d+\.\d+\.\d+\n", out.stdout), out
+    out = subprocess.run(
+        [str(SERVER), "serve", "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0 and re.fullmatch(r"edgellm \d+\.\d+\.\d+\n", out.stdout), out
 
 
 # --- hostile clients (the C++ server's connection limits; raw sockets where a client can't) ---

@@ -98,6 +98,31 @@ TEST(Sampler, TopPKeepsTheSmallestPrefixReachingP) {
             (std::set<int32_t>{5}));
 }
 
+TEST(Sampler, MinPKeepsTokensWithinAFractionOfTheTop) {
+  // Relative to the top token's 0.4: 0.45 keeps 0.3 and 0.2 (ratios 0.75, 0.5), not 0.1 (0.25).
+  EXPECT_EQ(support(histogram({.temperature = 1.0f, .seed = 4, .min_p = 0.45f}, four_token_logits(),
+                              5000)),
+            (std::set<int32_t>{5, 2, 7}));
+  EXPECT_EQ(support(histogram({.temperature = 1.0f, .seed = 4, .min_p = 0.6f}, four_token_logits(),
+                              5000)),
+            (std::set<int32_t>{5, 2}));
+  // After the temperature: at 0.5 the ratios square (0.5625, 0.25, 0.0625), so 0.45 keeps two.
+  EXPECT_EQ(support(histogram({.temperature = 0.5f, .seed = 4, .min_p = 0.45f}, four_token_logits(),
+                              5000)),
+            (std::set<int32_t>{5, 2}));
+  // With top-k and top-p the tightest cut wins; min-p 1 leaves the top token alone.
+  EXPECT_EQ(support(histogram({.temperature = 1.0f, .top_k = 2, .seed = 4, .min_p = 0.2f},
+                              four_token_logits(), 2000)),
+            (std::set<int32_t>{5, 2}));
+  EXPECT_EQ(support(histogram({.temperature = 1.0f, .seed = 4, .min_p = 1.0f}, four_token_logits(),
+                              2000)),
+            (std::set<int32_t>{5}));
+  // The kept tokens are renormalised among themselves: 0.4 / 0.9.
+  const auto h =
+      histogram({.temperature = 1.0f, .seed = 5, .min_p = 0.45f}, four_token_logits(), 20000);
+  EXPECT_NEAR(h.at(5) / 20000.0, 0.4 / 0.9, 0.02);
+}
+
 TEST(Sampler, SeedReproducesAndDifferentSeedsDiffer) {
   std::vector<float> logits(50);
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = 0.1f * static_cast<float>(i % 7);
@@ -208,16 +233,6 @@ TEST(Sampler, TopPReachesIntoALongTail) {
   const auto got = Sampler(o).candidates(logits);
   EXPECT_GT(got.size(), 1000u);
   expect_same_candidates(got, reference_candidates(logits, o, {}));
-}
-
-TEST(Sampler, MinPKeepsTokensAtLeastThatFractionOfTheTop) {
-  // p = {0.4, 0.3, 0.2, 0.1}: min_p 0.45 keeps >= 0.18 (ids 5, 2, 7); 0.6 keeps >= 0.24 (5, 2).
-  EXPECT_EQ(support(histogram({.temperature = 1.0f, .seed = 4, .min_p = 0.45f}, four_token_logits(),
-                              5000)),
-            (std::set<int32_t>{5, 2, 7}));
-  EXPECT_EQ(support(histogram({.temperature = 1.0f, .seed = 4, .min_p = 0.6f}, four_token_logits(),
-                              5000)),
-            (std::set<int32_t>{5, 2}));
 }
 
 TEST(Sampler, PenaltiesSteerGreedyAwayFromRepeats) {

@@ -40,14 +40,18 @@ constexpr const char* kHelp =
 
 class Conversation {
  public:
-  Conversation(Session& session, bool templated) : session_(session), templated_(templated) {}
+  Conversation(Session& session, bool templated, const std::string& system)
+      : session_(session), templated_(templated) {
+    if (!system.empty()) system_.push_back({"system", system});
+    clear();
+  }
 
   void clear() {
-    messages_.clear();
+    messages_ = system_;
     transcript_.clear();
     cached_.clear();
   }
-  bool empty() const { return messages_.empty() && transcript_.empty(); }
+  bool empty() const { return messages_.size() == system_.size() && transcript_.empty(); }
 
   // The tokens of the conversation with `line` added as the user's turn.
   std::vector<int32_t> tokens_with(const std::string& line) {
@@ -75,6 +79,7 @@ class Conversation {
  private:
   Session& session_;
   bool templated_;
+  std::vector<ChatMessage> system_;  // the --system message, kept by /reset
   std::vector<ChatMessage> messages_;
   std::string transcript_;       // raw mode: the running text
   std::vector<int32_t> cached_;  // tokens whose K/V are in the cache, in order
@@ -83,10 +88,10 @@ class Conversation {
 }  // namespace
 
 void run_chat(Session& session, const GenerateOptions& options, int max_new_tokens, bool templated,
-              LineReader& reader, std::ostream& out) {
+              const std::string& system, LineReader& reader, std::ostream& out) {
   const int context = session.max_context();
   uint64_t turns = 0;
-  Conversation conv(session, templated);
+  Conversation conv(session, templated, system);
   InterruptGuard guard;
   out << "chat with "
       << (templated ? "the chat template (" + session.chat_template().name() + ")" : "raw text")

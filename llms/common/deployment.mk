@@ -11,7 +11,9 @@ DEPLOYMENT := $(notdir $(abspath $(dir $(firstword $(MAKEFILE_LIST)))))
 DESCRIPTOR := $(REPO_ROOT)/llms/$(DEPLOYMENT)/deployment.json
 BUILD_DIR ?= $(REPO_ROOT)/build
 PY := $(REPO_ROOT)/.venv/bin/python
-BIN := $(BUILD_DIR)/$(DEPLOYMENT)_inference
+# The one `edgellm` command; this deployment is its preset (--deployment).
+BIN := $(BUILD_DIR)/edgellm
+PRESET := --deployment $(DEPLOYMENT)
 VERIFY_RUNNER := $(REPO_ROOT)/llms/verify/verify_runner.py
 RUNNER_ADAPTER := $(DEPLOYMENT).verify_adapter
 LOCK := /tmp/edgellm-cpu.lock
@@ -49,14 +51,15 @@ SAMPLING_ARGS := $(if $(TEMPERATURE),--temperature '$(TEMPERATURE)') $(if $(TOP_
 WEIGHTS_ARG = $(if $(WEIGHTS),--weights '$(WEIGHTS)')
 # The fast arithmetic is the default; EXACT=1 runs the gate's exact fp32 tier (--exact).
 EXACT_ARG = $(if $(filter 1,$(EXACT)),--exact)
-RUN_ARGS = --model '$(MODEL)' --threads $(THREADS) $(WEIGHTS_ARG) $(EXACT_ARG) $(PROMPT_ARG) $(SAMPLING_ARGS) $(ARGS)
+MODEL_ARGS = $(PRESET) --model '$(MODEL)' --threads $(THREADS) $(WEIGHTS_ARG) $(EXACT_ARG)
+RUN_ARGS = $(MODEL_ARGS) $(PROMPT_ARG) $(SAMPLING_ARGS) $(ARGS)
 TIMING_ARGS = --n-tokens $(N_TOKENS) $(if $(filter 1,$(IGNORE_EOS)),--ignore-eos)
 
 .PHONY: help compile fetch run profile chat serve verify verify-full diagnosis stage2-budget quality clean
 
 help:
 	@echo "$(DEPLOYMENT) targets:"
-	@echo "  compile      build the engine and $(notdir $(BIN))"
+	@echo "  compile      build the engine and the edgellm command"
 	@echo "  run          answer PROMPT; prints TTFT and TPS over N_TOKENS=$(N_TOKENS) tokens"
 	@echo "  profile      the same run with the per-phase and per-kernel time breakdown"
 	@echo "  chat         interactive chat with line editing (/help inside; Ctrl-D quits)"
@@ -66,7 +69,7 @@ help:
 	@echo "  diagnosis    per-layer cosine vs HF bf16 and fp32 for PROMPT, with a plot (informational)"
 	@echo "  quality      KLD table of each fast path vs the exact path on the stage-2 corpus"
 	@echo "  stage2-budget  measure HF's bf16 floor on the corpus once into llms/verify/stage2_budget.json"
-	@echo "  clean        remove the binary"
+	@echo "  clean        (nothing: the deployment is a preset of the edgellm command)"
 	@echo "variables: MODEL=$(MODEL) (a choice of deployment.json or a checkpoint dir), PROMPT,"
 	@echo "  N_TOKENS, THREADS=$(THREADS), TEMPERATURE, TOP_K, TOP_P, SEED,"
 	@echo "  IGNORE_EOS=$(IGNORE_EOS) (1: time all N_TOKENS even past EOS), ARGS (more flags, e.g. --json),"
@@ -82,25 +85,24 @@ fetch:
 	@$(if $(FETCH_DIR),$(FETCH_CMD),true)
 
 run: compile fetch
-	@$(LOCKED) $(BIN) $(RUN_ARGS) $(TIMING_ARGS)
+	@$(LOCKED) $(BIN) run $(RUN_ARGS) $(TIMING_ARGS)
 
 profile: compile fetch
-	@$(LOCKED) $(BIN) $(RUN_ARGS) $(TIMING_ARGS) --profile
+	@$(LOCKED) $(BIN) run $(RUN_ARGS) $(TIMING_ARGS) --profile
 
 chat: compile fetch
-	@$(BIN) $(RUN_ARGS) --chat
+	@$(BIN) chat $(MODEL_ARGS) $(SAMPLING_ARGS) $(ARGS)
 
-# The server takes a checkpoint path or its entry in the model store (MODEL's in deployment.json).
+# MODEL: a choice of deployment.json, a checkpoint path or an entry of the model store.
 serve: compile fetch
-	@$(BUILD_DIR)/edgellm_server --model '$(call descriptor_get,d["models"].get(m, m))' \
-	  --host $(HOST) --port $(PORT) --threads $(THREADS) $(EXACT_ARG) \
-	  $(if $(CACHE_MB),--cache-mb $(CACHE_MB))
+	@$(BIN) serve $(PRESET) --model '$(MODEL)' --host $(HOST) --port $(PORT) --threads $(THREADS) \
+	  $(EXACT_ARG) $(if $(CACHE_MB),--cache-mb $(CACHE_MB))
 
 verify: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' --max-prompts 2 $(WEIGHTS_ARG) $(VERIFY_ARGS)
+	@$(LOCKED) $(BIN) verify $(PRESET) --model '$(MODEL)' $(WEIGHTS_ARG) -- $(VERIFY_ARGS)
 
 verify-full: compile fetch
-	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts topk_token --model '$(MODEL)' $(WEIGHTS_ARG) $(VERIFY_ARGS)
+	@$(LOCKED) $(BIN) verify $(PRESET) --model '$(MODEL)' --full $(WEIGHTS_ARG) -- $(VERIFY_ARGS)
 
 diagnosis: compile fetch
 	@$(LOCKED) $(PY) $(VERIFY_RUNNER) --runner=$(RUNNER_ADAPTER) --prompts single --model '$(MODEL)' $(PROMPT_ARG)
@@ -115,4 +117,4 @@ quality: compile fetch
 	@$(LOCKED) $(PY) $(REPO_ROOT)/llms/verify/quality.py --runner=$(RUNNER_ADAPTER) $(QUALITY_ARGS)
 
 clean:
-	rm -f $(BIN)
+	@echo "$(DEPLOYMENT) builds nothing of its own: make -C $(REPO_ROOT) clean removes the build"

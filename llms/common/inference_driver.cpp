@@ -2,9 +2,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <random>
+#include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -27,24 +29,7 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-struct Options {
-  std::string model;
-  std::string weights;
-  std::string kv_cache;
-  bool exact = false;
-  std::string prompt;
-  int n_tokens = 100;
-  int threads = 0;
-  int max_context = 0;
-  bool raw = false;
-  bool profile = false;
-  bool chat = false;
-  bool json = false;
-  bool ignore_eos = false;
-  std::optional<uint64_t> seed;
-  SamplerOptions sampling;
-  std::vector<std::string> stop;  // stop strings: the answer ends before the first one
-};
+using Options = InferenceOptions;
 
 // What one run measured.
 struct Figures {
@@ -84,17 +69,30 @@ CLI::Validator in_range(T lo, std::optional<T> hi = std::nullopt) {
       range);
 }
 
-std::vector<int32_t> prompt_tokens(const Session& session, const std::string& prompt,
+std::vector<int32_t> prompt_tokens(const Session& session, const Options& opt,
                                    PromptFormat format) {
   if (format == PromptFormat::chat) {
-    const ChatMessage user{"user", prompt};
-    return encode_conversation(session.tokenizer(), session.chat_template(), {&user, 1}, true);
+    std::vector<ChatMessage> messages;
+    if (!opt.system.empty()) messages.push_back({"system", opt.system});
+    messages.push_back({"user", opt.prompt});
+    return encode_conversation(session.tokenizer(), session.chat_template(), messages, true);
   }
-  return session.tokenizer().encode(prompt, /*add_special_tokens=*/true);
+  return session.tokenizer().encode(opt.prompt, /*add_special_tokens=*/true);
 }
 
-void print_figures(const Options& opt, const Figures& f, const Session& session) {
-  std::FILE* err = stderr;
+// -f: the file's text, less one trailing newline (as llama.cpp's -f reads it).
+std::string read_prompt_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(in && !std::filesystem::is_directory(path), "--file " + path + ": cannot read it");
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string prompt = text.str();
+  if (prompt.ends_with('\n')) prompt.pop_back();
+  check(!prompt.empty(), "--file " + path + ": the prompt file is empty");
+  return prompt;
+}
+
+void print_figures(const Options& opt, const Figures& f, const Session& session, std::FILE* err) {
   std::fprintf(err, "\nprompt tokens:    %zu\n", f.prompt_tokens);
   std::fprintf(err, "answer tokens:    %d (%s)\n", f.answer_tokens,
                f.hit_eos    ? "ended at EOS"
@@ -146,8 +144,14 @@ void print_json(const Options& opt, const Figures& f, const Session& session,
   std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
-int run(const Deployment& deployment, Options opt) {
-  check(!opt.prompt.empty(), "--prompt is empty (leave PROMPT unset for the default prompt)");
+}  // namespace
+
+int run_inference(const Deployment& deployment, Options opt, InferenceMode mode) {
+  if (opt.chat) mode = InferenceMode::chat;
+  if (mode == InferenceMode::bench) opt.ignore_eos = true;  // TPS over all --n-tokens
+  if (!opt.prompt_file.empty()) opt.prompt = read_prompt_file(opt.prompt_file);
+  check(mode == InferenceMode::chat || !opt.prompt.empty(),
+        "--prompt is empty (leave PROMPT unset for the default prompt)");
   if (opt.sampling.temperature > 0) {
     if (!opt.seed) {
       opt.seed = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
@@ -161,6 +165,9 @@ int run(const Deployment& deployment, Options opt) {
   const auto setup_start = Clock::now();
   const std::filesystem::path model_dir = deployment.resolve_model(opt.model);
   const PromptFormat format = deployment.prompt_format_for(model_dir, opt.model, opt.raw);
+  check(opt.system.empty() || format == PromptFormat::chat,
+        "--system needs the chat template, and this checkpoint takes raw text (a base model, "
+        "or --raw)");
   Session session;
   SessionOptions so;
   so.threads = opt.threads;
@@ -172,15 +179,16 @@ int run(const Deployment& deployment, Options opt) {
   session.setup(model_dir, with_environment_defaults(so));
   Figures f;
   f.setup_ms = ms_since(setup_start);
-  if (opt.chat) {
+  if (mode == InferenceMode::chat) {
     GenerateOptions chat;
     chat.sampling = opt.sampling;
     chat.stop_strings = opt.stop;
     LineReader reader(std::cin, std::cout);
-    run_chat(session, chat, opt.n_tokens, format == PromptFormat::chat, reader, std::cout);
+    run_chat(session, chat, opt.n_tokens, format == PromptFormat::chat, opt.system, reader,
+             std::cout);
     return 0;
   }
-  const std::vector<int32_t> prompt = prompt_tokens(session, opt.prompt, format);
+  const std::vector<int32_t> prompt = prompt_tokens(session, opt, format);
   f.prompt_tokens = prompt.size();
   check(prompt.size() < static_cast<size_t>(session.max_context()),
         "prompt of " + std::to_string(prompt.size()) + " tokens does not fit the context of " +
@@ -208,7 +216,7 @@ int run(const Deployment& deployment, Options opt) {
     note.reset();
     f.hit_eos = f.hit_eos || session.config().is_eos(token);  // the stop step carries its token
     answer += text;
-    if (!opt.json) std::cout << text << std::flush;
+    if (!opt.json && mode == InferenceMode::run) std::cout << text << std::flush;
     return true;
   };
 
@@ -224,85 +232,80 @@ int run(const Deployment& deployment, Options opt) {
 
   if (opt.json) {
     print_json(opt, f, session, deployment.name, answer);
+  } else if (mode == InferenceMode::bench) {
+    print_figures(opt, f, session, stdout);
   } else {
     std::cout << std::endl;
-    print_figures(opt, f, session);
+    print_figures(opt, f, session, stderr);
   }
   if (opt.profile) print_profile(session, prompt.size(), f.decode_steps);
   return 0;
 }
 
-}  // namespace
+void add_arithmetic_options(CLI::App& cmd, std::string& kv_cache, bool& exact) {
+  cmd.add_option("--kv-cache", kv_cache,
+                 "KV cache element type: fp32, bf16 or q8_0 (default: EDGELLM_KV_CACHE, else "
+                 "the precision's: fast bf16, exact fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "q8_0"}));
+  cmd.add_flag("--exact", exact,
+               "the gate's exact fp32 arithmetic instead of the fast default (EDGELLM_PRECISION="
+               "exact)");
+}
 
-int run_inference_main(const std::string& deployment_name, int argc, char** argv) {
-  try {
-    const Deployment deployment = Deployment::load_named(deployment_name);
-    Options opt;
-    opt.model = deployment.default_model;
-    opt.prompt = deployment.default_prompt;
-    opt.max_context = deployment.max_context;
-    CLI::App app{deployment.name + " inference: setup once, then timed prefill + decode"};
-    app.set_version_flag("--version",
-                         "edgellm " EDGELLM_VERSION " (" + deployment.name + " inference)");
-    app.add_option("--model", opt.model,
-                   "checkpoint: a known choice, a checkpoint directory or a .gguf file in one")
-        ->capture_default_str();
-    app.add_option("--weights", opt.weights,
-                   "quantize a bf16 checkpoint's matrices at setup (GGUF files run as stored)")
-        ->check(CLI::IsMember({"q8_0", "q4_0"}));
-    app.add_option("--kv-cache", opt.kv_cache,
-                   "KV cache element type: fp32, bf16 or q8_0 (default: EDGELLM_KV_CACHE, else "
-                   "the precision's: fast bf16, exact fp32)")
-        ->check(CLI::IsMember({"fp32", "bf16", "q8_0"}));
-    app.add_flag("--exact", opt.exact,
-                 "the gate's exact fp32 arithmetic instead of the fast default (EDGELLM_PRECISION="
-                 "exact)");
-    app.add_option("--prompt", opt.prompt, "prompt text")->capture_default_str();
-    app.add_option("--n-tokens", opt.n_tokens, "tokens to generate")
-        ->check(in_range(1))
-        ->capture_default_str();
-    app.add_option("--threads", opt.threads, "worker threads (0 = all cores)")->check(in_range(0));
-    app.add_option("--max-context", opt.max_context, "KV cache positions")
-        ->check(in_range(1))
-        ->capture_default_str();
-    app.add_flag("--raw", opt.raw, "feed the prompt as raw text, without the chat template");
-    app.add_flag("--chat", opt.chat,
-                 "interactive chat (/help lists commands); --n-tokens caps each reply");
-    app.add_flag("--profile", opt.profile, "print the per-phase and per-kernel time breakdown");
-    app.add_flag("--json", opt.json, "print the answer and the figures as one JSON object");
-    app.add_flag("--ignore-eos", opt.ignore_eos,
-                 "keep decoding past EOS (unprinted) so TPS is timed over all --n-tokens");
-    app.add_option("--temperature", opt.sampling.temperature, "0 = greedy")
-        ->check(in_range(0.0f))
-        ->capture_default_str();
-    app.add_option("--top-k", opt.sampling.top_k, "sample among the k most likely (0 = off)")
-        ->check(in_range(0));
-    app.add_option("--top-p", opt.sampling.top_p, "nucleus sampling mass (1 = off)")
-        ->check(in_range(0.0f, std::optional(1.0f)));
-    app.add_option("--stop", opt.stop,
-                   "end the answer before this text (repeatable; also each chat reply)")
-        ->take_all()
-        ->allow_extra_args(false);
-    app.add_option("--seed", opt.seed, "sampling seed (default: a random one, printed)")
-        ->check(in_range<uint64_t>(0));
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::CallForHelp& e) {
-      return app.exit(e);
-    } catch (const CLI::CallForVersion& e) {
-      return app.exit(e);
-    } catch (const CLI::ParseError& e) {
-      std::fprintf(stderr, "error: %s (see --help)\n", e.what());
-      return 2;
-    }
-    return run(deployment, opt);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "internal error: %s\n", e.what());
-    return 1;
+void add_inference_options(CLI::App& cmd, Options& opt, const Deployment& deployment,
+                           InferenceMode mode) {
+  opt.model = deployment.default_model;
+  opt.prompt = deployment.default_prompt;
+  opt.max_context = deployment.max_context;
+  cmd.add_option("-m,--model", opt.model,
+                 "checkpoint: a choice of the deployment, a checkpoint directory or a .gguf file "
+                 "in one")
+      ->capture_default_str();
+  if (mode != InferenceMode::chat) {
+    CLI::Option* prompt =
+        cmd.add_option("-p,--prompt", opt.prompt, "prompt text")->capture_default_str();
+    cmd.add_option("-f,--file", opt.prompt_file,
+                   "read the prompt from this file (less one trailing newline)")
+        ->excludes(prompt);
   }
+  cmd.add_option("--system", opt.system,
+                 "system message before the prompt (checkpoints with a chat template)");
+  cmd.add_option("-n,--n-tokens,--n-predict", opt.n_tokens,
+                 mode == InferenceMode::chat ? "most tokens per reply" : "tokens to generate")
+      ->check(in_range(1))
+      ->capture_default_str();
+  cmd.add_option("-t,--threads", opt.threads, "worker threads (0 = all cores)")->check(in_range(0));
+  cmd.add_option("-c,--max-context,--ctx-size", opt.max_context, "KV cache positions")
+      ->check(in_range(1))
+      ->capture_default_str();
+  cmd.add_option("--weights", opt.weights,
+                 "quantize a bf16 checkpoint's matrices at setup (GGUF files run as stored)")
+      ->check(CLI::IsMember({"q8_0", "q4_0"}));
+  add_arithmetic_options(cmd, opt.kv_cache, opt.exact);
+  cmd.add_flag("--raw", opt.raw, "feed the prompt as raw text, without the chat template");
+  cmd.add_option("--temperature,--temp", opt.sampling.temperature, "0 = greedy")
+      ->check(in_range(0.0f))
+      ->capture_default_str();
+  cmd.add_option("--top-k", opt.sampling.top_k, "sample among the k most likely (0 = off)")
+      ->check(in_range(0));
+  cmd.add_option("--top-p", opt.sampling.top_p, "nucleus sampling mass (1 = off)")
+      ->check(in_range(0.0f, std::optional(1.0f)));
+  cmd.add_option("--min-p", opt.sampling.min_p,
+                 "keep tokens at least this fraction as likely as the top one (0 = off)")
+      ->check(in_range(0.0f, std::optional(1.0f)));
+  cmd.add_option("-s,--seed", opt.seed, "sampling seed (default: a random one, printed)")
+      ->check(in_range<uint64_t>(0));
+  cmd.add_option("--stop", opt.stop,
+                 "end the answer before this text (repeatable; also each chat reply)")
+      ->take_all()
+      ->allow_extra_args(false);
+  if (mode == InferenceMode::chat) return;
+  cmd.add_flag("--json", opt.json, "print the answer and the figures as one JSON object");
+  cmd.add_flag("--profile", opt.profile, "print the per-phase and per-kernel time breakdown");
+  if (mode == InferenceMode::bench) return;
+  cmd.add_flag("--ignore-eos", opt.ignore_eos,
+               "keep decoding past EOS (unprinted) so TPS is timed over all --n-tokens");
+  cmd.add_flag("--chat", opt.chat, "interactive chat, as `edgellm chat`");
 }
 
 }  // namespace edgellm

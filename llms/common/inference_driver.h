@@ -1,5 +1,5 @@
-// The shared inference program behind every deployment (llms/<name>/deployment.json).
-// Its main flow is the seed's clean structure:
+// `edgellm run`, `chat` and `bench`: one model, one session. The flow is the
+// seed's clean structure:
 //
 //   setup()                        one-time: load, pre-pack, allocate (untimed)
 //   ---- timed region ----
@@ -8,15 +8,56 @@
 //   ----------------------
 //
 // No warm-up runs, cache primes or timing resets happen inside the timed region.
-// The answer alone goes to stdout; figures and notes go to stderr (or, with
-// --json, one JSON object to stdout).
+// run: the answer alone goes to stdout, figures and notes to stderr (or, with
+// --json, one JSON object to stdout). bench: the same timed run over all
+// --n-tokens, figures to stdout and the answer unprinted. chat: the REPL.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
+
+#include "edgellm/deployment.h"
+#include "edgellm/session.h"
+
+namespace CLI {
+class App;
+}
 
 namespace edgellm {
 
-// Parses the command line and runs: one-shot generation, --profile, or --chat.
-int run_inference_main(const std::string& deployment_name, int argc, char** argv);
+enum class InferenceMode { run, chat, bench };
+
+struct InferenceOptions {
+  std::string model;
+  std::string weights;
+  std::string kv_cache;
+  bool exact = false;
+  std::string prompt;
+  std::string prompt_file;  // -f: the prompt is this file's text
+  std::string system;       // a system message before the prompt (chat template only)
+  int n_tokens = 100;
+  int threads = 0;
+  int max_context = 0;
+  bool raw = false;
+  bool profile = false;
+  bool chat = false;  // `run --chat`, the older spelling of `chat`
+  bool json = false;
+  bool ignore_eos = false;
+  std::optional<uint64_t> seed;
+  SamplerOptions sampling;
+  std::vector<std::string> stop;  // stop strings: the answer ends before the first one
+};
+
+// --kv-cache and --exact, the arithmetic flags `serve` shares.
+void add_arithmetic_options(CLI::App& cmd, std::string& kv_cache, bool& exact);
+
+// Registers mode's flags on `cmd` (llama.cpp's short names beside the long ones),
+// starting from the deployment's defaults (model, prompt, context) so --help shows them.
+void add_inference_options(CLI::App& cmd, InferenceOptions& opt, const Deployment& deployment,
+                           InferenceMode mode);
+
+// Runs a parsed command; errors are thrown as edgellm::Error.
+int run_inference(const Deployment& deployment, InferenceOptions opt, InferenceMode mode);
 
 }  // namespace edgellm
