@@ -673,9 +673,7 @@ def test_model_ids_and_version(engine_binding: Any, tmp_path: Path) -> None:
     assert (
         engine_binding.model_id(str(tmp_path / "smollm2" / "SmolLM2-Q8_0.gguf")) == "SmolLM2-Q8_0"
     )
-    out = subprocess.run(
-        [str(SERVER), "serve", "--version"], capture_output=True, text=True, timeout=30
-    )
+    out = subprocess.run([str(SERVER), "--version"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and re.fullmatch(r"edgellm \d+\.\d+\.\d+\n", out.stdout), out
 
 
