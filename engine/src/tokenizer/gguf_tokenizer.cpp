@@ -29,8 +29,6 @@ enum TokenType {
 
 // The pre-tokenizers of tokenizer.ggml.pre (convert_hf_to_gguf.py names the
 // HF tokenizer it saw), as those HF tokenizers' tokenizer.json states them.
-// qwen2's HF tokenizer also NFC-normalizes, which the engine cannot (no
-// Unicode tables): text already in NFC, i.e. nearly all text, is unaffected.
 constexpr const char* kLlama3Split =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kQwen2Split =
@@ -131,7 +129,8 @@ json gpt2_tokenizer(const GgufVocab& v) {
         {"type", "Sequence"},
         {"pretokenizers", {split_regex(kLlama3Split), byte_level(true, false)}}};
     model["ignore_merges"] = true;
-  } else if (pre == "qwen2") {
+  } else if (pre == "qwen2") {  // Qwen2 / Qwen3: NFC first
+    root["normalizer"] = {{"type", "NFC"}};
     root["pre_tokenizer"] = {
         {"type", "Sequence"},
         {"pretokenizers", {split_regex(kQwen2Split), byte_level(false, false)}}};
