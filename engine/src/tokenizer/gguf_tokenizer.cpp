@@ -5,7 +5,9 @@
 // tokenizer.json, so BPE, byte-level mapping, added tokens and decoding are
 // the same code on both paths.
 #include <algorithm>
+#include <string_view>
 #include <tuple>
+#include <unordered_set>
 
 #include "edgellm/error.h"
 #include "io/gguf.h"
@@ -99,24 +101,26 @@ struct GgufVocab {
     if (prefix.empty() && suffix.empty()) return nullptr;
     return template_processing(prefix, suffix);
   }
-  json vocab_object() const {
-    json vocab = json::object();
-    for (size_t i = 0; i < tokens.size(); ++i) vocab[tokens[i]] = static_cast<int>(i);
-    return vocab;
+  std::vector<std::pair<std::string, int32_t>> vocab() const {
+    std::vector<std::pair<std::string, int32_t>> out;
+    out.reserve(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) out.emplace_back(tokens[i], static_cast<int32_t>(i));
+    return out;
   }
 };
 
+// The pipeline around the model (as tokenizer.json states it) and the model.
+struct Pipeline {
+  json root;
+  tok::BpeSpec bpe;
+};
+
 // tokenizer.ggml.model "gpt2": byte-level BPE with the GGUF's merge list.
-json gpt2_tokenizer(const GgufVocab& v) {
+Pipeline gpt2_tokenizer(const GgufVocab& v) {
   const std::string pre = v.g.get_string("tokenizer.ggml.pre").value_or("gpt-2");
-  json model = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", false},
-                {"vocab", v.vocab_object()}};
-  json root = {{"version", "1.0"}, {"normalizer", nullptr}, {"decoder", byte_level(true, true)}};
+  Pipeline p;
+  p.root = {{"version", "1.0"}, {"normalizer", nullptr}, {"decoder", byte_level(true, true)}};
+  json& root = p.root;
   if (pre == "smollm") {  // SmolLM2: single digits, then GPT-2's byte-level regex
     root["pre_tokenizer"] = {
         {"type", "Sequence"},
@@ -128,7 +132,7 @@ json gpt2_tokenizer(const GgufVocab& v) {
     root["pre_tokenizer"] = {
         {"type", "Sequence"},
         {"pretokenizers", {split_regex(kLlama3Split), byte_level(true, false)}}};
-    model["ignore_merges"] = true;
+    p.bpe.ignore_merges = true;
   } else if (pre == "qwen2") {  // Qwen2 / Qwen3: NFC first
     root["normalizer"] = {{"type", "NFC"}};
     root["pre_tokenizer"] = {
@@ -138,18 +142,16 @@ json gpt2_tokenizer(const GgufVocab& v) {
     v.fail("tokenizer.ggml.pre", "is '" + pre + "', which edgellm cannot tokenize for a gpt2 " +
                                      "vocabulary (supported: " + kBpePres + ")");
   }
+  p.bpe.vocab = v.vocab();
   // Merges into tokens past the embedding (a trimmed vocabulary) cannot apply.
-  const json& vocab = model["vocab"];
-  json merges = json::array();
+  const std::unordered_set<std::string_view> known(v.tokens.begin(), v.tokens.end());
   for (const std::string& m : v.g.get_string_array("tokenizer.ggml.merges")) {
     const size_t sp = m.find(' ');
     if (sp == std::string::npos) continue;
     std::string left = m.substr(0, sp), right = m.substr(sp + 1);
-    if (!vocab.contains(left) || !vocab.contains(right)) continue;
-    merges.push_back({std::move(left), std::move(right)});
+    if (!known.count(left) || !known.count(right)) continue;
+    p.bpe.merges.emplace_back(std::move(left), std::move(right));
   }
-  model["merges"] = std::move(merges);
-  root["model"] = std::move(model);
   json added = json::array();
   for (size_t i = 0; i < v.tokens.size(); ++i) {
     if (v.types[i] == kControl) added.push_back(added_token(v.tokens[i], i, true, false));
@@ -157,7 +159,7 @@ json gpt2_tokenizer(const GgufVocab& v) {
   }
   root["added_tokens"] = std::move(added);
   root["post_processor"] = v.post_processor(false);
-  return root;
+  return p;
 }
 
 // tokenizer.ggml.model "llama": SentencePiece-style BPE with byte fallback
@@ -165,28 +167,30 @@ json gpt2_tokenizer(const GgufVocab& v) {
 // pair whose concatenation is the best-scoring normal piece, so ranking every
 // split of each normal piece by that piece's score (transformers'
 // generate_merges) is an equivalent merge list.
-json spm_tokenizer(GgufVocab& v) {
+Pipeline spm_tokenizer(GgufVocab& v) {
   if (v.g.get_int("tokenizer.ggml.add_space_prefix").value_or(0))
     v.fail("tokenizer.ggml.add_space_prefix",
            "is true (a SentencePiece dummy prefix, as in Llama 2), which edgellm does not "
            "support; Gemma-style vocabularies without it are");
-  std::vector<double> scores = v.g.get_number_array("tokenizer.ggml.scores");
+  const std::vector<double> scores = v.g.get_number_array("tokenizer.ggml.scores");
   if (scores.size() < v.tokens.size())
     v.fail("tokenizer.ggml.scores", "must hold one score per token");
   // llama.cpp writes user-defined whitespace pieces with spaces; SentencePiece
   // matches them after the ' ' -> '▁' normalization, so they get '▁' back.
+  const std::string space = "\xE2\x96\x81";  // ▁
   for (size_t i = 0; i < v.tokens.size(); ++i) {
     if (v.types[i] != kUserDefined) continue;
     std::string& t = v.tokens[i];
-    for (size_t p = t.find(' '); p != std::string::npos; p = t.find(' ', p + 3))
-      t.replace(p, 1, "\xE2\x96\x81");
+    for (size_t p = t.find(' '); p != std::string::npos; p = t.find(' ', p + space.size()))
+      t.replace(p, 1, space);
   }
-  json vocab = v.vocab_object();
-  if (vocab.size() != v.tokens.size())
+  if (std::unordered_set<std::string_view>(v.tokens.begin(), v.tokens.end()).size() !=
+      v.tokens.size())
     v.fail("tokenizer.ggml.tokens", "holds the same token string twice");
   tok::TokenMap normal;
   for (size_t i = 0; i < v.tokens.size(); ++i)
     if (v.types[i] == kNormal) normal.emplace(v.tokens[i], static_cast<int32_t>(i));
+  // (-score, piece id, left, right): transformers' order, ties by id then text.
   std::vector<std::tuple<float, int32_t, std::string_view, std::string_view>> ranked;
   for (const auto& [piece, id] : normal) {
     const std::string_view p = piece;
@@ -198,19 +202,14 @@ json spm_tokenizer(GgufVocab& v) {
     }
   }
   std::sort(ranked.begin(), ranked.end());
-  json merges = json::array();
-  for (const auto& [score, id, left, right] : ranked) merges.push_back({left, right});
 
-  const auto unk = v.id("unknown");
-  json model = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", unk ? json(v.tokens[*unk]) : json(nullptr)},
-                {"fuse_unk", true},
-                {"byte_fallback", true},
-                {"ignore_merges", false},
-                {"vocab", std::move(vocab)},
-                {"merges", std::move(merges)}};
-  const std::string space = "\xE2\x96\x81";  // ▁
+  Pipeline pl;
+  pl.bpe.merges.reserve(ranked.size());
+  for (const auto& [score, id, left, right] : ranked) pl.bpe.merges.emplace_back(left, right);
+  pl.bpe.vocab = v.vocab();
+  if (const auto unk = v.id("unknown")) pl.bpe.unk_token = v.tokens[*unk];
+  pl.bpe.fuse_unk = true;
+  pl.bpe.byte_fallback = true;
   json added = json::array();
   for (size_t i = 0; i < v.tokens.size(); ++i) {
     if (v.types[i] == kControl) added.push_back(added_token(v.tokens[i], i, true, false));
@@ -218,18 +217,19 @@ json spm_tokenizer(GgufVocab& v) {
       added.push_back(
           added_token(v.tokens[i], i, false, v.tokens[i].find(space) != std::string::npos));
   }
-  return {{"version", "1.0"},
-          {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}}},
-          {"pre_tokenizer", nullptr},
-          {"model", std::move(model)},
-          {"decoder",
-           {{"type", "Sequence"},
-            {"decoders",
-             {{{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}},
-              {{"type", "ByteFallback"}},
-              {{"type", "Fuse"}}}}}},
-          {"added_tokens", std::move(added)},
-          {"post_processor", v.post_processor(true)}};
+  pl.root = {
+      {"version", "1.0"},
+      {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}}},
+      {"pre_tokenizer", nullptr},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}}}}}},
+      {"added_tokens", std::move(added)},
+      {"post_processor", v.post_processor(true)}};
+  return pl;
 }
 
 }  // namespace
@@ -250,16 +250,18 @@ Tokenizer Tokenizer::from_gguf(const std::filesystem::path& gguf_file) {
   }
   const auto model = g.get_string("tokenizer.ggml.model");
   if (!model) v.fail("tokenizer.ggml.model", "is missing");
-  json root;
+  Pipeline p;
   if (*model == "gpt2")
-    root = gpt2_tokenizer(v);
+    p = gpt2_tokenizer(v);
   else if (*model == "llama")
-    root = spm_tokenizer(v);
+    p = spm_tokenizer(v);
   else
     v.fail("tokenizer.ggml.model",
            "is '" + *model + "', which edgellm cannot tokenize (supported: " + "gpt2, llama)");
   // Nothing left for tokenizer_config.json to change: the pipeline above is final.
-  return Tokenizer(Impl::build(std::move(root), json::object(), g.path(), g.path()));
+  auto bpe = tok::make_bpe(std::move(p.bpe), g.path() + ": tokenizer.ggml.tokens/merges");
+  return Tokenizer(
+      Impl::build(std::move(p.root), json::object(), g.path(), g.path(), std::move(bpe)));
 }
 
 ChatTemplate ChatTemplate::from_gguf(const std::filesystem::path& gguf_file) {

@@ -109,7 +109,8 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
 
 std::unique_ptr<Tokenizer::Impl> Tokenizer::Impl::build(tok::json root, const tok::json& config,
                                                         const std::string& file,
-                                                        const std::string& config_file) {
+                                                        const std::string& config_file,
+                                                        std::unique_ptr<tok::Model> model) {
   const std::string where = file + ": ";
   if (!root.is_object()) tok::fail(file, "expected a JSON object at the top level");
   if (auto v = tok::optional_string(root, "version", where); v && *v != "1.0")
@@ -125,8 +126,9 @@ std::unique_ptr<Tokenizer::Impl> Tokenizer::Impl::build(tok::json root, const to
   impl->normalizer = tok::make_normalizer(field("normalizer"), tok::at_key(where, "normalizer"));
   impl->pre_tokenizer =
       tok::make_pre_tokenizer(field("pre_tokenizer"), tok::at_key(where, "pre_tokenizer"));
-  impl->model =
-      tok::make_model(tok::require_field(root, "model", where), tok::at_key(where, "model"));
+  impl->model = model ? std::move(model)
+                      : tok::make_model(tok::require_field(root, "model", where),
+                                        tok::at_key(where, "model"));
   impl->decoder = tok::make_decoder(field("decoder"), tok::at_key(where, "decoder"));
   impl->added.load(field("added_tokens"), tok::at_key(where, "added_tokens"),
                    impl->normalizer.get(), *impl->model);
