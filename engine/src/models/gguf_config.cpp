@@ -4,7 +4,6 @@
 #include <limits>
 #include <optional>
 
-#include "edgellm/bf16.h"
 #include "edgellm/error.h"
 
 namespace edgellm {
@@ -144,17 +143,13 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   c.rms_norm_eps = m.positive_float("attention.layer_norm_rms_epsilon", std::nullopt);
   c.tie_word_embeddings = g.find("output.weight") == nullptr;
   c.hidden_act = gemma ? Activation::gelu_tanh : Activation::silu;
-  c.attention_bias = *arch == "qwen2" || g.find("blk.0.attn_q.bias") != nullptr;
-  c.qk_norm = *arch == "qwen3" || gemma;
-  c.sandwich_norms = gemma;
-  c.norm_adds_one = gemma;
-  c.query_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  c.attention_bias = g.find("blk.0.attn_q.bias") != nullptr;
+  apply_architecture_switches(c);
   read_rope_scaling(m, c);
 
   const float rope_theta = m.positive_float("rope.freq_base", 10000.0f);
   c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{0, rope_theta, true});
   if (gemma) {
-    c.embedding_scale = round_to_bf16(std::sqrt(static_cast<float>(c.hidden_size)));
     // llama.cpp (LLM_ARCH_GEMMA3): 1/sqrt(head_dim), except 27B (62 layers): hidden/heads.
     const int scalar = c.num_layers == 62 ? c.hidden_size / c.num_heads : c.head_dim;
     c.query_scale = 1.0f / std::sqrt(static_cast<float>(scalar));
