@@ -7,12 +7,12 @@
   bit-identical to the converted GGUF deployment (<ckpt>/gguf/, the exact fp32 checkpoint
   beside the same file), exact and fast arithmetic.
 * GGUFs written here by gguf-py from the tiny family fixtures (llama, qwen2, qwen3, gemma3,
-  every tensor F32, llama.cpp's conventions: Llama Q/K rows permuted, Gemma norms 1 + w)
-  give the converted fixture's logits bit for bit.
+  every tensor F32, llama.cpp's conventions: Llama Q/K rows permuted, Llama 3 RoPE scaling
+  as rope_freqs.weight, Gemma norms 1 + w) give the converted fixture's logits bit for bit.
 * llama.cpp's BPE pre-tokenizer types (tokenizer.ggml.pre) tokenize as the HF tokenizer of
   that type does, on the smollm2 vocabulary.
-* Unsupported architectures, tokenizer models and pre types get one error naming them and
-  the supported ones.
+* Unsupported architectures, tokenizer models and pre types, and RoPE factors that are not
+  Llama 3's, get one error naming them (and the supported ones).
 """
 
 from __future__ import annotations
@@ -275,6 +275,29 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
+def llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter computes it (LlamaModel)."""
+    import math
+
+    import torch
+
+    scaling, dim = cfg["rope_scaling"], cfg["head_dim"]
+    freqs = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, old_context = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    out = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_context / high:
+            out.append(1.0)
+        elif wavelen > old_context / low:
+            out.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
 def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
     """The fixture's weights and config as llama.cpp's converter would write them (F32)."""
     import torch
@@ -297,6 +320,8 @@ def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
     writer.add_rope_freq_base(cfg["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
     if scaling.get("rope_type") == "linear":
         from gguf import RopeScalingType
 
@@ -334,11 +359,8 @@ def fixture_pair(
         capture_output=True,
     )
     cfg = json.loads((fixture / "config.json").read_text())
-    # What a GGUF cannot say, the reference checkpoint does not use either: llama.cpp keeps
-    # Llama 3 RoPE scaling as a rope_freqs tensor (refused, tested below) and hard-codes
-    # Gemma 3's query scale as 1/sqrt(head_dim).
-    if (cfg.get("rope_scaling") or {}).get("rope_type") == "llama3":
-        cfg["rope_scaling"] = None
+    # What a GGUF cannot say, the reference checkpoint does not use either: llama.cpp
+    # hard-codes Gemma 3's query scale as 1/sqrt(head_dim).
     if "query_pre_attn_scalar" in cfg:
         cfg["query_pre_attn_scalar"] = cfg["head_dim"]
     # The GGUF carries smollm2's vocabulary and its special ids (<|im_start|>, <|im_end|>).
@@ -384,18 +406,19 @@ def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_bin: Path) ->
     )
 
 
-def test_llama3_rope_freqs_is_refused(tmp_path: Path, engine_binding: Any) -> None:
+def test_rope_freqs_that_are_not_llama3_are_refused(tmp_path: Path, engine_binding: Any) -> None:
     path = tmp_path / "model.gguf"
     writer = gguf_writer(path, "llama")
-    for key, value in [("context_length", 64), ("embedding_length", 8), ("block_count", 1)]:
-        getattr(writer, f"add_{key}")(value)
+    writer.add_context_length(64)
+    writer.add_embedding_length(16)
+    writer.add_block_count(1)
     writer.add_feed_forward_length(16)
     writer.add_head_count(2)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.add_tensor("rope_freqs.weight", np.ones(2, dtype=np.float32))
+    writer.add_tensor("token_embd.weight", np.zeros((4, 16), dtype=np.float32))
+    writer.add_tensor("rope_freqs.weight", np.asarray([1, 3, 2, 8], dtype=np.float32))
     finish(writer)
-    with pytest.raises(engine_binding.Error, match=r"'rope_freqs\.weight' \(Llama 3\.1 RoPE"):
+    with pytest.raises(engine_binding.Error, match=r"is not Llama 3 scaling"):
         setup(engine_binding, path, "exact")
 
 

@@ -94,6 +94,39 @@ TEST_F(GgufModelTest, LlamaConfigFromMetadata) {
   EXPECT_EQ(c.eos_token_ids, std::vector<int>{2});
 }
 
+// Llama 3.2's RoPE scaling as llama.cpp stores it: one factor per rotary pair.
+TEST_F(GgufModelTest, Llama3RopeFactorsGiveTheirParameters) {
+  GgufWriter w;
+  w.kv_str("general.architecture", "llama");
+  w.kv_u32("llama.context_length", 131072);
+  w.kv_u32("llama.embedding_length", 2048);
+  w.kv_u32("llama.block_count", 1);
+  w.kv_u32("llama.feed_forward_length", 64);
+  w.kv_u32("llama.attention.head_count", 32);
+  w.kv_f32("llama.rope.freq_base", 500000.0f);
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.tensor("token_embd.weight", 0, {2048, 2}, std::vector<uint8_t>(2048 * 2 * 4));
+  std::vector<uint8_t> factors;
+  for (int i = 0; i < 32; ++i) {  // HF's llama3 rule: factor 32, low 1, high 4, context 8192
+    const double wavelen = 2 * M_PI * std::pow(500000.0, 2.0 * i / 64);
+    double f = 32;
+    if (wavelen < 8192 / 4.0)
+      f = 1;
+    else if (wavelen <= 8192) {
+      const double smooth = (8192 / wavelen - 1) / (4 - 1);
+      f = 1 / ((1 - smooth) / 32 + smooth);
+    }
+    GgufWriter::pod(factors, static_cast<float>(f));
+  }
+  w.tensor("rope_freqs.weight", 0, {32}, factors);
+  const ModelConfig c = config(w);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::llama3);
+  EXPECT_EQ(c.rope_scaling.factor, 32.0f);
+  EXPECT_EQ(c.rope_scaling.low_freq_factor, 1.0f);
+  EXPECT_EQ(c.rope_scaling.high_freq_factor, 4.0f);
+  EXPECT_EQ(c.rope_scaling.original_max_position, 8192);
+}
+
 TEST_F(GgufModelTest, QwenFamilySwitches) {
   const ModelConfig q2 = config(tiny("qwen2"));
   EXPECT_EQ(q2.architecture, "Qwen2ForCausalLM");

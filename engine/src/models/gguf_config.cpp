@@ -1,6 +1,8 @@
 #include "models/gguf_config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -59,7 +61,64 @@ const char* hf_architecture(const std::string& arch) {
   return nullptr;
 }
 
-void read_rope_scaling(const Meta& m, ModelConfig& c) {
+// Llama 3's RoPE factor of one rotary pair (HF's _compute_llama3_parameters,
+// as llama.cpp's converter turns it into a divisor of the frequency).
+double llama3_factor(double wavelen, const RopeScaling& s) {
+  const double low_wavelen = s.original_max_position / s.low_freq_factor;
+  const double high_wavelen = s.original_max_position / s.high_freq_factor;
+  if (wavelen < high_wavelen) return 1.0;
+  if (wavelen > low_wavelen) return s.factor;
+  const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) /
+                        (s.high_freq_factor - s.low_freq_factor);
+  return 1.0 / ((1.0 - smooth) / s.factor + smooth);
+}
+
+// llama.cpp keeps Llama 3's frequency-dependent scaling as a tensor of
+// per-pair factors (rope_freqs.weight), not HF's parameters. Recovered here:
+// the factor is the largest divisor; the pairs between the two wavelength
+// thresholds lie on a line that gives the original context and
+// high_freq_factor, given low_freq_factor 1 (every Llama 3.x). The result must
+// reproduce every stored factor, or the file is refused.
+void read_llama3_factors(const Meta& m, const GgufTensor& t, float theta, ModelConfig& c) {
+  const std::string what = m.g.path() + ": tensor 'rope_freqs.weight' (Llama 3 RoPE scaling) ";
+  const size_t pairs = static_cast<size_t>(c.head_dim / 2);
+  check(t.type == GgmlType::F32 && t.dims.size() == 1 && t.dims[0] == pairs,
+        what + "must be F32 with one factor per rotary pair (" + std::to_string(pairs) + ")");
+  std::vector<double> f(pairs), wavelen(pairs);
+  for (size_t i = 0; i < pairs; ++i) {
+    float v;
+    std::memcpy(&v, t.data + i * sizeof(float), sizeof(float));
+    check(std::isfinite(v) && v >= 1.0f, what + "holds a factor below 1 or not finite");
+    f[i] = v;
+    wavelen[i] = 2.0 * M_PI * std::pow(static_cast<double>(theta), 2.0 * i / c.head_dim);
+  }
+  RopeScaling& s = c.rope_scaling;
+  s.factor = static_cast<float>(*std::max_element(f.begin(), f.end()));
+  if (s.factor == 1.0f) return;  // no scaling at all
+  s.type = RopeScaling::Type::llama3;
+  s.low_freq_factor = 1.0f;
+  // smooth = orig / wavelen / (high - 1) - 1 / (high - 1) on the pairs in between.
+  std::vector<std::pair<double, double>> line;  // (1 / wavelen, smooth)
+  for (size_t i = 0; i < pairs; ++i)
+    if (f[i] > 1.0 + 1e-6 && f[i] < s.factor * (1.0 - 1e-6))
+      line.emplace_back(1.0 / wavelen[i], (1.0 / f[i] - 1.0 / s.factor) / (1.0 - 1.0 / s.factor));
+  check(line.size() >= 2, what +
+                              "has fewer than two pairs between its thresholds: its "
+                              "parameters cannot be recovered");
+  const auto [x0, y0] = line.front();
+  const auto [x1, y1] = line.back();
+  const double slope = (y1 - y0) / (x1 - x0), intercept = slope * x0 - y0;  // A, B
+  check(std::isfinite(slope) && std::isfinite(intercept) && slope > 0 && intercept > 0 &&
+            slope / intercept < INT32_MAX,
+        what + "is not Llama 3 scaling (its factors do not fall with frequency)");
+  s.original_max_position = static_cast<int>(std::lround(slope / intercept));
+  s.high_freq_factor = static_cast<float>(std::round((1.0 + intercept) / intercept * 100) / 100);
+  for (size_t i = 0; i < pairs; ++i)
+    check(std::fabs(llama3_factor(wavelen[i], s) - f[i]) <= 1e-4 * f[i],
+          what + "is not Llama 3 scaling with low_freq_factor 1 (pair " + std::to_string(i) + ")");
+}
+
+void read_rope_scaling(const Meta& m, float theta, ModelConfig& c) {
   const std::string type = m.g.get_string(m.key("rope.scaling.type")).value_or("none");
   if (type == "linear") {
     c.rope_scaling.type = RopeScaling::Type::linear;
@@ -67,12 +126,11 @@ void read_rope_scaling(const Meta& m, ModelConfig& c) {
   } else if (type != "none") {
     m.fail(m.key("rope.scaling.type"), "'" + type + "' is not supported (supported: none, linear)");
   }
-  // llama.cpp stores Llama 3's frequency-dependent scaling as a tensor of
-  // per-dimension factors instead of the parameters HF's config holds.
-  check(m.g.find("rope_freqs.weight") == nullptr,
-        m.g.path() +
-            ": tensor 'rope_freqs.weight' (Llama 3.1 RoPE scaling) is not supported "
-            "in a bare GGUF yet: run it from a converted checkpoint");
+  if (const GgufTensor* t = m.g.find("rope_freqs.weight")) {
+    check(type == "none", m.g.path() + ": both rope.scaling.type '" + type +
+                              "' and tensor 'rope_freqs.weight': expected one");
+    read_llama3_factors(m, *t, theta, c);
+  }
 }
 
 // Gemma 3: which layers attend within a sliding window. llama.cpp hard-codes a
@@ -145,9 +203,8 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   c.hidden_act = gemma ? Activation::gelu_tanh : Activation::silu;
   c.attention_bias = g.find("blk.0.attn_q.bias") != nullptr;
   apply_architecture_switches(c);
-  read_rope_scaling(m, c);
-
   const float rope_theta = m.positive_float("rope.freq_base", 10000.0f);
+  read_rope_scaling(m, rope_theta, c);
   c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{0, rope_theta, true});
   if (gemma) {
     // llama.cpp (LLM_ARCH_GEMMA3): 1/sqrt(head_dim), except 27B (62 layers): hidden/heads.

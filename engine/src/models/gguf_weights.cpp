@@ -237,6 +237,7 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
   const std::string arch = g.get_string("general.architecture").value_or("");
   std::map<std::string, TensorView> views;
   for (const auto& [name, t] : g.tensors()) {
+    if (name == "rope_freqs.weight") continue;  // Llama 3 RoPE scaling: read into the config
     const auto hf = hf_tensor_name(arch, name);
     check(hf.has_value(),
           g.path() + ": tensor '" + name + "' is not one edgellm knows for a " + arch + " model");
