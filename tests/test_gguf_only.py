@@ -98,6 +98,19 @@ def test_chat_template_from_gguf(model: str, tmp_path: Path, engine_binding: Any
         assert ours.render(messages) == converted.render(messages)
 
 
+def test_unrecognised_chat_template_is_named(tmp_path: Path, engine_binding: Any) -> None:
+    path = tmp_path / "model.gguf"
+    writer = gguf_writer(path, "llama")
+    writer.add_chat_template("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}")
+    finish(writer)
+    chat = engine_binding.ChatTemplate.from_gguf(str(path))
+    assert chat.name() == "unrecognised"
+    with pytest.raises(
+        engine_binding.Error, match=r"metadata 'tokenizer\.chat_template'.* not one we can render"
+    ):
+        chat.render([("user", "hi")])
+
+
 def setup(binding: Any, path: Path, precision: str) -> Any:
     s = binding.Session()
     s.setup(str(path), threads=2, max_context=64, precision=precision)
