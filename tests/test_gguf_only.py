@@ -152,6 +152,14 @@ def test_cli_runs_a_bare_gguf(tmp_path: Path, smollm2_bin: Path) -> None:
     assert "Paris" in proc.stdout, proc.stdout
 
 
+def test_python_api_chats_with_a_bare_gguf(tmp_path: Path, edgellm_package: Any) -> None:
+    path = alone(store_gguf("smollm2-135m-instruct"), tmp_path)
+    llm = edgellm_package.load(path, threads=2, max_context=128)
+    assert llm.model.chat_template.name() == "chatml"
+    reply = llm.chat([{"role": "user", "content": "What is the capital of France?"}], 20)
+    assert "Paris" in reply["choices"][0]["message"]["content"], reply
+
+
 # ------------------------------------------------------- GGUFs written here by gguf-py
 
 
