@@ -300,6 +300,20 @@ TEST_F(GgufModelTest, UnsupportedTokenizerIsNamed) {
   }
 }
 
+TEST_F(GgufModelTest, BadTokenTypeIsNamed) {
+  GgufWriter w;
+  w.kv_str("tokenizer.ggml.model", "gpt2");
+  w.kv_str_array("tokenizer.ggml.tokens", {"a", "b"});
+  w.kv_i32_array("tokenizer.ggml.token_type", {1, -7});
+  try {
+    Tokenizer::from_gguf(write(w));
+    ADD_FAILURE() << "loaded a token type of -7";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'tokenizer.ggml.token_type' holds -7"), std::string::npos)
+        << e.what();
+  }
+}
+
 // tokenizer.json's Unicode normalizers (Qwen2's NFC) compose what they should.
 TEST_F(GgufModelTest, NfcNormalizerComposes) {
   testing::write_text(dir_ / "tokenizer.json", R"({

@@ -109,7 +109,7 @@ void read_llama3_factors(const Meta& m, const GgufTensor& t, float theta, ModelC
   const auto [x1, y1] = line.back();
   const double slope = (y1 - y0) / (x1 - x0), intercept = slope * x0 - y0;  // A, B
   check(std::isfinite(slope) && std::isfinite(intercept) && slope > 0 && intercept > 0 &&
-            slope / intercept < INT32_MAX,
+            slope / intercept < INT32_MAX && intercept > 1e-6,
         what + "is not Llama 3 scaling (its factors do not fall with frequency)");
   s.original_max_position = static_cast<int>(std::lround(slope / intercept));
   s.high_freq_factor = static_cast<float>(std::round((1.0 + intercept) / intercept * 100) / 100);

@@ -5,6 +5,8 @@
 // tokenizer.json, so BPE, byte-level mapping, added tokens and decoding are
 // the same code on both paths.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string_view>
 #include <tuple>
 #include <unordered_set>
@@ -175,6 +177,10 @@ Pipeline spm_tokenizer(GgufVocab& v) {
   const std::vector<double> scores = v.g.get_number_array("tokenizer.ggml.scores");
   if (scores.size() < v.tokens.size())
     v.fail("tokenizer.ggml.scores", "must hold one score per token");
+  for (size_t i = 0; i < v.tokens.size(); ++i)
+    if (!(std::fabs(scores[i]) <= std::numeric_limits<float>::max()))
+      v.fail("tokenizer.ggml.scores",
+             "holds a score that is not a finite float at " + std::to_string(i));
   // llama.cpp writes user-defined whitespace pieces with spaces; SentencePiece
   // matches them after the ' ' -> '▁' normalization, so they get '▁' back.
   const std::string space = "\xE2\x96\x81";  // ▁
@@ -242,7 +248,14 @@ Tokenizer Tokenizer::from_gguf(const std::filesystem::path& gguf_file) {
   if (!types.empty() && types.size() != v.tokens.size())
     v.fail("tokenizer.ggml.token_type", "must hold one type per token");
   v.types.assign(v.tokens.size(), kNormal);
-  for (size_t i = 0; i < types.size(); ++i) v.types[i] = static_cast<int>(types[i]);
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (!(types[i] >= 0 && types[i] <= static_cast<double>(kByte) &&
+          types[i] == std::floor(types[i])))
+      v.fail("tokenizer.ggml.token_type", "holds " + std::to_string(types[i]) + " at " +
+                                              std::to_string(i) +
+                                              ", not a llama.cpp token type (0-6)");
+    v.types[i] = static_cast<int>(types[i]);
+  }
   // Tokens past the embedding's rows have no vector: the vocabulary ends there.
   if (const GgufTensor* e = g.find("token_embd.weight"); e && e->dims.size() == 2) {
     v.tokens.resize(std::min<size_t>(v.tokens.size(), e->dims[1]));
