@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # clang + libclang-rt-14-dev (libFuzzer, sanitizer runtimes): make test-sanitize / make fuzz.
 APT_PACKAGES=(g++ make cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libgtest-dev
   libcli11-dev clang-format util-linux clang libclang-rt-14-dev libcpp-httplib-dev libedit-dev tmux
-  ccache)
+  ccache libicu-dev)
 PYTHON=${PYTHON:-python3}
 STAMP=.bootstrap-stamp
 # The venv's key: what goes into it (the pins and the interpreter), not this script.

@@ -211,13 +211,6 @@ def test_cli_gguf_that_disagrees_with_config(gguf_copy: Path) -> None:
 
 
 @needs_cli
-def test_cli_gguf_without_checkpoint(tmp_path: Path) -> None:
-    lone = tmp_path / "lone.gguf"
-    os.symlink(gguf_path("smollm2-135m-instruct"), lone)
-    assert_one_line_error(run_cli(lone), "no converted checkpoint beside it")
-
-
-@needs_cli
 def test_cli_weights_option_rejects_gguf() -> None:
     proc = run_cli(gguf_path("smollm2-135m-instruct"), "--weights", "q8_0")
     assert_one_line_error(proc, "--weights q8_0 applies to bf16 checkpoints")

@@ -208,6 +208,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
 
   nb::class_<edgellm::Tokenizer>(m, "Tokenizer")
       .def_static("load", &edgellm::Tokenizer::load, "model_dir"_a)
+      .def_static("from_gguf", &edgellm::Tokenizer::from_gguf, "gguf_file"_a)
       .def("encode",
            nb::overload_cast<std::string_view, bool>(&edgellm::Tokenizer::encode, nb::const_),
            "text"_a, "add_special_tokens"_a = false)
@@ -229,6 +230,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
 
   nb::class_<edgellm::ChatTemplate>(m, "ChatTemplate")
       .def_static("load", &edgellm::ChatTemplate::load, "model_dir"_a)
+      .def_static("from_gguf", &edgellm::ChatTemplate::from_gguf, "gguf_file"_a)
       .def("available", &edgellm::ChatTemplate::available)
       .def("name", &edgellm::ChatTemplate::name)
       .def(

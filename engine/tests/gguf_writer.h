@@ -24,6 +24,12 @@ class GgufWriter {
     for (const auto& s : v) str(meta_, s);
     ++n_kv_;
   }
+  void kv_bool(const std::string& key, bool v) {
+    const uint8_t b = v;
+    kv(key, 7, &b, 1);
+  }
+  void kv_f32_array(const std::string& key, const std::vector<float>& v) { array(key, 6, v); }
+  void kv_i32_array(const std::string& key, const std::vector<int32_t>& v) { array(key, 5, v); }
   // A tensor of `type` with dims innermost first and raw block bytes.
   void tensor(const std::string& name, uint32_t type, std::vector<uint64_t> dims,
               const std::vector<uint8_t>& bytes) {
@@ -63,6 +69,14 @@ class GgufWriter {
   void key_type(const std::string& key, uint32_t type) {
     str(meta_, key);
     pod(meta_, type);
+  }
+  template <typename T>
+  void array(const std::string& key, uint32_t elem_type, const std::vector<T>& v) {
+    key_type(key, 9);
+    pod(meta_, elem_type);
+    pod(meta_, uint64_t{v.size()});
+    for (const T& x : v) pod(meta_, x);
+    ++n_kv_;
   }
   void kv(const std::string& key, uint32_t type, const void* v, size_t n) {
     key_type(key, type);

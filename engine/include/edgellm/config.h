@@ -63,6 +63,12 @@ struct ModelConfig {
   }
 };
 
+// What the architecture implies, wherever the config came from (config.json or
+// GGUF metadata): Qwen2's q/k/v bias, Qwen3 / Gemma QK-norm, Gemma's sandwich
+// norms, (1 + w) norms and embedding scale, the default 1/sqrt(head_dim) query
+// scale. Needs architecture, head_dim and hidden_size set.
+void apply_architecture_switches(ModelConfig& c);
+
 // Parses and validates config.json; throws Error naming the file and field.
 ModelConfig load_model_config(const std::filesystem::path& config_json);
 

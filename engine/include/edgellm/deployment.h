@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "edgellm/tokenizer.h"
+
 namespace edgellm {
 
 enum class PromptFormat { chat, raw };
@@ -49,6 +51,11 @@ std::filesystem::path model_store();
 // The HF-format directory of a model path: itself, or the one holding a .gguf
 // file (the converter writes the dequantized checkpoint beside the GGUF).
 std::filesystem::path checkpoint_dir(const std::filesystem::path& model);
+// A .gguf file with no converted checkpoint (config.json) beside it: it runs
+// from its own metadata (config, tokenizer, chat template).
+bool is_bare_gguf(const std::filesystem::path& model);
+// The model's chat template: the checkpoint's, or a bare GGUF's own.
+ChatTemplate chat_template_of(const std::filesystem::path& model);
 
 // The id a server gives a model path that was not named (clients send it as
 // "model"): a directory's name; a .gguf file's stem, or for the generic

@@ -22,6 +22,9 @@ class Tokenizer {
  public:
   // Reads <model_dir>/tokenizer.json (and tokenizer_config.json when present).
   static Tokenizer load(const std::filesystem::path& model_dir);
+  // From a .gguf file's tokenizer.ggml.* metadata (llama.cpp's "gpt2" byte-level
+  // BPE or "llama" SentencePiece-style BPE), with no tokenizer.json.
+  static Tokenizer from_gguf(const std::filesystem::path& gguf_file);
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
@@ -90,11 +93,17 @@ struct ChatMessage {
 class ChatTemplate {
  public:
   static ChatTemplate load(const std::filesystem::path& model_dir);
+  // A .gguf file's tokenizer.chat_template (none when it has no template).
+  static ChatTemplate from_gguf(const std::filesystem::path& gguf_file);
+  // The template text itself; `source` names where it came from in messages.
+  static ChatTemplate from_text(const std::string& tmpl, const std::string& bos_token,
+                                const std::string& source);
   bool available() const { return style_ != Style::none; }
   // `content_spans`, when given, receives where each message's content landed
   // in the returned text, for Tokenizer::encode's plain ranges.
   std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt,
                      std::vector<TextSpan>* content_spans = nullptr) const;
+  // The style that renders: chatml, gemma, llama3, none or unrecognised.
   const std::string& name() const { return name_; }
 
  private:

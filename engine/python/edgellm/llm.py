@@ -42,9 +42,9 @@ def resolve(model: str | os.PathLike[str]) -> Path:
                 f"model store {store} (tried {path.absolute()} and {in_store}; the store holds: "
                 f"{', '.join(held) or 'nothing'}; EDGELLM_MODELS sets it, `make fetch` fills it)"
             )
-    checkpoint = path.parent if path.suffix == ".gguf" else path
-    if not (checkpoint / "config.json").is_file():
-        raise Error(f"model {given!r}: {checkpoint} is not a HF-format checkpoint (no config.json)")
+    # A .gguf runs with or without a converted checkpoint beside it; a directory must be one.
+    if path.suffix != ".gguf" and not (path / "config.json").is_file():
+        raise Error(f"model {given!r}: {path} is not a HF-format checkpoint (no config.json)")
     return path
 
 

@@ -130,6 +130,17 @@ void read_eos(const Reader& r, ModelConfig& c) {
 
 }  // namespace
 
+void apply_architecture_switches(ModelConfig& c) {
+  const bool gemma = c.architecture == "Gemma3ForCausalLM";
+  c.attention_bias = c.attention_bias || c.architecture == "Qwen2ForCausalLM";
+  c.qk_norm = c.architecture == "Qwen3ForCausalLM" || gemma;
+  c.sandwich_norms = gemma;
+  c.norm_adds_one = gemma;
+  c.query_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // Gemma scales embeddings by sqrt(hidden); HF casts the scale to the weight dtype (bf16).
+  if (gemma) c.embedding_scale = round_to_bf16(std::sqrt(static_cast<float>(c.hidden_size)));
+}
+
 ModelConfig load_model_config(const std::filesystem::path& config_json) {
   const std::string file = config_json.string();
   check(std::filesystem::exists(config_json),
@@ -148,8 +159,6 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
            "names '" + c.architecture +
                "', which the engine does not support (supported: " + supported_list() + ")");
   const bool gemma = c.architecture == "Gemma3ForCausalLM";
-  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
-  const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
 
   c.hidden_size = r.positive_int("hidden_size");
   c.intermediate_size = r.positive_int("intermediate_size");
@@ -182,14 +191,9 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
     r.fail("use_sliding_window", "true is not supported");
 
   c.tie_word_embeddings = r.bool_or("tie_word_embeddings", gemma);
-  c.attention_bias = qwen2 || r.bool_or("attention_bias", false);
-  c.qk_norm = qwen3 || gemma;
-  c.sandwich_norms = gemma;
-  c.norm_adds_one = gemma;
-  c.query_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  c.attention_bias = r.bool_or("attention_bias", false);
+  apply_architecture_switches(c);
   if (gemma) {
-    // Gemma scales embeddings by sqrt(hidden); HF casts the scale to the weight dtype (bf16).
-    c.embedding_scale = round_to_bf16(std::sqrt(static_cast<float>(c.hidden_size)));
     c.query_scale = 1.0f / std::sqrt(r.positive_number_or("query_pre_attn_scalar",
                                                           static_cast<float>(c.head_dim)));
     c.final_logit_softcap = r.softcap_or_zero("final_logit_softcapping");

@@ -355,4 +355,54 @@ std::vector<std::string> GgufFile::get_string_array(const std::string& key) cons
   return out;
 }
 
+std::vector<double> GgufFile::get_number_array(const std::string& key) const {
+  using T = GgufValue::Type;
+  const GgufValue* v = typed(key, "an array", {T::array});
+  if (!v) return {};
+  check(v->elem != T::string, path_ + ": metadata '" + key + "' is not a numeric array");
+  Cursor c(file_->data(), file_->size(), path_);
+  c.seek(v->offset);
+  std::vector<double> out;
+  out.reserve(v->count);
+  for (uint64_t i = 0; i < v->count; ++i) {  // bounds validated at open
+    switch (v->elem) {
+      case T::u8:
+      case T::boolean:
+        out.push_back(c.read<uint8_t>(key));
+        break;
+      case T::i8:
+        out.push_back(c.read<int8_t>(key));
+        break;
+      case T::u16:
+        out.push_back(c.read<uint16_t>(key));
+        break;
+      case T::i16:
+        out.push_back(c.read<int16_t>(key));
+        break;
+      case T::u32:
+        out.push_back(c.read<uint32_t>(key));
+        break;
+      case T::i32:
+        out.push_back(c.read<int32_t>(key));
+        break;
+      case T::u64:
+        out.push_back(static_cast<double>(c.read<uint64_t>(key)));
+        break;
+      case T::i64:
+        out.push_back(static_cast<double>(c.read<int64_t>(key)));
+        break;
+      case T::f32:
+        out.push_back(c.read<float>(key));
+        break;
+      case T::f64:
+        out.push_back(c.read<double>(key));
+        break;
+      case T::string:
+      case T::array:
+        break;
+    }
+  }
+  return out;
+}
+
 }  // namespace edgellm

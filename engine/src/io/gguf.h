@@ -102,6 +102,9 @@ class GgufFile {
   std::optional<double> get_float(const std::string& key) const;  // f32 / f64 (or integer)
   std::optional<std::string> get_string(const std::string& key) const;
   std::vector<std::string> get_string_array(const std::string& key) const;  // empty if absent
+  // An array of numbers (any integer or float element type), as doubles: exact for
+  // f32 and 32-bit integers (tokenizer.ggml.scores / token_type). Empty if absent.
+  std::vector<double> get_number_array(const std::string& key) const;
 
  private:
   GgufFile();

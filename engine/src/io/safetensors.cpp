@@ -41,6 +41,12 @@ const TensorView* Checkpoint::find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+Checkpoint Checkpoint::from_views(std::map<std::string, TensorView> tensors) {
+  Checkpoint ckpt;
+  ckpt.tensors_ = std::move(tensors);
+  return ckpt;
+}
+
 Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
   Checkpoint ckpt;
   const auto single = dir / "model.safetensors";

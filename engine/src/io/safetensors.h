@@ -38,6 +38,9 @@ class Checkpoint {
  public:
   // Opens <dir>/model.safetensors or the shards listed in the index.
   static Checkpoint open(const std::filesystem::path& dir);
+  // Tensors that live elsewhere (a bare GGUF's, under HF names): the caller
+  // keeps the memory they point into alive as long as the checkpoint.
+  static Checkpoint from_views(std::map<std::string, TensorView> tensors);
   Checkpoint(Checkpoint&&) noexcept;
   Checkpoint& operator=(Checkpoint&&) noexcept;
   ~Checkpoint();

@@ -1,11 +1,15 @@
 #include "models/gguf_weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
+#include "edgellm/bf16.h"
 #include "edgellm/error.h"
+#include "models/gguf_config.h"
 
 namespace edgellm {
 
@@ -89,7 +93,7 @@ std::vector<float> dequantize_gguf_tensor(const GgufTensor& t, size_t max_rows) 
 
 std::unique_ptr<GgufWeights> open_gguf_weights(const std::filesystem::path& gguf_path,
                                                const ModelConfig& config) {
-  auto w = std::make_unique<GgufWeights>(GgufWeights{GgufFile::open(gguf_path), {}});
+  auto w = std::make_unique<GgufWeights>(GgufWeights{GgufFile::open(gguf_path), {}, {}, {}});
   const GgufFile& g = w->file;
   check_metadata(g, config);
 
@@ -144,6 +148,157 @@ std::unique_ptr<GgufWeights> open_gguf_weights(const std::filesystem::path& gguf
   check(!embd || embd->rows == static_cast<size_t>(config.vocab_size),
         g.path() + ": the embedding has " + std::to_string(embd ? embd->rows : 0) +
             " rows but config.json says vocab_size " + std::to_string(config.vocab_size));
+  return w;
+}
+
+}  // namespace edgellm
+
+namespace edgellm {
+
+namespace {
+
+// llama.cpp's tensor names (per layer "blk.N.<kind>") -> HF's, per architecture.
+std::optional<std::string> hf_layer_kind(const std::string& arch, const std::string& kind) {
+  static const std::map<std::string, std::string> kCommon = {
+      {"attn_norm", "input_layernorm"},    {"attn_q", "self_attn.q_proj"},
+      {"attn_k", "self_attn.k_proj"},      {"attn_v", "self_attn.v_proj"},
+      {"attn_output", "self_attn.o_proj"}, {"ffn_gate", "mlp.gate_proj"},
+      {"ffn_up", "mlp.up_proj"},           {"ffn_down", "mlp.down_proj"},
+      {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
+  };
+  static const std::map<std::string, std::string> kGemma = {
+      {"ffn_norm", "pre_feedforward_layernorm"},
+      {"post_attention_norm", "post_attention_layernorm"},
+      {"post_ffw_norm", "post_feedforward_layernorm"},
+  };
+  if (auto it = kCommon.find(kind); it != kCommon.end()) return it->second;
+  if (arch == "gemma3") {
+    if (auto it = kGemma.find(kind); it != kGemma.end()) return it->second;
+  } else if (kind == "ffn_norm") {
+    return "post_attention_layernorm";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> hf_tensor_name(const std::string& arch, const std::string& name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return std::nullopt;
+  const std::string base = name.substr(0, dot), suffix = name.substr(dot);
+  if (suffix != ".weight" && suffix != ".bias") return std::nullopt;
+  if (base == "token_embd") return "model.embed_tokens" + suffix;
+  if (base == "output_norm") return "model.norm" + suffix;
+  if (base == "output") return "lm_head" + suffix;
+  if (!base.starts_with("blk.")) return std::nullopt;
+  const size_t kind_at = base.find('.', 4);
+  if (kind_at == std::string::npos || kind_at == 4) return std::nullopt;
+  const std::string layer = base.substr(4, kind_at - 4);
+  if (layer.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  const auto kind = hf_layer_kind(arch, base.substr(kind_at + 1));
+  if (!kind) return std::nullopt;
+  return "model.layers." + layer + "." + *kind + suffix;
+}
+
+// llama.cpp's Llama converter reorders each Q/K head's rows for interleaved RoPE
+// pairs (LlamaModel.permute); HF's rotate_half wants them back: HF row
+// (h, half, i) is GGUF row (h, i, half). Other architectures keep HF's order.
+std::vector<int32_t> unpermute_order(const std::string& arch, const std::string& hf_name,
+                                     size_t rows, const ModelConfig& c) {
+  if (arch != "llama") return {};
+  int heads = 0;
+  if (hf_name.find(".self_attn.q_proj.") != std::string::npos) heads = c.num_heads;
+  if (hf_name.find(".self_attn.k_proj.") != std::string::npos) heads = c.num_kv_heads;
+  if (heads == 0) return {};
+  check(rows % (2 * static_cast<size_t>(heads)) == 0,
+        hf_name + ": " + std::to_string(rows) + " rows do not split into " + std::to_string(heads) +
+            " heads of rotary pairs");
+  const size_t half = rows / heads / 2;
+  std::vector<int32_t> order(rows);
+  for (size_t h = 0; h < static_cast<size_t>(heads); ++h)
+    for (size_t p = 0; p < 2; ++p)
+      for (size_t i = 0; i < half; ++i)
+        order[(h * 2 + p) * half + i] = static_cast<int32_t>((h * half + i) * 2 + p);
+  return order;
+}
+
+float float_element(const GgufTensor& t, size_t i) {
+  uint16_t h;
+  switch (t.type) {
+    case GgmlType::F32: {
+      float v;
+      std::memcpy(&v, t.data + i * 4, 4);
+      return v;
+    }
+    case GgmlType::F16:
+      std::memcpy(&h, t.data + i * 2, 2);
+      return f16_to_float(h);
+    default:  // BF16
+      std::memcpy(&h, t.data + i * 2, 2);
+      return bf16_to_float(h);
+  }
+}
+
+DType view_dtype(GgmlType t) {
+  return t == GgmlType::F32 ? DType::f32 : t == GgmlType::F16 ? DType::f16 : DType::bf16;
+}
+
+}  // namespace
+
+std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path& gguf_path) {
+  auto w = std::make_unique<GgufWeights>(GgufWeights{GgufFile::open(gguf_path), {}, {}, {}});
+  const GgufFile& g = w->file;
+  const ModelConfig config = model_config_from_gguf(g);  // its head counts order Q/K rows
+  const std::string arch = g.get_string("general.architecture").value_or("");
+  std::map<std::string, TensorView> views;
+  for (const auto& [name, t] : g.tensors()) {
+    if (name == "rope_freqs.weight") continue;  // Llama 3 RoPE scaling: read into the config
+    const auto hf = hf_tensor_name(arch, name);
+    check(hf.has_value(),
+          g.path() + ": tensor '" + name + "' is not one edgellm knows for a " + arch + " model");
+    check(t.dims.size() == 1 || t.dims.size() == 2, g.path() + ": tensor '" + name + "' has " +
+                                                        std::to_string(t.dims.size()) +
+                                                        " dimensions, expected 1 or 2");
+    TensorView v{.name = *hf,
+                 .dtype = DType::f32,
+                 .shape = {},
+                 .data = nullptr,
+                 .nbytes = 0,
+                 .file = g.path()};
+    for (auto d = t.dims.rbegin(); d != t.dims.rend(); ++d)
+      v.shape.push_back(static_cast<int64_t>(*d));
+    std::vector<int32_t> order = unpermute_order(arch, *hf, t.rows(), config);
+    if (!is_float(t.type)) {
+      check(t.dims.size() == 2, g.path() + ": tensor '" + name + "' is quantized but not a matrix");
+      w->source.gguf.emplace(*hf, GgufMatrix{.format = runnable_format(g.path(), t),
+                                             .blocks = t.data,
+                                             .nbytes = t.nbytes,
+                                             .rows = t.rows(),
+                                             .cols = t.cols(),
+                                             .row_order = std::move(order)});
+    } else {
+      // HF's Gemma norms hold w where llama.cpp stores 1 + w; subtracting in fp32, as the
+      // converter does, keeps this path bit-identical to the converted fp32 checkpoint.
+      const bool minus_one = arch == "gemma3" && name.ends_with("norm.weight");
+      if (order.empty() && !minus_one) {
+        v.dtype = view_dtype(t.type);
+        v.data = t.data;
+        v.nbytes = t.nbytes;
+      } else {
+        std::vector<float>& out = w->owned.emplace_back(t.numel());
+        const size_t cols = t.cols();
+        for (size_t r = 0; r < t.rows(); ++r) {
+          const size_t src = order.empty() ? r : static_cast<size_t>(order[r]);
+          for (size_t i = 0; i < cols; ++i) {
+            const float x = float_element(t, src * cols + i);
+            out[r * cols + i] = minus_one ? x - 1.0f : x;
+          }
+        }
+        v.data = out.data();
+        v.nbytes = out.size() * sizeof(float);
+      }
+    }
+    views.emplace(*hf, std::move(v));
+  }
+  w->checkpoint = Checkpoint::from_views(std::move(views));
   return w;
 }
 

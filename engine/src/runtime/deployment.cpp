@@ -124,6 +124,16 @@ std::string model_id(const std::filesystem::path& model) {
   return dir.filename().string() + "-gguf";
 }
 
+bool is_bare_gguf(const std::filesystem::path& model) {
+  return model.extension() == ".gguf" &&
+         !std::filesystem::exists(checkpoint_dir(model) / "config.json");
+}
+
+ChatTemplate chat_template_of(const std::filesystem::path& model) {
+  return is_bare_gguf(model) ? ChatTemplate::from_gguf(model)
+                             : ChatTemplate::load(checkpoint_dir(model));
+}
+
 namespace {
 
 // A checkpoint directory, or a .gguf file inside one (run quantized).
@@ -151,12 +161,8 @@ std::filesystem::path Deployment::resolve_model(const std::string& choice) const
                   ") nor a checkpoint directory or .gguf file");
     }
   }
-  if (dir.extension() == ".gguf")
-    check(std::filesystem::is_regular_file(checkpoint_dir(dir) / "config.json"),
-          "--model " + choice +
-              ": no converted checkpoint beside it (config.json, tokenizer.json); "
-              "scripts/fetch_model.py writes one from the same GGUF");
-  check(std::filesystem::is_regular_file(checkpoint_dir(dir) / "config.json"),
+  check(dir.extension() == ".gguf" ||
+            std::filesystem::is_regular_file(checkpoint_dir(dir) / "config.json"),
         "--model " + choice + ": " + checkpoint_dir(dir).string() +
             " is not a HF-format checkpoint (no config.json)");
   return dir;
@@ -172,15 +178,15 @@ std::string Deployment::variant(const std::filesystem::path& model, const std::s
     }
   }
   if (choice == "instruct" || choice == "base") return choice;
-  return ChatTemplate::load(model_dir).available() ? "instruct" : "base";
+  return chat_template_of(model).available() ? "instruct" : "base";
 }
 
 PromptFormat Deployment::prompt_format_for(const std::filesystem::path& model,
                                            const std::string& choice, bool raw) const {
   const std::filesystem::path model_dir = checkpoint_dir(model);
   if (raw || prompt_format == "raw") return PromptFormat::raw;
-  if (prompt_format == "auto" && variant(model_dir, choice) == "base") return PromptFormat::raw;
-  check(ChatTemplate::load(model_dir).available(),
+  if (prompt_format == "auto" && variant(model, choice) == "base") return PromptFormat::raw;
+  check(chat_template_of(model).available(),
         model_dir.string() + ": an instruct checkpoint without a chat template (pass --raw)");
   return PromptFormat::chat;
 }

@@ -15,10 +15,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "edgellm/deployment.h"
 #include "edgellm/error.h"
 #include "edgellm/thread_pool.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/gguf_config.h"
 #include "models/gguf_weights.h"
 #include "models/transformer.h"
 #include "models/weights.h"
@@ -171,18 +173,16 @@ size_t prefill_chunk_size(size_t left, size_t budget) {
 }
 
 void Model::setup(const std::filesystem::path& model, const SessionOptions& options) {
-  // A .gguf file runs inside the converted checkpoint directory that holds it.
+  // A .gguf file runs inside the converted checkpoint directory that holds it,
+  // or, with none there, from its own metadata alone.
   const bool is_gguf = model.extension() == ".gguf";
   check(!is_gguf || std::filesystem::is_regular_file(model),
         model.string() + ": GGUF file not found");
-  const auto model_dir = is_gguf ? model.parent_path() : model;
+  const bool bare = is_bare_gguf(model);
+  const auto model_dir = checkpoint_dir(model);
   check(std::filesystem::is_directory(model_dir),
         model_dir.string() +
             ": checkpoint directory not found (fetch it with `make fetch` or set MODEL=<dir>)");
-  check(!is_gguf || std::filesystem::exists(model_dir / "config.json"),
-        model.string() +
-            ": no converted checkpoint beside it (config.json, tokenizer.json, "
-            "model.safetensors); scripts/fetch_model.py writes one from the same GGUF");
   check(options.max_context > 0,
         "max_context must be positive, got " + std::to_string(options.max_context));
   const int threads = checked_threads(options.threads);
@@ -191,32 +191,40 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
   s->profiler.enable(options.profile);
   const auto t0 = std::chrono::steady_clock::now();
   // Names the step an out-of-memory error interrupted.
-  std::string step = "reading config.json";
+  std::string step = bare ? "reading the GGUF metadata" : "reading config.json";
   try {
     s->model_dir = model_dir;
-    s->config = load_model_config(model_dir / "config.json");
-    merge_generation_eos(model_dir, s->config);
+    // A bare GGUF's tensors, opened first: its metadata is the config.
+    std::unique_ptr<GgufWeights> gguf = bare ? open_bare_gguf_weights(model) : nullptr;
+    if (bare) {
+      s->config = model_config_from_gguf(gguf->file);
+    } else {
+      s->config = load_model_config(model_dir / "config.json");
+      merge_generation_eos(model_dir, s->config);
+    }
     check(cfg.kv != kernels::KvDtype::q8_0 || s->config.head_dim % kernels::kKvQ8Block == 0,
           "a q8_0 KV cache quantizes blocks of 32 head dims, and this model's head_dim is " +
               std::to_string(s->config.head_dim) + ": use --kv-cache fp32 or bf16");
     step = "loading the tokenizer";
-    s->tokenizer.emplace(Tokenizer::load(model_dir));
-    s->chat_template = ChatTemplate::load(model_dir);
+    s->tokenizer.emplace(bare ? Tokenizer::from_gguf(model) : Tokenizer::load(model_dir));
+    s->chat_template = chat_template_of(model);
     check(s->tokenizer->vocab_size() <= static_cast<size_t>(s->config.vocab_size),
-          (model_dir / "tokenizer.json").string() + ": " +
+          (bare ? model : model_dir / "tokenizer.json").string() + ": " +
               std::to_string(s->tokenizer->vocab_size()) +
               " tokens do not fit the model's vocab_size " + std::to_string(s->config.vocab_size));
-    step = "reading the safetensors headers";
+    step = bare ? "reading the GGUF tensors" : "reading the safetensors headers";
     // The mappings live only through setup: the packed weights hold copies, so a
     // model file truncated or edited while a chat runs cannot fault or change it.
-    const Checkpoint checkpoint = Checkpoint::open(model_dir);
+    const std::optional<Checkpoint> own =
+        bare ? std::nullopt : std::optional<Checkpoint>(Checkpoint::open(model_dir));
+    const Checkpoint& checkpoint = bare ? *gguf->checkpoint : *own;
     const size_t weight_bytes = check_weights(checkpoint, s->config);
     s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
     check_memory(s->config, weight_bytes, s->max_context, cfg.kv);
     step = "starting the worker threads";
     s->pool = std::make_unique<ThreadPool>(threads);
     step = "reading the GGUF file";
-    const auto gguf = is_gguf ? open_gguf_weights(model, s->config) : nullptr;
+    if (is_gguf && !bare) gguf = open_gguf_weights(model, s->config);
     const auto quant = quant_source(gguf, options.weights);
     step = "packing " + gb_str(weight_bytes) + " of weights";
     ModelWeights weights =

@@ -30,7 +30,7 @@ inline uint64_t pair_key(int32_t a, int32_t b) {
 
 class Bpe final : public Model {
  public:
-  Bpe(const json& j, const std::string& where);
+  Bpe(BpeSpec spec, const std::string& where, const std::vector<size_t>& merge_index);
 
   void tokenize(std::string_view piece, std::vector<int32_t>& out) const override;
   int32_t token_to_id(std::string_view token) const override {
@@ -69,18 +69,64 @@ class Bpe final : public Model {
   WordCache cache_;
 };
 
-Bpe::Bpe(const json& j, const std::string& where) {
+// tokenizer.json's "model" of type BPE, validated field by field. `merge_index`
+// maps a merge to its position in the file where "#version" lines were skipped.
+BpeSpec parse_bpe(const json& j, const std::string& where, std::vector<size_t>& merge_index) {
+  BpeSpec spec;
   const std::string vw = at_key(where, "vocab");
   const json& vocab = require_field(j, "vocab", where);
   if (!vocab.is_object()) fail(vw, std::string("expected an object, found ") + type_name(vocab));
+  spec.vocab.reserve(vocab.size());
+  for (auto it = vocab.begin(); it != vocab.end(); ++it)
+    spec.vocab.emplace_back(it.key(), as_id(it.value(), at_key(vw, it.key())));
+  spec.continuing_prefix = optional_string(j, "continuing_subword_prefix", where).value_or("");
+  spec.end_suffix = optional_string(j, "end_of_word_suffix", where).value_or("");
+  spec.fuse_unk = bool_field(j, "fuse_unk", false, where);
+  spec.byte_fallback = bool_field(j, "byte_fallback", false, where);
+  spec.ignore_merges = bool_field(j, "ignore_merges", false, where);
+  if (const json* d = find_field(j, "dropout")) {
+    if (!d->is_number() || d->get<double>() != 0.0)
+      fail(at_key(where, "dropout"), "BPE dropout is random and not supported; expected null");
+  }
+  spec.unk_token = optional_string(j, "unk_token", where);
+
+  const std::string mw = at_key(where, "merges");
+  const json& merges = require_field(j, "merges", where);
+  if (!merges.is_array()) fail(mw, std::string("expected a list, found ") + type_name(merges));
+  spec.merges.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const json& m = merges[i];
+    const std::string w = at_index(mw, i);
+    if (m.is_string()) {
+      // Legacy "a b" form; HF skips "#version" header lines without using a rank.
+      const std::string& line = m.get_ref<const std::string&>();
+      if (line.starts_with("#version")) {
+        if (merge_index.empty())
+          for (size_t k = 0; k < spec.merges.size(); ++k) merge_index.push_back(k);
+        continue;
+      }
+      const size_t sp = line.find(' ');
+      if (sp == std::string::npos || line.find(' ', sp + 1) != std::string::npos)
+        fail(w, "expected \"<left> <right>\", found '" + line + "'");
+      spec.merges.emplace_back(line.substr(0, sp), line.substr(sp + 1));
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      spec.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    } else {
+      fail(w, "expected \"<left> <right>\" or [left, right]");
+    }
+    if (!merge_index.empty()) merge_index.push_back(i);
+  }
+  return spec;
+}
+
+Bpe::Bpe(BpeSpec spec, const std::string& where, const std::vector<size_t>& merge_index) {
+  const std::string vw = at_key(where, "vocab");
   int64_t max_id = -1;
-  vocab_.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int32_t id = as_id(it.value(), at_key(vw, it.key()));
-    if (id >= kMaxId)
-      fail(at_key(vw, it.key()), "token id " + std::to_string(id) + " is too large");
-    vocab_[it.key()] = id;
+  vocab_.reserve(spec.vocab.size());
+  for (auto& [token, id] : spec.vocab) {
+    if (id >= kMaxId) fail(at_key(vw, token), "token id " + std::to_string(id) + " is too large");
     max_id = std::max<int64_t>(max_id, id);
+    vocab_[std::move(token)] = id;  // a repeated token keeps its last id, as in HF
   }
   tokens_.resize(static_cast<size_t>(max_id + 1));
   present_.assign(tokens_.size(), 0);
@@ -89,18 +135,15 @@ Bpe::Bpe(const json& j, const std::string& where) {
     present_[id] = 1;
   }
 
-  continuing_prefix_ = optional_string(j, "continuing_subword_prefix", where).value_or("");
-  end_suffix_ = optional_string(j, "end_of_word_suffix", where).value_or("");
-  fuse_unk_ = bool_field(j, "fuse_unk", false, where);
-  byte_fallback_ = bool_field(j, "byte_fallback", false, where);
-  ignore_merges_ = bool_field(j, "ignore_merges", false, where);
-  if (const json* d = find_field(j, "dropout")) {
-    if (!d->is_number() || d->get<double>() != 0.0)
-      fail(at_key(where, "dropout"), "BPE dropout is random and not supported; expected null");
-  }
-  if (auto unk = optional_string(j, "unk_token", where)) {
-    unk_id_ = token_to_id(*unk);
-    if (unk_id_ < 0) fail(at_key(where, "unk_token"), "'" + *unk + "' is not in the vocabulary");
+  continuing_prefix_ = std::move(spec.continuing_prefix);
+  end_suffix_ = std::move(spec.end_suffix);
+  fuse_unk_ = spec.fuse_unk;
+  byte_fallback_ = spec.byte_fallback;
+  ignore_merges_ = spec.ignore_merges;
+  if (spec.unk_token) {
+    unk_id_ = token_to_id(*spec.unk_token);
+    if (unk_id_ < 0)
+      fail(at_key(where, "unk_token"), "'" + *spec.unk_token + "' is not in the vocabulary");
   }
   for (int b = 0; b < 256; ++b) {
     char name[8];
@@ -109,39 +152,21 @@ Bpe::Bpe(const json& j, const std::string& where) {
   }
 
   const std::string mw = at_key(where, "merges");
-  const json& merges = require_field(j, "merges", where);
-  if (!merges.is_array()) fail(mw, std::string("expected a list, found ") + type_name(merges));
-  merges_.reserve(merges.size());
+  merges_.reserve(spec.merges.size());
   uint32_t rank = 0;
   std::string joined;
-  for (size_t i = 0; i < merges.size(); ++i) {
-    const json& m = merges[i];
-    const std::string w = at_index(mw, i);
-    std::string a, b;
-    if (m.is_string()) {
-      // Legacy "a b" form; HF skips "#version" header lines without using a rank.
-      const std::string& line = m.get_ref<const std::string&>();
-      if (line.starts_with("#version")) continue;
-      const size_t sp = line.find(' ');
-      if (sp == std::string::npos || line.find(' ', sp + 1) != std::string::npos)
-        fail(w, "expected \"<left> <right>\", found '" + line + "'");
-      a = line.substr(0, sp);
-      b = line.substr(sp + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
-    } else {
-      fail(w, "expected \"<left> <right>\" or [left, right]");
-    }
+  for (size_t i = 0; i < spec.merges.size(); ++i) {
+    const auto& [a, b] = spec.merges[i];
+    auto w = [&] { return at_index(mw, merge_index.empty() ? i : merge_index[i]); };
     const int32_t ida = token_to_id(a), idb = token_to_id(b);
-    if (ida < 0) fail(w, "merge token '" + a + "' is not in the vocabulary");
-    if (idb < 0) fail(w, "merge token '" + b + "' is not in the vocabulary");
+    if (ida < 0) fail(w(), "merge token '" + a + "' is not in the vocabulary");
+    if (idb < 0) fail(w(), "merge token '" + b + "' is not in the vocabulary");
     if (b.size() < continuing_prefix_.size())
-      fail(w, "merge token '" + b + "' lacks the continuing_subword_prefix");
+      fail(w(), "merge token '" + b + "' lacks the continuing_subword_prefix");
     joined = a;
     joined.append(b, continuing_prefix_.size());
     const int32_t idm = token_to_id(joined);
-    if (idm < 0) fail(w, "merged token '" + joined + "' is not in the vocabulary");
+    if (idm < 0) fail(w(), "merged token '" + joined + "' is not in the vocabulary");
     merges_[pair_key(ida, idb)] = {rank++, idm};  // a repeated pair keeps its last rank, as in HF
   }
 }
@@ -267,7 +292,13 @@ void Bpe::tokenize(std::string_view piece, std::vector<int32_t>& out) const {
 }  // namespace
 
 std::unique_ptr<Model> make_bpe(const json& j, const std::string& where) {
-  return std::make_unique<Bpe>(j, where);
+  std::vector<size_t> merge_index;
+  BpeSpec spec = parse_bpe(j, where, merge_index);
+  return std::make_unique<Bpe>(std::move(spec), where, merge_index);
+}
+
+std::unique_ptr<Model> make_bpe(BpeSpec spec, const std::string& where) {
+  return std::make_unique<Bpe>(std::move(spec), where, std::vector<size_t>{});
 }
 
 std::unique_ptr<Model> make_model(const json& j, const std::string& where) {

@@ -153,11 +153,20 @@ ChatTemplate ChatTemplate::load(const std::filesystem::path& model_dir) {
   }
   if (tmpl.empty()) return ct;
 
+  std::string bos;
   if (const json* b = tok::find_field(config, "bos_token")) {
-    ct.bos_token_ = b->is_string()
-                        ? b->get<std::string>()
-                        : tok::string_field(*b, "content", tok::at_key(where, "bos_token"));
+    bos = b->is_string() ? b->get<std::string>()
+                         : tok::string_field(*b, "content", tok::at_key(where, "bos_token"));
   }
+  return from_text(tmpl, bos, ct.source_);
+}
+
+ChatTemplate ChatTemplate::from_text(const std::string& tmpl, const std::string& bos_token,
+                                     const std::string& source) {
+  ChatTemplate ct;
+  if (tmpl.empty()) return ct;
+  ct.source_ = source;
+  ct.bos_token_ = bos_token;
   ct.own_tool_layout_ = tmpl.find("tool") != std::string::npos;
   if (tmpl.find("<|im_start|>") != std::string::npos) {
     ct.style_ = Style::chatml;

@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "json_util.h"
@@ -65,7 +67,18 @@ class Model {
   virtual size_t vocab_entries() const = 0;
 };
 
+// A BPE model's contents, however they were stored (tokenizer.json, GGUF metadata).
+struct BpeSpec {
+  std::vector<std::pair<std::string, int32_t>> vocab;       // token, id
+  std::vector<std::pair<std::string, std::string>> merges;  // by rank, best first
+  std::optional<std::string> unk_token;
+  std::string continuing_prefix, end_suffix;
+  bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
+};
+
 std::unique_ptr<Model> make_bpe(const json& j, const std::string& where);
+// `where` prefixes error messages (e.g. "file: model").
+std::unique_ptr<Model> make_bpe(BpeSpec spec, const std::string& where);
 std::unique_ptr<Model> make_unigram(const json& j, const std::string& where);
 
 // Dispatches on model.type; unsupported types throw Error naming them.

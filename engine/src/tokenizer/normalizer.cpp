@@ -1,8 +1,12 @@
 #include "normalizer.h"
 
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+
 #include <vector>
 
 #include "byte_level.h"
+#include "edgellm/error.h"
 #include "regex.h"
 #include "unicode.h"
 
@@ -93,6 +97,38 @@ class ByteLevelNormalizer final : public Normalizer {
   }
 };
 
+// Unicode normalization forms (NFC: Qwen2's tokenizer), by ICU, whose tables
+// follow the Unicode version as HF's unicode-normalization crate does.
+class UnicodeFormNormalizer final : public Normalizer {
+ public:
+  explicit UnicodeFormNormalizer(const icu::Normalizer2* form) : form_(form) {}
+  void normalize(std::string& text) const override {
+    UErrorCode status = U_ZERO_ERROR;
+    const icu::UnicodeString s = icu::UnicodeString::fromUTF8(text);
+    if (form_->isNormalized(s, status) && U_SUCCESS(status)) return;
+    status = U_ZERO_ERROR;
+    const icu::UnicodeString out = form_->normalize(s, status);
+    if (U_FAILURE(status))
+      throw Error(std::string("Unicode normalization failed: ") + u_errorName(status));
+    text.clear();
+    out.toUTF8String(text);
+  }
+
+ private:
+  const icu::Normalizer2* form_;  // ICU's singleton, never freed
+};
+
+std::unique_ptr<Normalizer> make_unicode_form(const std::string& type, const std::string& where) {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* form = type == "NFC"    ? icu::Normalizer2::getNFCInstance(status)
+                                 : type == "NFD"  ? icu::Normalizer2::getNFDInstance(status)
+                                 : type == "NFKC" ? icu::Normalizer2::getNFKCInstance(status)
+                                                  : icu::Normalizer2::getNFKDInstance(status);
+  if (U_FAILURE(status) || form == nullptr)
+    fail(at_key(where, "type"), "ICU has no " + type + " data (" + u_errorName(status) + ")");
+  return std::make_unique<UnicodeFormNormalizer>(form);
+}
+
 }  // namespace
 
 std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& where) {
@@ -122,8 +158,9 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& wh
                                              bool_field(j, "strip_right", false, where));
   }
   if (type == "ByteLevel") return std::make_unique<ByteLevelNormalizer>();
-  // NFC/NFKC/Lowercase/Precompiled/Bert need Unicode tables we do not carry;
-  // none of the supported models uses them.
+  if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD")
+    return make_unicode_form(type, where);
+  // Lowercase/Precompiled/Bert: none of the supported models uses them.
   fail(at_key(where, "type"), "normalizer '" + type + "' is not supported");
 }
 

@@ -97,11 +97,6 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
   const std::filesystem::path path = model_dir / "tokenizer.json";
   if (!std::filesystem::exists(path)) throw Error(path.string() + ": not found");
   json root = read_json_file(path);
-  const std::string where = path.string() + ": ";
-  if (!root.is_object()) tok::fail(path.string(), "expected a JSON object at the top level");
-  if (auto v = tok::optional_string(root, "version", where); v && *v != "1.0")
-    tok::fail(tok::at_key(where, "version"), "unknown tokenizer.json version '" + *v + "'");
-
   const std::filesystem::path config_path = model_dir / "tokenizer_config.json";
   json config = json::object();
   if (std::filesystem::exists(config_path)) {
@@ -109,7 +104,18 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
     if (!config.is_object())
       tok::fail(config_path.string(), "expected a JSON object at the top level");
   }
-  apply_add_prefix_space(root, config, config_path.string() + ": ");
+  return Tokenizer(Impl::build(std::move(root), config, path.string(), config_path.string()));
+}
+
+std::unique_ptr<Tokenizer::Impl> Tokenizer::Impl::build(tok::json root, const tok::json& config,
+                                                        const std::string& file,
+                                                        const std::string& config_file,
+                                                        std::unique_ptr<tok::Model> model) {
+  const std::string where = file + ": ";
+  if (!root.is_object()) tok::fail(file, "expected a JSON object at the top level");
+  if (auto v = tok::optional_string(root, "version", where); v && *v != "1.0")
+    tok::fail(tok::at_key(where, "version"), "unknown tokenizer.json version '" + *v + "'");
+  apply_add_prefix_space(root, config, config_file + ": ");
 
   auto impl = std::make_unique<Impl>();
   auto field = [&](const char* key) -> const json& {
@@ -120,15 +126,16 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir) {
   impl->normalizer = tok::make_normalizer(field("normalizer"), tok::at_key(where, "normalizer"));
   impl->pre_tokenizer =
       tok::make_pre_tokenizer(field("pre_tokenizer"), tok::at_key(where, "pre_tokenizer"));
-  impl->model =
-      tok::make_model(tok::require_field(root, "model", where), tok::at_key(where, "model"));
+  impl->model = model ? std::move(model)
+                      : tok::make_model(tok::require_field(root, "model", where),
+                                        tok::at_key(where, "model"));
   impl->decoder = tok::make_decoder(field("decoder"), tok::at_key(where, "decoder"));
   impl->added.load(field("added_tokens"), tok::at_key(where, "added_tokens"),
                    impl->normalizer.get(), *impl->model);
   impl->post_processor =
       tok::make_post_processor(field("post_processor"), tok::at_key(where, "post_processor"));
-  impl->apply_config(config, config_path.string() + ": ");
-  return Tokenizer(std::move(impl));
+  impl->apply_config(config, config_file + ": ");
+  return impl;
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

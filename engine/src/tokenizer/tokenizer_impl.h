@@ -27,6 +27,13 @@ struct Tokenizer::Impl {
   // transformers' clean_up_tokenization_spaces (tokenizer_config.json).
   bool clean_up_spaces = false;
 
+  // The pipeline a tokenizer.json describes (`root`, its file named `file`),
+  // with transformers' changes from tokenizer_config.json (`config`). The GGUF
+  // tokenizer (gguf_tokenizer.cpp) describes its pipeline the same way, and
+  // passes its (large) model built already instead of root["model"].
+  static std::unique_ptr<Impl> build(tok::json root, const tok::json& config,
+                                     const std::string& file, const std::string& config_file,
+                                     std::unique_ptr<tok::Model> model = nullptr);
   // What transformers' tokenizer class changes on top of tokenizer.json.
   void apply_config(const tok::json& config, const std::string& where);
   // The token string HF's decoder sees for `id`, or nullptr for unknown ids.

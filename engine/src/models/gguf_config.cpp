@@ -1,0 +1,228 @@
+#include "models/gguf_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "edgellm/error.h"
+
+namespace edgellm {
+
+namespace {
+
+// Far above any published model, as in config_json.cpp.
+constexpr int64_t kMaxLayers = 1 << 14;
+
+struct Meta {
+  const GgufFile& g;
+  std::string arch;
+
+  std::string key(const std::string& k) const { return arch + "." + k; }
+  [[noreturn]] void fail(const std::string& k, const std::string& what) const {
+    throw Error(g.path() + ": metadata '" + k + "' " + what);
+  }
+  int positive_int(const std::string& k, int64_t max = INT32_MAX) const {
+    const auto v = g.get_int(key(k));
+    if (!v) fail(key(k), "is missing");
+    if (*v <= 0 || *v > max)
+      fail(key(k), "must be a positive integer up to " + std::to_string(max) + ", got " +
+                       std::to_string(*v));
+    return static_cast<int>(*v);
+  }
+  int positive_int_or(const std::string& k, int fallback) const {
+    return g.get_int(key(k)) ? positive_int(k) : fallback;
+  }
+  float positive_float(const std::string& k, std::optional<float> fallback) const {
+    const auto v = g.get_float(key(k));
+    if (!v && fallback) return *fallback;
+    if (!v) fail(key(k), "is missing");
+    if (!std::isfinite(*v) || !(*v > 0) || *v > std::numeric_limits<float>::max())
+      fail(key(k), "must be a positive finite number, got " + std::to_string(*v));
+    return static_cast<float>(*v);
+  }
+  // A token id of tokenizer.ggml.*, inside the embedding's rows.
+  std::optional<int> token_id(const std::string& k, int vocab_size) const {
+    const auto v = g.get_int(k);
+    if (!v) return std::nullopt;
+    if (*v < 0 || *v >= vocab_size)
+      fail(k, "holds " + std::to_string(*v) + ", outside the vocabulary of " +
+                  std::to_string(vocab_size));
+    return static_cast<int>(*v);
+  }
+};
+
+const char* hf_architecture(const std::string& arch) {
+  if (arch == "llama") return "LlamaForCausalLM";
+  if (arch == "qwen2") return "Qwen2ForCausalLM";
+  if (arch == "qwen3") return "Qwen3ForCausalLM";
+  if (arch == "gemma3") return "Gemma3ForCausalLM";
+  return nullptr;
+}
+
+// Llama 3's RoPE factor of one rotary pair (HF's _compute_llama3_parameters,
+// as llama.cpp's converter turns it into a divisor of the frequency).
+double llama3_factor(double wavelen, const RopeScaling& s) {
+  const double low_wavelen = s.original_max_position / s.low_freq_factor;
+  const double high_wavelen = s.original_max_position / s.high_freq_factor;
+  if (wavelen < high_wavelen) return 1.0;
+  if (wavelen > low_wavelen) return s.factor;
+  const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) /
+                        (s.high_freq_factor - s.low_freq_factor);
+  return 1.0 / ((1.0 - smooth) / s.factor + smooth);
+}
+
+// llama.cpp keeps Llama 3's frequency-dependent scaling as a tensor of
+// per-pair factors (rope_freqs.weight), not HF's parameters. Recovered here:
+// the factor is the largest divisor; the pairs between the two wavelength
+// thresholds lie on a line that gives the original context and
+// high_freq_factor, given low_freq_factor 1 (every Llama 3.x). The result must
+// reproduce every stored factor, or the file is refused.
+void read_llama3_factors(const Meta& m, const GgufTensor& t, float theta, ModelConfig& c) {
+  const std::string what = m.g.path() + ": tensor 'rope_freqs.weight' (Llama 3 RoPE scaling) ";
+  const size_t pairs = static_cast<size_t>(c.head_dim / 2);
+  check(t.type == GgmlType::F32 && t.dims.size() == 1 && t.dims[0] == pairs,
+        what + "must be F32 with one factor per rotary pair (" + std::to_string(pairs) + ")");
+  std::vector<double> f(pairs), wavelen(pairs);
+  for (size_t i = 0; i < pairs; ++i) {
+    float v;
+    std::memcpy(&v, t.data + i * sizeof(float), sizeof(float));
+    check(std::isfinite(v) && v >= 1.0f, what + "holds a factor below 1 or not finite");
+    f[i] = v;
+    wavelen[i] = 2.0 * M_PI * std::pow(static_cast<double>(theta), 2.0 * i / c.head_dim);
+  }
+  RopeScaling& s = c.rope_scaling;
+  s.factor = static_cast<float>(*std::max_element(f.begin(), f.end()));
+  if (s.factor == 1.0f) return;  // no scaling at all
+  s.type = RopeScaling::Type::llama3;
+  s.low_freq_factor = 1.0f;
+  // smooth = orig / wavelen / (high - 1) - 1 / (high - 1) on the pairs in between.
+  std::vector<std::pair<double, double>> line;  // (1 / wavelen, smooth)
+  for (size_t i = 0; i < pairs; ++i)
+    if (f[i] > 1.0 + 1e-6 && f[i] < s.factor * (1.0 - 1e-6))
+      line.emplace_back(1.0 / wavelen[i], (1.0 / f[i] - 1.0 / s.factor) / (1.0 - 1.0 / s.factor));
+  check(line.size() >= 2, what +
+                              "has fewer than two pairs between its thresholds: its "
+                              "parameters cannot be recovered");
+  const auto [x0, y0] = line.front();
+  const auto [x1, y1] = line.back();
+  const double slope = (y1 - y0) / (x1 - x0), intercept = slope * x0 - y0;  // A, B
+  check(std::isfinite(slope) && std::isfinite(intercept) && slope > 0 && intercept > 0 &&
+            slope / intercept < INT32_MAX && intercept > 1e-6,
+        what + "is not Llama 3 scaling (its factors do not fall with frequency)");
+  s.original_max_position = static_cast<int>(std::lround(slope / intercept));
+  s.high_freq_factor = static_cast<float>(std::round((1.0 + intercept) / intercept * 100) / 100);
+  for (size_t i = 0; i < pairs; ++i)
+    check(std::fabs(llama3_factor(wavelen[i], s) - f[i]) <= 1e-4 * f[i],
+          what + "is not Llama 3 scaling with low_freq_factor 1 (pair " + std::to_string(i) + ")");
+}
+
+void read_rope_scaling(const Meta& m, float theta, ModelConfig& c) {
+  const std::string type = m.g.get_string(m.key("rope.scaling.type")).value_or("none");
+  if (type == "linear") {
+    c.rope_scaling.type = RopeScaling::Type::linear;
+    c.rope_scaling.factor = m.positive_float("rope.scaling.factor", std::nullopt);
+  } else if (type != "none") {
+    m.fail(m.key("rope.scaling.type"), "'" + type + "' is not supported (supported: none, linear)");
+  }
+  if (const GgufTensor* t = m.g.find("rope_freqs.weight")) {
+    check(type == "none", m.g.path() + ": both rope.scaling.type '" + type +
+                              "' and tensor 'rope_freqs.weight': expected one");
+    read_llama3_factors(m, *t, theta, c);
+  }
+}
+
+// Gemma 3: which layers attend within a sliding window. llama.cpp hard-codes a
+// period of 6 (five local layers, then a global one) unless the file says otherwise,
+// as an integer period or one bool per layer.
+std::vector<bool> sliding_layers(const Meta& m, int layers) {
+  std::vector<bool> sliding(static_cast<size_t>(layers));
+  const std::string k = m.key("attention.sliding_window_pattern");
+  const auto it = m.g.metadata().find(k);
+  if (it != m.g.metadata().end() && it->second.type == GgufValue::Type::array) {
+    const std::vector<double> flags = m.g.get_number_array(k);
+    if (flags.size() != sliding.size())
+      m.fail(k, "must hold one flag per layer (" + std::to_string(layers) + ")");
+    for (size_t i = 0; i < flags.size(); ++i) sliding[i] = flags[i] != 0;
+    return sliding;
+  }
+  const int pattern = m.positive_int_or("attention.sliding_window_pattern", 6);
+  for (int i = 0; i < layers; ++i) sliding[i] = (i + 1) % pattern != 0;
+  return sliding;
+}
+
+}  // namespace
+
+const std::vector<std::string>& supported_gguf_architectures() {
+  static const std::vector<std::string> kArchs = {"gemma3", "llama", "qwen2", "qwen3"};
+  return kArchs;
+}
+
+ModelConfig model_config_from_gguf(const GgufFile& g) {
+  const auto arch = g.get_string("general.architecture");
+  check(arch.has_value(), g.path() + ": metadata 'general.architecture' is missing");
+  const char* hf = hf_architecture(*arch);
+  if (hf == nullptr) {
+    std::string list;
+    for (const auto& a : supported_gguf_architectures()) list += (list.empty() ? "" : ", ") + a;
+    throw Error(g.path() + ": architecture '" + *arch +
+                "' is not supported in a GGUF (supported: " + list + ")");
+  }
+  const Meta m{g, *arch};
+  const bool gemma = *arch == "gemma3";
+
+  ModelConfig c;
+  c.architecture = hf;
+  c.hidden_size = m.positive_int("embedding_length");
+  c.intermediate_size = m.positive_int("feed_forward_length");
+  c.num_layers = m.positive_int("block_count", kMaxLayers);
+  c.num_heads = m.positive_int("attention.head_count");
+  c.num_kv_heads = m.positive_int_or("attention.head_count_kv", c.num_heads);
+  c.head_dim = m.positive_int_or("attention.key_length", c.hidden_size / c.num_heads);
+  if (m.positive_int_or("attention.value_length", c.head_dim) != c.head_dim)
+    m.fail(m.key("attention.value_length"), "must equal attention.key_length");
+  if (m.positive_int_or("rope.dimension_count", c.head_dim) != c.head_dim)
+    m.fail(m.key("rope.dimension_count"), "must equal the head size " + std::to_string(c.head_dim) +
+                                              " (partial rotary is not supported)");
+  if (c.num_heads % c.num_kv_heads != 0)
+    m.fail(m.key("attention.head_count_kv"), "(" + std::to_string(c.num_kv_heads) +
+                                                 ") must divide attention.head_count (" +
+                                                 std::to_string(c.num_heads) + ")");
+  if (c.head_dim % 2 != 0) m.fail(m.key("attention.key_length"), "must be even for RoPE");
+
+  // The rows the embedding holds, not the nominal vocabulary: ids past them have no row.
+  const GgufTensor* embd = g.find("token_embd.weight");
+  check(embd != nullptr && embd->dims.size() == 2,
+        g.path() + ": tensor 'token_embd.weight' (a matrix) is missing");
+  check(embd->dims[1] <= INT32_MAX, g.path() + ": tensor 'token_embd.weight' has too many rows");
+  c.vocab_size = static_cast<int>(embd->dims[1]);
+  c.max_position_embeddings = m.positive_int("context_length");
+  c.rms_norm_eps = m.positive_float("attention.layer_norm_rms_epsilon", std::nullopt);
+  c.tie_word_embeddings = g.find("output.weight") == nullptr;
+  c.hidden_act = gemma ? Activation::gelu_tanh : Activation::silu;
+  c.attention_bias = g.find("blk.0.attn_q.bias") != nullptr;
+  apply_architecture_switches(c);
+  const float rope_theta = m.positive_float("rope.freq_base", 10000.0f);
+  read_rope_scaling(m, rope_theta, c);
+  c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{0, rope_theta, true});
+  if (gemma) {
+    // llama.cpp (LLM_ARCH_GEMMA3): 1/sqrt(head_dim), except 27B (62 layers): hidden/heads.
+    const int scalar = c.num_layers == 62 ? c.hidden_size / c.num_heads : c.head_dim;
+    c.query_scale = 1.0f / std::sqrt(static_cast<float>(scalar));
+    if (g.get_float(m.key("final_logit_softcapping")))
+      c.final_logit_softcap = m.positive_float("final_logit_softcapping", std::nullopt);
+    const int window = m.positive_int("attention.sliding_window");
+    const float local_theta = m.positive_float("rope.freq_base_swa", 10000.0f);
+    const std::vector<bool> sliding = sliding_layers(m, c.num_layers);
+    for (int i = 0; i < c.num_layers; ++i)
+      if (sliding[i]) c.layers[i] = LayerSpec{window, local_theta, false};
+  }
+
+  if (auto bos = m.token_id("tokenizer.ggml.bos_token_id", c.vocab_size)) c.bos_token_id = *bos;
+  if (auto eos = m.token_id("tokenizer.ggml.eos_token_id", c.vocab_size))
+    c.eos_token_ids.push_back(*eos);
+  return c;
+}
+
+}  // namespace edgellm

@@ -1,0 +1,468 @@
+"""A bare .gguf runs from its own metadata: config, tensor names, tokenizer, chat template.
+
+* Each real model's model.gguf alone in a directory: token ids over
+  tests/data/tokenizer_corpus.txt equal HF `tokenizers` on the converted tokenizer.json
+  (0 mismatches, with and without special tokens), decode equals HF's, the chat template
+  is recognised as the converted one is, and the logits of every prompt position are
+  bit-identical to the converted GGUF deployment (<ckpt>/gguf/, the exact fp32 checkpoint
+  beside the same file), exact and fast arithmetic.
+* GGUFs written here by gguf-py from the tiny family fixtures (llama, qwen2, qwen3, gemma3,
+  every tensor F32, llama.cpp's conventions: Llama Q/K rows permuted, Llama 3 RoPE scaling
+  as rope_freqs.weight, Gemma norms 1 + w) give the converted fixture's logits bit for bit.
+* llama.cpp's BPE pre-tokenizer types (tokenizer.ggml.pre) tokenize as the HF tokenizer of
+  that type does, on the smollm2 vocabulary.
+* Unsupported architectures, tokenizer models and pre types, and RoPE factors that are not
+  Llama 3's, get one error naming them (and the supported ones).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import REPO, STORE, assert_one_line_error
+from test_tokenizer import CORPUS
+
+sys.path.insert(0, str(REPO / "scripts"))
+from make_fixture import CONFIGS  # noqa: E402
+
+MODELS = ["smollm2-135m-instruct", "gemma3-270m"]
+PROMPT = "The capital of France is Paris. Tokyo, 2024: ü → ✓ 🤗\n\tend"
+
+
+def store_gguf(name: str) -> Path:
+    path = STORE / name / "model.gguf"
+    if not path.is_file():
+        pytest.skip(f"no {path}: run `make fetch`")
+    return path
+
+
+def alone(gguf: Path, tmp_path: Path) -> Path:
+    """The GGUF as the only file of a fresh directory (a link: the bytes are the store's)."""
+    d = tmp_path / "bare"
+    d.mkdir()
+    os.symlink(gguf, d / "model.gguf")
+    return d / "model.gguf"
+
+
+def first_difference(got: list[int], want: list[int]) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    return f"first at {at}" if at is not None else f"lengths {len(got)} vs {len(want)}"
+
+
+def mismatches(ours: Any, hf: Any, add_special: bool) -> list[str]:
+    bad = []
+    for text in CORPUS:
+        want = hf.encode(text, add_special_tokens=add_special).ids
+        got = ours.encode(text, add_special_tokens=add_special)
+        if got != want:
+            bad.append(f"{text!r}: {first_difference(got, want)}")
+    return bad
+
+
+# ---------------------------------------------------------------------- the real models
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tokenizer_from_gguf_matches_hf(model: str, tmp_path: Path, engine_binding: Any) -> None:
+    import tokenizers
+
+    path = alone(store_gguf(model), tmp_path)
+    ours = engine_binding.Tokenizer.from_gguf(str(path))
+    hf = tokenizers.Tokenizer.from_file(str(STORE / model / "tokenizer.json"))
+    assert ours.vocab_size() == hf.get_vocab_size()
+    for add_special in (False, True):
+        bad = mismatches(ours, hf, add_special)
+        assert not bad, f"{len(bad)} of {len(CORPUS)} differ: {bad[:5]}"
+    for text in CORPUS[:80]:
+        ids = hf.encode(text, add_special_tokens=True).ids
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False), text
+        assert ours.decode(ids, True) == hf.decode(ids, skip_special_tokens=True), text
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_chat_template_from_gguf(model: str, tmp_path: Path, engine_binding: Any) -> None:
+    path = alone(store_gguf(model), tmp_path)
+    ours = engine_binding.ChatTemplate.from_gguf(str(path))
+    converted = engine_binding.ChatTemplate.load(str(STORE / model))
+    assert ours.name() == converted.name()
+    assert ours.name() == {"smollm2-135m-instruct": "chatml", "gemma3-270m": "none"}[model]
+    if ours.available():
+        messages = [("system", "Be brief."), ("user", "Hi <|im_end|>"), ("assistant", "Hello")]
+        assert ours.render(messages) == converted.render(messages)
+
+
+def test_unrecognised_chat_template_is_named(tmp_path: Path, engine_binding: Any) -> None:
+    path = tmp_path / "model.gguf"
+    writer = gguf_writer(path, "llama")
+    writer.add_chat_template("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}")
+    finish(writer)
+    chat = engine_binding.ChatTemplate.from_gguf(str(path))
+    assert chat.name() == "unrecognised"
+    with pytest.raises(
+        engine_binding.Error, match=r"metadata 'tokenizer\.chat_template'.* not one we can render"
+    ):
+        chat.render([("user", "hi")])
+
+
+def setup(binding: Any, path: Path, precision: str) -> Any:
+    s = binding.Session()
+    s.setup(str(path), threads=2, max_context=64, precision=precision)
+    return s
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("model", MODELS)
+def test_logits_bit_identical_to_converted(
+    model: str, precision: str, tmp_path: Path, engine_binding: Any
+) -> None:
+    converted_path = store_gguf(model).parent / "gguf" / "model.gguf"
+    if not converted_path.is_file():
+        pytest.skip(f"no {converted_path}: run `make fetch`")
+    bare = setup(engine_binding, alone(store_gguf(model), tmp_path), precision)
+    converted = setup(engine_binding, converted_path, precision)
+    assert bare.vocab_size == converted.vocab_size
+    assert bare.num_layers == converted.num_layers
+    assert bare.hidden_size == converted.hidden_size
+    assert bare.eos_token_ids == converted.eos_token_ids
+    tokens = converted.tokenizer.encode(PROMPT, add_special_tokens=True)
+    assert bare.tokenizer.encode(PROMPT, add_special_tokens=True) == tokens
+    got = bare.prefill_logits(tokens)
+    want = converted.prefill_logits(tokens)
+    assert got.shape == want.shape
+    diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert diff.size == 0, f"{diff.size} logits differ, max {np.abs(got - want).max()}"
+
+
+def test_cli_runs_a_bare_gguf(tmp_path: Path, smollm2_bin: Path) -> None:
+    path = alone(store_gguf("smollm2-135m-instruct"), tmp_path)
+    proc = subprocess.run(
+        [str(smollm2_bin), "--model", str(path), "--n-tokens", "8", "--threads", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout, proc.stdout
+
+
+def test_python_api_chats_with_a_bare_gguf(tmp_path: Path, edgellm_package: Any) -> None:
+    path = alone(store_gguf("smollm2-135m-instruct"), tmp_path)
+    llm = edgellm_package.load(path, threads=2, max_context=128)
+    assert llm.model.chat_template.name() == "chatml"
+    reply = llm.chat([{"role": "user", "content": "What is the capital of France?"}], 20)
+    assert "Paris" in reply["choices"][0]["message"]["content"], reply
+
+
+# ------------------------------------------------------- GGUFs written here by gguf-py
+
+
+def gguf_writer(path: Path, arch: str) -> Any:
+    from gguf import GGUFWriter
+
+    return GGUFWriter(path, arch)
+
+
+def finish(writer: Any) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def add_smollm2_vocab(writer: Any, pre: str = "smollm") -> None:
+    """tokenizer.ggml.* as the real smollm2 GGUF holds them, with `pre` as the pre-tokenizer."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(store_gguf("smollm2-135m-instruct"))
+
+    def field(key: str) -> Any:
+        return reader.fields[key].contents()
+
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(field("tokenizer.ggml.tokens"))
+    writer.add_token_types(field("tokenizer.ggml.token_type"))
+    writer.add_token_merges(field("tokenizer.ggml.merges"))
+    writer.add_bos_token_id(field("tokenizer.ggml.bos_token_id"))
+    writer.add_eos_token_id(field("tokenizer.ggml.eos_token_id"))
+    writer.add_add_bos_token(False)
+
+
+# HF tokenizer.json pre-tokenizers of the types llama.cpp names (convert_hf_to_gguf.py).
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def byte_level(trim_offsets: bool, use_regex: bool) -> dict[str, Any]:
+    return {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": trim_offsets,
+        "use_regex": use_regex,
+    }
+
+
+def split(pattern: str) -> dict[str, Any]:
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+
+
+HF_PRE = {
+    "gpt-2": (None, byte_level(True, True), False),
+    "llama-bpe": (
+        None,
+        {"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(True, False)]},
+        True,
+    ),
+    "qwen2": (
+        {"type": "NFC"},
+        {"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(False, False)]},
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("pre", sorted(HF_PRE))
+def test_bpe_pre_types_match_hf(pre: str, tmp_path: Path, engine_binding: Any) -> None:
+    import tokenizers
+
+    path = tmp_path / "vocab.gguf"
+    writer = gguf_writer(path, "llama")
+    add_smollm2_vocab(writer, pre)
+    finish(writer)
+    spec = json.loads((STORE / "smollm2-135m-instruct" / "tokenizer.json").read_text())
+    normalizer, pre_tokenizer, ignore_merges = HF_PRE[pre]
+    spec["normalizer"], spec["pre_tokenizer"] = normalizer, pre_tokenizer
+    spec["model"]["ignore_merges"] = ignore_merges
+    hf = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    ours = engine_binding.Tokenizer.from_gguf(str(path))
+    bad = mismatches(ours, hf, False)
+    assert not bad, f"{len(bad)} of {len(CORPUS)} differ: {bad[:5]}"
+
+
+# GGUF tensor names of HF's (per layer), as llama.cpp's converter writes them.
+LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+GEMMA_NAMES = {
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+ARCH = {
+    "llama-tiny": "llama",
+    "qwen2-tiny": "qwen2",
+    "qwen3-tiny": "qwen3",
+    "gemma3-tiny": "gemma3",
+}
+
+
+def gguf_name(arch: str, hf: str) -> str:
+    if hf.startswith("model.layers."):
+        _, _, layer, rest = hf.split(".", 3)
+        module, suffix = rest.rsplit(".", 1)
+        names = {**LAYER_NAMES, **(GEMMA_NAMES if arch == "gemma3" else {})}
+        if arch != "gemma3":
+            names["post_attention_layernorm"] = "ffn_norm"
+        return f"blk.{layer}.{names[module]}.{suffix}"
+    module, suffix = hf.rsplit(".", 1)
+    return {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}[
+        module
+    ] + f".{suffix}"
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: rotate_half pairs -> interleaved, per head."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+def llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter computes it (LlamaModel)."""
+    import math
+
+    import torch
+
+    scaling, dim = cfg["rope_scaling"], cfg["head_dim"]
+    freqs = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, old_context = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    out = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_context / high:
+            out.append(1.0)
+        elif wavelen > old_context / low:
+            out.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
+    """The fixture's weights and config as llama.cpp's converter would write them (F32)."""
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = json.loads((fixture / "config.json").read_text())
+    arch = ARCH[name]
+    weights: dict[str, np.ndarray] = {}
+    for f in sorted(fixture.glob("*.safetensors")):
+        weights |= {k: v.to(torch.float32).numpy() for k, v in load_file(str(f)).items()}
+    writer = gguf_writer(out, arch)
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_key_length(cfg["head_dim"])
+    writer.add_value_length(cfg["head_dim"])
+    writer.add_rope_freq_base(cfg["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
+    if scaling.get("rope_type") == "linear":
+        from gguf import RopeScalingType
+
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(scaling["factor"])
+    if arch == "gemma3":
+        writer.add_sliding_window(cfg["sliding_window"])
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+        writer.add_rope_freq_base_swa(cfg["rope_local_base_freq"])
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    add_smollm2_vocab(writer)
+    for hf, w in weights.items():
+        if hf == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        if arch == "llama" and ".q_proj." in hf:
+            w = permute(w, cfg["num_attention_heads"])
+        if arch == "llama" and ".k_proj." in hf:
+            w = permute(w, cfg["num_key_value_heads"])
+        if arch == "gemma3" and hf.endswith("norm.weight"):
+            w = w + np.float32(1.0)  # llama.cpp stores Gemma's (1 + w)
+        writer.add_tensor(gguf_name(arch, hf), np.ascontiguousarray(w, dtype=np.float32))
+    finish(writer)
+
+
+@pytest.fixture(scope="module", params=sorted(ARCH))
+def fixture_pair(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path, Path]:
+    """(name, the converted fixture checkpoint, its GGUF alone in a directory)."""
+    name = request.param
+    fixture = tmp_path_factory.mktemp(name)
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_fixture.py"), name, "--out", fixture],
+        check=True,
+        capture_output=True,
+    )
+    cfg = json.loads((fixture / "config.json").read_text())
+    # What a GGUF cannot say, the reference checkpoint does not use either: llama.cpp
+    # hard-codes Gemma 3's query scale as 1/sqrt(head_dim).
+    if "query_pre_attn_scalar" in cfg:
+        cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+    # The GGUF carries smollm2's vocabulary and its special ids (<|im_start|>, <|im_end|>).
+    cfg["bos_token_id"], cfg["eos_token_id"] = 1, 2
+    (fixture / "generation_config.json").unlink(missing_ok=True)  # transformers' default ids
+    (fixture / "config.json").write_text(json.dumps(cfg))
+    gguf_dir = tmp_path_factory.mktemp(name + "-gguf")
+    write_fixture_gguf(fixture, name, gguf_dir / "model.gguf")
+    return name, fixture, gguf_dir / "model.gguf"
+
+
+def test_family_fixture_gguf_logits_bit_identical(
+    fixture_pair: tuple[str, Path, Path], engine_binding: Any
+) -> None:
+    name, fixture, gguf = fixture_pair
+    assert CONFIGS[name]  # a fixture make_fixture.py knows
+    bare = setup(engine_binding, gguf, "exact")
+    converted = setup(engine_binding, fixture, "exact")
+    assert bare.eos_token_ids == converted.eos_token_ids
+    tokens = converted.tokenizer.encode(PROMPT)
+    assert bare.tokenizer.encode(PROMPT) == tokens
+    got, want = bare.prefill_logits(tokens), converted.prefill_logits(tokens)
+    diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert diff.size == 0, f"{name}: {diff.size} logits differ, max {np.abs(got - want).max()}"
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_bin: Path) -> None:
+    path = tmp_path / "model.gguf"
+    writer = gguf_writer(path, "mamba")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    finish(writer)
+    proc = subprocess.run(
+        [str(smollm2_bin), "--model", str(path), "--n-tokens", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert_one_line_error(
+        proc, "architecture 'mamba' is not supported", "(supported: gemma3, llama, qwen2, qwen3)"
+    )
+
+
+def test_rope_freqs_that_are_not_llama3_are_refused(tmp_path: Path, engine_binding: Any) -> None:
+    path = tmp_path / "model.gguf"
+    writer = gguf_writer(path, "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(16)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 16), dtype=np.float32))
+    writer.add_tensor("rope_freqs.weight", np.asarray([1, 3, 2, 8], dtype=np.float32))
+    finish(writer)
+    with pytest.raises(engine_binding.Error, match=r"is not Llama 3 scaling"):
+        setup(engine_binding, path, "exact")
+
+
+@pytest.mark.parametrize(
+    ("model", "pre", "message"),
+    [
+        ("bert", "default", r"'tokenizer\.ggml\.model' is 'bert'.*\(supported: gpt2, llama\)"),
+        (
+            "gpt2",
+            "falcon",
+            r"'tokenizer\.ggml\.pre' is 'falcon'.*\(supported: gpt-2, llama-bpe, qwen2, smollm\)",
+        ),
+    ],
+)
+def test_unsupported_tokenizer_is_named(
+    model: str, pre: str, message: str, tmp_path: Path, engine_binding: Any
+) -> None:
+    path = tmp_path / "vocab.gguf"
+    writer = gguf_writer(path, "llama")
+    writer.add_tokenizer_model(model)
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(["a", "b", "ab"])
+    writer.add_token_merges(["a b"])
+    finish(writer)
+    with pytest.raises(engine_binding.Error, match=message):
+        engine_binding.Tokenizer.from_gguf(str(path))
