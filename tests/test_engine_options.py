@@ -50,9 +50,9 @@ def test_prefill_chunks_do_not_change_the_answer(engine_binding: Any, model: Any
         scheduler.shutdown(0)
 
 
-def run_cli(binary: Path, checkpoint: Path, *args: str) -> dict[str, Any]:
+def run_cli(command: list[str], checkpoint: Path, *args: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [str(binary), "--model", str(checkpoint), "--n-tokens", "4", "--json", *args],
+        [*command, "--model", str(checkpoint), "--n-tokens", "4", "--json", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -62,11 +62,11 @@ def run_cli(binary: Path, checkpoint: Path, *args: str) -> dict[str, Any]:
 
 
 def test_raw_feeds_the_text_without_the_chat_template(
-    engine_binding: Any, model: Any, smollm2_bin: Path, smollm2_checkpoint: Path
+    engine_binding: Any, model: Any, smollm2_run: list[str], smollm2_checkpoint: Path
 ) -> None:
     prompt = "The three primary colours are"
-    raw = run_cli(smollm2_bin, smollm2_checkpoint, "--prompt", prompt, "--raw")
-    chat = run_cli(smollm2_bin, smollm2_checkpoint, "--prompt", prompt)
+    raw = run_cli(smollm2_run, smollm2_checkpoint, "--prompt", prompt, "--raw")
+    chat = run_cli(smollm2_run, smollm2_checkpoint, "--prompt", prompt)
     plain = model.tokenizer.encode(prompt, True)
     templated = engine_binding.encode_conversation(
         model.tokenizer, model.chat_template, [("user", prompt)]

@@ -140,10 +140,10 @@ def test_logits_bit_identical_to_converted(
     assert diff.size == 0, f"{diff.size} logits differ, max {np.abs(got - want).max()}"
 
 
-def test_cli_runs_a_bare_gguf(tmp_path: Path, smollm2_bin: Path) -> None:
+def test_cli_runs_a_bare_gguf(tmp_path: Path, smollm2_run: list[str]) -> None:
     path = alone(store_gguf("smollm2-135m-instruct"), tmp_path)
     proc = subprocess.run(
-        [str(smollm2_bin), "--model", str(path), "--n-tokens", "8", "--threads", "2"],
+        [*smollm2_run, "--model", str(path), "--n-tokens", "8", "--threads", "2"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -411,13 +411,13 @@ def test_family_fixture_gguf_logits_bit_identical(
 # ---------------------------------------------------------------------------- bad input
 
 
-def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_bin: Path) -> None:
+def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_run: list[str]) -> None:
     path = tmp_path / "model.gguf"
     writer = gguf_writer(path, "mamba")
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     finish(writer)
     proc = subprocess.run(
-        [str(smollm2_bin), "--model", str(path), "--n-tokens", "1"],
+        [*smollm2_run, "--model", str(path), "--n-tokens", "1"],
         capture_output=True,
         text=True,
         timeout=120,

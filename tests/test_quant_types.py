@@ -127,7 +127,7 @@ def test_unsupported_type_lists_every_supported_one(tmp_path: Path, engine_bindi
     assert sorted(supported) == sorted([*FORMATS, "F16", "BF16", "F32"])
 
 
-def test_cli_runs_a_gguf_retyped_to_q5_1(smollm2_bin: Path, tmp_path: Path) -> None:
+def test_cli_runs_a_gguf_retyped_to_q5_1(smollm2_run: list[str], tmp_path: Path) -> None:
     """End to end through a new format: SmolLM2's GGUF with every Q4_1 projection re-quantized
     to Q5_1 by gguf-py (int8 layout with mins) still answers, beside its checkpoint's files."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
@@ -166,7 +166,7 @@ def test_cli_runs_a_gguf_retyped_to_q5_1(smollm2_bin: Path, tmp_path: Path) -> N
     writer.close()
     assert retyped > 100, "SmolLM2's GGUF should hold its projections as Q4_1"
     proc = subprocess.run(
-        [str(smollm2_bin), "--model", str(ckpt / "model.gguf"), "--n-tokens", "8"],
+        [*smollm2_run, "--model", str(ckpt / "model.gguf"), "--n-tokens", "8"],
         capture_output=True,
         text=True,
         timeout=300,
