@@ -306,6 +306,7 @@ void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, Thre
   if (!w.quant && w.isa == Isa::avx2)
     return cfg.isa >= Isa::avx512 ? avx512::matmul_rows(w, x, n, y, pool)
                                   : avx2::matmul_rows(w, x, n, y, pool);
+  if (w.quant) return quant_matmul_rows(*w.quant, x, n, y, w.bias, pool, cfg.isa, cfg.quant);
   // The avx512 and amx layouts are one; their n == 1 GEMV is avx512's (amx
   // starts at kMinTokens), so the batch follows that GEMV's order.
   if (!w.quant && w.isa >= Isa::avx512) return avx512::matmul_rows_vnni(w, x, n, y, pool);
