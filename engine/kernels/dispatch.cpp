@@ -176,7 +176,8 @@ const std::vector<KernelInfo>& registered_kernels() {
        {S, A2, A5, AMX},
        "as matmul; n tokens (decode_batch), each row bit-identical to the n == 1 GEMV of its "
        "layout, the weights read once for all n",
-       "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel",
+       "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel; "
+       "quantized (i8 / u4): all n tokens per 4-row GEMV tile",
        all},
       {"matmul_i8",
        {S, A2, A5, AMX},
@@ -306,6 +307,7 @@ void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, Thre
   if (!w.quant && w.isa == Isa::avx2)
     return cfg.isa >= Isa::avx512 ? avx512::matmul_rows(w, x, n, y, pool)
                                   : avx2::matmul_rows(w, x, n, y, pool);
+  if (w.quant) return quant_matmul_rows(*w.quant, x, n, y, w.bias, pool, cfg.isa, cfg.quant);
   // The avx512 and amx layouts are one; their n == 1 GEMV is avx512's (amx
   // starts at kMinTokens), so the batch follows that GEMV's order.
   if (!w.quant && w.isa >= Isa::avx512) return avx512::matmul_rows_vnni(w, x, n, y, pool);

@@ -116,6 +116,10 @@ void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, cons
                   ThreadPool& pool, Isa isa, QuantPrecision p);
 void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
                   ThreadPool& pool);  // active_isa(), quant_precision()
+// Batched decode: the same y as n calls with n == 1 (bit for bit, per token),
+// each weight tile read from memory once for all n tokens.
+void quant_matmul_rows(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
+                       ThreadPool& pool, Isa isa, QuantPrecision p);
 
 // Activations quantized per block of 32: the kernels' input.
 struct QuantizedActs {

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include "edgellm/bf16.h"
@@ -347,6 +348,49 @@ TEST(QuantTest, MixedSegmentsAndBiasThroughMatmul) {
   only.segments = {q->segments[1]};
   dequant_row(only, 1, b.data());
   EXPECT_EQ(a, b);
+}
+
+// Batched decode (matmul_rows' quantized path): each token's outputs are its
+// own n == 1 GEMV's, bit for bit, on every format, tier and precision; odd row
+// counts (the 4-row tile's remainders, pool chunks of 3 threads), one to nine
+// tokens, and a matrix of three segments of different formats.
+TEST(QuantTest, RowsBitIdenticalToGemvPerToken) {
+  std::mt19937 rng(11);
+  ThreadPool pool(3);
+  std::vector<std::pair<std::string, QuantMatrix>> matrices;
+  for (BlockFormat f : kFormats)
+    for (size_t rows : {1, 5, 70})
+      for (size_t cols : {block_elems(f), 3 * block_elems(f)})
+        matrices.emplace_back(std::string(block_format_name(f)) + " " + std::to_string(rows) + "x" +
+                                  std::to_string(cols),
+                              random_matrix(f, rows, cols, rng));
+  QuantMatrix mixed;
+  for (BlockFormat f : {BlockFormat::q2_k, BlockFormat::q4_0, BlockFormat::q6_k}) {
+    const size_t rows = mixed.segments.size() + 5;
+    const auto blocks = random_blocks(f, rows, 256, rng);
+    append_segment(mixed, repack_gguf(f, blocks.data(), rows, 256));
+  }
+  matrices.emplace_back("mixed 18x256", std::move(mixed));
+  for (const auto& [name, w] : matrices)
+    for (size_t n = 1; n <= 9; ++n) {
+      const auto x = random_x(n * w.cols, rng);
+      std::vector<float> bias(w.rows);
+      for (size_t r = 0; r < w.rows; ++r) bias[r] = 0.25f * float(r);
+      for (Isa isa : fp32_isas())
+        for (QuantPrecision p : {QuantPrecision::fp32, QuantPrecision::int8}) {
+          SCOPED_TRACE(name + " n " + std::to_string(n) + " " + std::string(isa_name(isa)) +
+                       (p == QuantPrecision::int8 ? " int8" : " fp32"));
+          std::vector<float> batched(n * w.rows + 1, -7.0f), alone(w.rows);
+          quant_matmul_rows(w, x.data(), n, batched.data(), bias.data(), pool, isa, p);
+          EXPECT_EQ(batched.back(), -7.0f) << "wrote past the output";
+          for (size_t t = 0; t < n; ++t) {
+            quant_matmul(w, x.data() + t * w.cols, 1, alone.data(), bias.data(), pool, isa, p);
+            EXPECT_EQ(
+                0, std::memcmp(alone.data(), batched.data() + t * w.rows, w.rows * sizeof(float)))
+                << "token " << t;
+          }
+        }
+    }
 }
 
 // Scales that are exact halves are stored as halves (Q4_1's are by construction);
