@@ -169,6 +169,7 @@ TEST(Generate, MatchesTheHandLoopAndReportsEveryStep) {
   GenerateOptions o;
   o.max_tokens = 10;
   o.stop_at_eos = false;
+  o.lookup = false;  // one decode step per token, counted below
   std::vector<int32_t> sampled, streamed;
   size_t logits_seen = 0;
   o.on_sample = [&](std::span<const float> logits, int32_t token) {
@@ -282,6 +283,86 @@ TEST(Generator, StepsOneEngineStepAtATimeAndRefusesBadInput) {
   EXPECT_THROW(Generator(s.context(), kPrompt, o, /*start_pos=*/13), Error);
   Context empty;
   EXPECT_THROW(Generator(empty, kPrompt, o), Error);
+}
+
+// ---- prompt-lookup decoding ---------------------------------------------------
+
+// Runs a Generator to the end; returns its output tokens and its counters.
+struct LookupRun {
+  std::vector<int32_t> tokens, streamed;
+  std::string text;
+  int end_pos = 0, accepted = 0, drafted = 0;
+  FinishReason finish = FinishReason::none;
+};
+LookupRun run_lookup(Session& s, const std::vector<int32_t>& prompt, GenerateOptions o) {
+  Generator g(s.context(), prompt, o);
+  LookupRun r;
+  while (!g.done()) {
+    const bool seen = g.next_seen();
+    const Generation::Step st = g.step();
+    if (seen) r.streamed.push_back(st.token);  // stop tokens too: the same in both
+  }
+  r.tokens = g.generation().tokens();
+  r.text = g.generation().text();
+  r.end_pos = g.position();
+  r.accepted = g.accepted();
+  r.drafted = g.drafted();
+  r.finish = g.generation().finish_reason();
+  return r;
+}
+
+// With lookup, greedy output is token for token plain decoding's, on prompts
+// that repeat (drafts accepted) and that do not, under max_tokens and stops.
+TEST(Lookup, GreedyOutputIsPlainDecodingsAndDraftsGetAccepted) {
+  Session s = tiny_session(128);
+  const std::vector<std::vector<int32_t>> prompts = {
+      {24, 15, 7, 19},
+      {3, 9, 14, 3, 9, 14, 3, 9, 14, 3, 9},  // input-grounded: a pattern to extend
+      {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6},
+      {20, 21, 22, 23, 25, 17, 16}};
+  int accepted = 0;
+  for (const auto& prompt : prompts) {
+    for (int max_tokens : {1, 7, 40}) {
+      GenerateOptions o;
+      o.max_tokens = max_tokens;
+      o.stop_at_eos = false;
+      o.lookup = false;
+      const LookupRun plain = run_lookup(s, prompt, o);
+      o.lookup = true;
+      const LookupRun fast = run_lookup(s, prompt, o);
+      EXPECT_EQ(fast.tokens, plain.tokens);
+      EXPECT_EQ(fast.streamed, plain.streamed);
+      EXPECT_EQ(fast.text, plain.text);
+      EXPECT_EQ(fast.end_pos, plain.end_pos);
+      EXPECT_EQ(fast.finish, plain.finish);
+      EXPECT_EQ(plain.drafted, 0);
+      accepted += fast.accepted;
+      // A stop token inside the output ends both at the same place.
+      if (plain.tokens.size() > 5) {
+        o.stop_tokens = {plain.tokens[5]};
+        o.lookup = false;
+        const LookupRun plain_stop = run_lookup(s, prompt, o);
+        o.lookup = true;
+        const LookupRun fast_stop = run_lookup(s, prompt, o);
+        EXPECT_EQ(fast_stop.tokens, plain_stop.tokens);
+        EXPECT_EQ(fast_stop.end_pos, plain_stop.end_pos);
+        EXPECT_EQ(fast_stop.finish, FinishReason::stop);
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+}
+
+TEST(Lookup, SampledGenerationNeverDrafts) {
+  Session s = tiny_session(128);
+  GenerateOptions o;
+  o.max_tokens = 40;
+  o.stop_at_eos = false;
+  o.sampling.temperature = 0.8f;
+  o.sampling.seed = 7;
+  const LookupRun r = run_lookup(s, {3, 9, 14, 3, 9, 14, 3, 9, 14, 3, 9}, o);
+  EXPECT_EQ(r.drafted, 0);
+  EXPECT_EQ(r.tokens.size(), 40u);
 }
 
 }  // namespace
