@@ -123,7 +123,7 @@ class Generator {
   bool done() const;
   const Generation& generation() const { return gen_; }
   int position() const { return pos_; }  // the next position to run: [0, pos) are cached
-  int decode_steps() const { return decode_steps_; }  // forwards after the prefill
+  int decode_steps() const { return decode_steps_; }  // tokens decoded after the prefill's
   int drafted() const { return drafted_; }            // lookup draft tokens verified
   int accepted() const { return accepted_; }          // of them, the ones kept
 

@@ -196,13 +196,13 @@ void Generator::verify_draft(const std::vector<int32_t>& draft) {
   std::vector<int32_t> rows{last_};
   rows.insert(rows.end(), draft.begin(), draft.end());
   context_->decode_rows(rows, pos_, verify_logits_);
-  ++decode_steps_;
   const size_t vocab = verify_logits_.size() / rows.size();
   int kept = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     // Row i holds the logits after rows[i]; its KV (position pos_ + i) is now
     // the one plain decoding would have, whatever follows.
     ++pos_;
+    ++decode_steps_;  // a token decoded, as plain decoding counts them (the TPS)
     Generation::Step s = gen_.next({verify_logits_.data() + i * vocab, vocab});
     last_ = s.token;
     const bool stop = s.done;
