@@ -145,7 +145,9 @@ class Generator {
   int draft_len_ = 4;                 // adaptive draft length, 1..kMaxDraft
   std::vector<float> verify_logits_;  // [draft + 1][vocab]
   int misses_ = 0;                    // drafts in a row with nothing accepted
-  int pause_ = 0;                     // steps left without drafting
+  int pause_ = 0;
+  double step_ms_ = 0;  // a plain decode step's time (moving average): what a draft must beat //
+                        // steps left without drafting
   int drafted_ = 0;
   int accepted_ = 0;
 };

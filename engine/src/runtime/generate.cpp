@@ -7,6 +7,12 @@
 
 namespace edgellm {
 
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
     case FinishReason::stop:
@@ -164,7 +170,9 @@ Generation::Step Generator::step() {
     return s;
   }
   if (pause_ > 0) --pause_;
+  const auto start = std::chrono::steady_clock::now();
   const std::span<const float> logits = context_->decode_step(last_, pos_++);
+  step_ms_ = step_ms_ <= 0 ? ms_since(start) : 0.8 * step_ms_ + 0.2 * ms_since(start);
   ++decode_steps_;
   Generation::Step s = gen_.next(logits);
   last_ = s.token;
@@ -195,7 +203,9 @@ void Generator::verify_draft(const std::vector<int32_t>& draft) {
   // those of decode_step(rows[i], pos_ + i), so greedy output is unchanged.
   std::vector<int32_t> rows{last_};
   rows.insert(rows.end(), draft.begin(), draft.end());
+  const auto start = std::chrono::steady_clock::now();
   context_->decode_rows(rows, pos_, verify_logits_);
+  const double verify_ms = ms_since(start);
   const size_t vocab = verify_logits_.size() / rows.size();
   int kept = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -220,10 +230,13 @@ void Generator::verify_draft(const std::vector<int32_t>& draft) {
   } else {
     draft_len_ = std::max(1, kept);
   }
-  if (kept == 0 && ++misses_ >= 3) {
+  // A draft that cost more than plain steps for its tokens (little kept, or
+  // batched rows that run no faster than one by one) counts as a miss.
+  const bool paid = kept > 0 && (step_ms_ <= 0 || verify_ms < step_ms_ * (kept + 1));
+  if (!paid && ++misses_ >= 3) {
     misses_ = 0;
     pause_ = 16;
-  } else if (kept > 0) {
+  } else if (paid) {
     misses_ = 0;
   }
 }
