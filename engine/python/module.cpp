@@ -511,20 +511,21 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
          std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, float min_p,
-         float frequency_penalty, float presence_penalty) {
+         float frequency_penalty, float presence_penalty, bool lookup) {
         edgellm::GenerateOptions o =
             generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
                              std::move(stop_tokens), stop_at_eos);
         o.sampling.min_p = min_p;
         o.sampling.frequency_penalty = frequency_penalty;
         o.sampling.presence_penalty = presence_penalty;
+        o.lookup = lookup;
         return TextStream(context, std::move(prompt), o, start_pos);
       },
       "context"_a, "prompt"_a, "max_tokens"_a = 100, "temperature"_a = 0.0f, "top_k"_a = 0,
       "top_p"_a = 1.0f, "seed"_a = 0, "stop"_a = std::vector<std::string>{},
       "stop_tokens"_a = std::vector<int32_t>{}, "stop_at_eos"_a = true, "start_pos"_a = 0,
       "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
-      nb::keep_alive<0, 1>(),
+      "lookup"_a = true, nb::keep_alive<0, 1>(),
       "Streams the text generated after `prompt` (token ids) in `context`: prefill, then one "
       "decode step per iteration, until EOS / a stop token or string / max_tokens / the end of "
       "the context. The iterator's finish_reason, tokens and text tell the outcome.");
@@ -584,11 +585,12 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
          std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, bool decode_past_stop,
-         bool record_logits, bool capture) {
+         bool record_logits, bool capture, bool lookup) {
         edgellm::GenerateOptions o =
             generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
                              std::move(stop_tokens), stop_at_eos);
         o.decode_past_stop = decode_past_stop;
+        o.lookup = lookup;
         GenerateRun run;
         GenerateRun* r = &run;  // the hook fills it; `run` outlives the generate() call
         if (record_logits) r->vocab = static_cast<size_t>(context.config().vocab_size);
@@ -610,6 +612,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "top_p"_a = 1.0f, "seed"_a = 0, "stop"_a = std::vector<std::string>{},
       "stop_tokens"_a = std::vector<int32_t>{}, "stop_at_eos"_a = true, "start_pos"_a = 0,
       "decode_past_stop"_a = false, "record_logits"_a = false, "capture"_a = false,
+      "lookup"_a = true,
       "Runs generate() to the end with the GIL released: the programs' loop and timing "
       "(ttft_ms = prefill + first token, decode_ms over decode_steps). decode_past_stop keeps "
       "decoding, unseen, after a stop until max_tokens were sampled (--ignore-eos); "

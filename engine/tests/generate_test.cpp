@@ -169,6 +169,7 @@ TEST(Generate, MatchesTheHandLoopAndReportsEveryStep) {
   GenerateOptions o;
   o.max_tokens = 10;
   o.stop_at_eos = false;
+  o.lookup = false;  // one decode step per token, counted below
   std::vector<int32_t> sampled, streamed;
   size_t logits_seen = 0;
   o.on_sample = [&](std::span<const float> logits, int32_t token) {
@@ -282,6 +283,88 @@ TEST(Generator, StepsOneEngineStepAtATimeAndRefusesBadInput) {
   EXPECT_THROW(Generator(s.context(), kPrompt, o, /*start_pos=*/13), Error);
   Context empty;
   EXPECT_THROW(Generator(empty, kPrompt, o), Error);
+}
+
+// ---- prompt-lookup decoding ---------------------------------------------------
+
+// Runs a Generator to the end; returns its output tokens and its counters.
+struct LookupRun {
+  std::vector<int32_t> tokens, streamed;
+  std::string text;
+  int end_pos = 0, accepted = 0, drafted = 0;
+  FinishReason finish = FinishReason::none;
+};
+LookupRun run_lookup(Session& s, const std::vector<int32_t>& prompt, GenerateOptions o) {
+  Generator g(s.context(), prompt, o);
+  LookupRun r;
+  while (!g.done()) {
+    const bool seen = g.next_seen();
+    const Generation::Step st = g.step();
+    if (seen) r.streamed.push_back(st.token);  // stop tokens too: the same in both
+  }
+  r.tokens = g.generation().tokens();
+  r.text = g.generation().text();
+  r.end_pos = g.position();
+  r.accepted = g.accepted();
+  r.drafted = g.drafted();
+  r.finish = g.generation().finish_reason();
+  return r;
+}
+
+// Generates with lookup off and on: the same steps, text, positions and end.
+// Returns the draft tokens lookup got accepted.
+int expect_lookup_is_plain(Session& s, const std::vector<int32_t>& prompt, GenerateOptions o) {
+  o.lookup = false;
+  const LookupRun plain = run_lookup(s, prompt, o);
+  o.lookup = true;
+  const LookupRun fast = run_lookup(s, prompt, o);
+  EXPECT_EQ(fast.tokens, plain.tokens);
+  EXPECT_EQ(fast.streamed, plain.streamed);
+  EXPECT_EQ(fast.text, plain.text);
+  EXPECT_EQ(fast.end_pos, plain.end_pos);
+  EXPECT_EQ(fast.finish, plain.finish);
+  EXPECT_EQ(plain.drafted, 0);
+  return fast.accepted;
+}
+
+// With lookup, greedy output is token for token plain decoding's, on prompts
+// that repeat (drafts accepted) and that do not, under max_tokens and stops.
+TEST(Lookup, GreedyOutputIsPlainDecodingsAndDraftsGetAccepted) {
+  Session s = tiny_session(128);
+  const std::vector<std::vector<int32_t>> prompts = {
+      {24, 15, 7, 19},
+      {3, 9, 14, 3, 9, 14, 3, 9, 14, 3, 9},  // input-grounded: a pattern to extend
+      {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6},
+      {20, 21, 22, 23, 25, 17, 16}};
+  int accepted = 0;
+  for (const auto& prompt : prompts) {
+    for (int max_tokens : {1, 7, 40}) {
+      GenerateOptions o;
+      o.max_tokens = max_tokens;
+      o.stop_at_eos = false;
+      accepted += expect_lookup_is_plain(s, prompt, o);
+      // A stop token inside the output ends both at the same place.
+      o.lookup = false;
+      const LookupRun plain = run_lookup(s, prompt, o);
+      if (plain.tokens.size() > 5) {
+        o.stop_tokens = {plain.tokens[5]};
+        expect_lookup_is_plain(s, prompt, o);
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+}
+
+TEST(Lookup, SampledGenerationNeverDrafts) {
+  Session s = tiny_session(128);
+  GenerateOptions o;
+  o.max_tokens = 40;
+  o.stop_at_eos = false;
+  o.sampling.temperature = 0.8f;
+  o.sampling.seed = 7;
+  const LookupRun r = run_lookup(s, {3, 9, 14, 3, 9, 14, 3, 9, 14, 3, 9}, o);
+  EXPECT_EQ(r.drafted, 0);
+  EXPECT_EQ(r.tokens.size(), 40u);
 }
 
 }  // namespace

@@ -207,6 +207,7 @@ int run_inference(const Deployment& deployment, Options opt, InferenceMode mode)
   // The answer ends at EOS (or a stop string); with --ignore-eos decoding goes
   // on, unseen, so TPS is timed over all --n-tokens.
   go.decode_past_stop = opt.ignore_eos;
+  go.lookup = !opt.no_lookup;
   std::string answer;
   // The note's thread starts before the clock; the first token's callback
   // (after TTFT is taken, before the decode clock starts) joins it.
@@ -302,6 +303,8 @@ void add_inference_options(CLI::App& cmd, Options& opt, const Deployment& deploy
   if (mode == InferenceMode::chat) return;
   cmd.add_flag("--json", opt.json, "print the answer and the figures as one JSON object");
   cmd.add_flag("--profile", opt.profile, "print the per-phase and per-kernel time breakdown");
+  cmd.add_flag("--no-lookup", opt.no_lookup,
+               "greedy decoding without prompt-lookup drafts (same output, for timing)");
   if (mode == InferenceMode::bench) return;
   cmd.add_flag("--ignore-eos", opt.ignore_eos,
                "keep decoding past EOS (unprinted) so TPS is timed over all --n-tokens");

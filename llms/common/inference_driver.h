@@ -44,6 +44,7 @@ struct InferenceOptions {
   bool chat = false;  // `run --chat`, the older spelling of `chat`
   bool json = false;
   bool ignore_eos = false;
+  bool no_lookup = false;  // plain greedy decoding, no prompt-lookup drafts
   std::optional<uint64_t> seed;
   SamplerOptions sampling;
   std::vector<std::string> stop;  // stop strings: the answer ends before the first one

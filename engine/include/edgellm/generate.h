@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
@@ -41,6 +42,11 @@ struct GenerateOptions {
   int logprobs = -1;
   // Diagnosis: the prefill's per-layer outputs (Generator only).
   PrefillCapture* capture = nullptr;
+  // Prompt-lookup decoding (greedy only, Generator only): drafts copied from an
+  // earlier occurrence of the latest n-gram in prompt + output are verified in
+  // one decode batch (Context::decode_rows), whose rows equal decode steps bit
+  // for bit, so the output is token for token that of plain decoding.
+  bool lookup = true;
 };
 
 struct TokenLogprobs {
@@ -104,15 +110,29 @@ class Generator {
   // (decode_past_stop) returns its token with no text. Throws when done().
   Generation::Step step();
   // Ends the generation from outside (the caller's consumer stopped).
-  Generation::Step cancel() { return gen_.finish(FinishReason::cancelled); }
+  Generation::Step cancel() {
+    queued_.clear();
+    return gen_.finish(FinishReason::cancelled);
+  }
+  // The next step() returns output (not an unseen step past a stop).
+  bool next_seen() const { return !queued_.empty() || !gen_.done(); }
+  // The consumer stopped after a stop already generated: drop the rest.
+  void drop_queued() { queued_.clear(); }
 
   // No step left: the generation finished (and no unseen decoding is due).
   bool done() const;
   const Generation& generation() const { return gen_; }
   int position() const { return pos_; }  // the next position to run: [0, pos) are cached
-  int decode_steps() const { return decode_steps_; }
+  int decode_steps() const { return decode_steps_; }  // tokens decoded after the prefill's
+  int drafted() const { return drafted_; }            // lookup draft tokens verified
+  int accepted() const { return accepted_; }          // of them, the ones kept
 
  private:
+  // The tokens that followed the latest earlier occurrence of the history's
+  // last n-gram (n = 3..1), at most `limit`; empty when none or lookup is off.
+  std::vector<int32_t> find_draft(int limit) const;
+  // One forward over [last, draft...]: queues the accepted tokens' steps.
+  void verify_draft(const std::vector<int32_t>& draft);
   Context* context_;
   std::vector<int32_t> prompt_;
   Generation gen_;
@@ -120,6 +140,16 @@ class Generator {
   int32_t last_ = -1;  // the token the next decode step runs
   bool started_ = false;
   int decode_steps_ = 0;
+  std::deque<Generation::Step> queued_;  // steps of a verified draft not yet returned
+  static constexpr int kMaxDraft = 15;
+  int draft_len_ = 4;                 // adaptive draft length, 1..kMaxDraft
+  std::vector<float> verify_logits_;  // [draft + 1][vocab]
+  int misses_ = 0;                    // drafts in a row with nothing accepted
+  int pause_ = 0;
+  double step_ms_ = 0;  // a plain decode step's time (moving average): what a draft must beat //
+                        // steps left without drafting
+  int drafted_ = 0;
+  int accepted_ = 0;
 };
 
 struct GenerateResult {

@@ -135,6 +135,10 @@ class Context {
 
   // Runs one token at `pos` and returns the logits for the next position.
   std::span<const float> decode_step(int32_t token, int pos);
+  // Runs tokens[i] at start_pos + i in one decode batch over this cache:
+  // logits [n][vocab], row i bit-identical to decode_step(tokens[i], start_pos
+  // + i) after the rows before it (prompt-lookup decoding's draft check).
+  void decode_rows(std::span<const int32_t> tokens, int start_pos, std::vector<float>& logits);
 
   // The KV cache of positions [start, start + n) as bytes: every layer's keys
   // and values in the cache's element type. load_kv() writes such bytes into

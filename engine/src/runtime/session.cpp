@@ -435,6 +435,27 @@ void decode_batch(std::span<Context* const> contexts, std::span<const int32_t> t
   for (size_t i = 0; i < contexts.size(); ++i) contexts[i]->state_->position = positions[i] + 1;
 }
 
+void Context::decode_rows(std::span<const int32_t> tokens, int start_pos,
+                          std::vector<float>& logits) {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  Model::State& m = *state_->model;
+  const size_t vocab = static_cast<size_t>(m.config.vocab_size);
+  logits.resize(tokens.size() * vocab);
+  // One decode batch whose rows share this KV cache: every row's K/V is stored
+  // before any row attends, so row i sees positions [0, start_pos + i].
+  std::vector<SequenceRows> rows;
+  rows.reserve(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    check_decode(m, tokens[i], start_pos + static_cast<int>(i));
+    rows.push_back({&state_->kv, static_cast<size_t>(start_pos) + i, 1, &logits[i * vocab]});
+  }
+  const std::lock_guard lock(m.forward_mutex);
+  m.profiler.set_phase(Phase::decode);
+  Profiler::Scope z(m.profiler, Zone::decode);
+  m.model->decode_batch(rows, m.batch_scratch, tokens.data());
+  state_->position = start_pos + static_cast<int>(tokens.size());
+}
+
 // ---- Session: one Model, one Context ----------------------------------------
 
 void Session::setup(const std::filesystem::path& model_dir, const SessionOptions& options) {
