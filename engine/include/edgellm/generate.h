@@ -130,10 +130,12 @@ class PromptLookup {
 
  private:
   static constexpr int kMaxDraft = 15;
-  int draft_len_ = 4;   // adaptive, 1..kMaxDraft
-  int misses_ = 0;      // drafts in a row that did not pay
-  int pause_ = 0;       // steps left without drafting
-  double step_ms_ = 0;  // a plain decode step's time (moving average)
+  int draft_len_ = 4;  // adaptive, 1..kMaxDraft
+  int misses_ = 0;     // drafts in a row that did not pay
+  int pause_ = 0;      // steps left without drafting
+  static constexpr int kMinRest = 16, kMaxRest = 512;
+  int rest_ = kMinRest;  // the next rest's length
+  double step_ms_ = 0;   // a plain decode step's time (moving average)
   int drafted_ = 0;
   int accepted_ = 0;
   std::vector<float> logits_;  // [draft + 1][vocab]

@@ -60,13 +60,16 @@ std::vector<Generation::Step> PromptLookup::verify(Context& context, Generation&
                                                       : std::max(1, kept);
   // A draft that cost more than plain steps for its tokens (little kept, or
   // batched rows no faster than one by one) counts as a miss; after three in a
-  // row (open-ended text), rest.
+  // row (open-ended text) rest, twice as long as the last rest when no draft
+  // paid in between (a kernel on which rows never pay).
   const bool paid = kept > 0 && (step_ms_ <= 0 || verify_ms < step_ms_ * (kept + 1));
   if (paid) {
     misses_ = 0;
+    rest_ = kMinRest;
   } else if (++misses_ >= 3) {
     misses_ = 0;
-    pause_ = 16;
+    pause_ = rest_;
+    rest_ = std::min(rest_ * 2, kMaxRest);
   }
   return steps;
 }
