@@ -293,19 +293,17 @@ void quant_matmul_rows(const QuantMatrix& w, const float* x, size_t n, float* y,
   if (n == 0 || w.rows == 0) return;
   const size_t nb = w.cols / 32;
   if (p == QuantPrecision::int8) {
-    // One token's activations each, quantized as its GEMV quantizes them.
-    thread_local std::vector<QuantizedActs> acts;
-    if (acts.size() < n) acts.resize(n);
-    for (size_t t = 0; t < n; ++t) {
-      resize_acts(1, w.cols, acts[t]);
-      quantize_blocks(x + t * w.cols, acts[t], 0, nb);
-    }
+    // The row kernel's multi-token tiles (1 row x 4 tokens: a block of weights
+    // unpacked once for four tokens) do each token's arithmetic in the GEMV's
+    // order, and blocks quantize alone, so this is the per-token GEMV, bit for bit.
+    thread_local QuantizedActs scratch;
+    QuantizedActs& acts = scratch;  // the workers must use the caller's
+    resize_acts(n, w.cols, acts);
+    quantize_blocks(x, acts, 0, n * nb);
     const QuantRowsFn rows_fn = isa < Isa::avx2  ? ref::quant_rows
                                 : has_avx_vnni() ? avxvnni::quant_rows
                                                  : avx2::quant_rows;
-    std::vector<QuantizedActs>& all = acts;  // the workers must use the caller's
-    run_segments_rows<QuantizedActs>(
-        w, n, y, rows_fn, [&](size_t t) -> const QuantizedActs& { return all[t]; }, pool);
+    run_segments(w, acts, y, rows_fn, pool);
   } else {
     thread_local std::vector<float> sums, halves;
     thread_local std::vector<Fp32Acts> acts;
