@@ -1,4 +1,5 @@
-"""Arrows point one way: no import cycle among the Python modules under llms/.
+"""Arrows point one way: no import cycle among the Python modules under llms/, no C++ include
+from engine/ into llms/, and llms/ C++ sees only the engine's public headers (engine/include).
 
 Every import counts, a function-local one too (a cycle closed at run time is still a cycle).
 verify_runner.py and sweep.py once imported each other, closing the circle by passing
@@ -8,6 +9,7 @@ sys.modules[__name__]; the phases and the command line now live below both.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import REPO
@@ -71,3 +73,58 @@ def test_no_import_cycle_under_llms() -> None:
     assert "verify.phases" in graph["verify.sweep"]
     cycle = find_cycle(graph)
     assert not cycle, " -> ".join(cycle)
+
+
+# --- C++: engine/ never reaches into llms/, and llms/ uses only the public headers ------------
+
+ENGINE = REPO / "engine"
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def quoted_includes(root: Path) -> list[tuple[Path, str]]:
+    files = [p for p in root.rglob("*") if p.suffix in (".cpp", ".h")]
+    return [(p, inc) for p in files for inc in INCLUDE.findall(p.read_text())]
+
+
+def resolves(path: Path, inc: str, dirs: list[Path]) -> Path | None:
+    for d in [path.parent, *dirs]:
+        if (d / inc).is_file():
+            return (d / inc).resolve()
+    return None
+
+
+def layering_violations(engine: Path, llms: Path) -> list[str]:
+    bad = []
+    engine_dirs = [engine / "include", engine, engine / "src", engine / "python"]
+    for path, inc in quoted_includes(engine):
+        target = resolves(path, inc, engine_dirs)
+        if target is None or engine.resolve() not in target.parents:
+            bad.append(f"{path.relative_to(engine.parent)}: {inc} is not the engine's")
+    public = engine / "include"
+    for path, inc in quoted_includes(llms):
+        target = resolves(path, inc, [public, llms / "common", llms / "common" / "server"])
+        inside = target is not None and (
+            llms.resolve() in target.parents or public.resolve() in target.parents
+        )
+        if not inside:
+            bad.append(f"{path.relative_to(llms.parent)}: {inc} is not a public engine header")
+    return bad
+
+
+def test_the_include_check_sees_a_wrong_arrow(tmp_path: Path) -> None:
+    engine, llms = tmp_path / "engine", tmp_path / "llms"
+    for d in (engine / "src", engine / "include" / "edgellm", llms / "common"):
+        d.mkdir(parents=True)
+    (engine / "include" / "edgellm" / "api.h").write_text("")
+    (engine / "src" / "internal.h").write_text("")
+    (llms / "common" / "server.h").write_text("")
+    (engine / "src" / "ok.cpp").write_text('#include "edgellm/api.h"\n#include "internal.h"\n')
+    (llms / "common" / "ok.cpp").write_text('#include "edgellm/api.h"\n#include "server.h"\n')
+    assert layering_violations(engine, llms) == []
+    (engine / "src" / "up.cpp").write_text('#include "server.h"\n')
+    (llms / "common" / "past.cpp").write_text('#include "internal.h"\n')
+    assert len(layering_violations(engine, llms)) == 2
+
+
+def test_engine_never_includes_llms_and_llms_only_public_headers() -> None:
+    assert not layering_violations(ENGINE, LLMS), "\n".join(layering_violations(ENGINE, LLMS))

@@ -12,8 +12,8 @@
 #include <chrono>
 #include <memory>
 
-#include "metrics.h"
-#include "scheduler.h"
+#include "edgellm/metrics.h"
+#include "edgellm/scheduler.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

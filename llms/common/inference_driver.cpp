@@ -16,7 +16,6 @@
 #include "edgellm/error.h"
 #include "edgellm/generate.h"
 #include "edgellm/session.h"
-#include "kernels/kernels.h"
 #include "profile_report.h"
 #include "progress.h"
 

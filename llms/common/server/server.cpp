@@ -14,7 +14,7 @@
 
 #include "connections.h"
 #include "edgellm/error.h"
-#include "metrics.h"
+#include "edgellm/metrics.h"
 
 namespace edgellm {
 

@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "edgellm/scheduler.h"
 #include "edgellm/session.h"
-#include "scheduler.h"
 
 namespace edgellm {
 

@@ -1,4 +1,4 @@
-#include "metrics.h"
+#include "edgellm/metrics.h"
 
 #include <sstream>
 

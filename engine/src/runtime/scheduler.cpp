@@ -1,4 +1,4 @@
-#include "scheduler.h"
+#include "edgellm/scheduler.h"
 
 #include <algorithm>
 

@@ -1,4 +1,5 @@
-// Server metrics in the Prometheus text exposition format (GET /metrics).
+// Serving metrics in the Prometheus text exposition format: what the Scheduler
+// counts, rendered for GET /metrics by `edgellm serve` and the Ray replicas.
 #pragma once
 
 #include <array>

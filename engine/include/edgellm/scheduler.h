@@ -1,4 +1,6 @@
 // Continuous batching over one Model: requests join and leave between steps.
+// The serving core below every front end: `edgellm serve` (llms/common/server),
+// the Python binding and the Ray Serve replicas.
 //
 // One scheduler thread owns every Context. Each iteration it (1) admits
 // waiting requests into free sequence slots, (2) prefills at most
@@ -29,9 +31,9 @@
 #include <vector>
 
 #include "edgellm/generate.h"
+#include "edgellm/metrics.h"
 #include "edgellm/prefix_cache.h"
 #include "edgellm/session.h"
-#include "metrics.h"
 
 namespace edgellm {
 
