@@ -1,8 +1,9 @@
 """Shared fixtures: import paths, the smollm2 checkpoint, the engine binding, the HF reference.
 
-Skips only when the checkpoint directory is missing (a fresh clone before `make fetch`); a
-missing engine binding is a failure, because `make test` builds it and CI must not go green
-by skipping the gate.
+Skips only when a model is missing (a fresh clone before `make fetch`), and never under CI
+(`CI` set), where `make test` has fetched them: there a missing model fails. A missing engine
+binding is always a failure, because `make test` builds it and CI must not go green by
+skipping the gate.
 """
 
 from __future__ import annotations
@@ -52,10 +53,18 @@ def verify_env() -> dict[str, str]:
     }
 
 
+def missing_model(message: str) -> None:
+    """A model `make fetch` provides is absent: a skip on a developer's fresh clone, a failure
+    under CI (which ran `make fetch`), so a broken fetch can never turn tests into skips."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def smollm2_checkpoint() -> Path:
     if not (SMOLLM2_DIR / "config.json").is_file():
-        pytest.skip(f"no checkpoint at {SMOLLM2_DIR}: run `make fetch` (or set EDGELLM_MODELS)")
+        missing_model(f"no checkpoint at {SMOLLM2_DIR}: run `make fetch` (or set EDGELLM_MODELS)")
     return SMOLLM2_DIR
 
 

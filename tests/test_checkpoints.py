@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import missing_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -76,7 +77,7 @@ PROBES = [
 def model_dir(name: str) -> Path:
     path = STORE / name
     if not (path / ".complete").is_file():
-        pytest.skip(f"{path} not converted; run scripts/fetch_model.py {name}")
+        missing_model(f"{path} not converted; run scripts/fetch_model.py {name}")
     return path
 
 
@@ -87,7 +88,7 @@ def side_info(name: str) -> dict[str, Any]:
 def gguf_path(name: str) -> Path:
     path = STORE / ".cache" / "gguf" / side_info(name)["source_gguf"]
     if not path.is_file():
-        pytest.skip(f"original GGUF {path} absent; run scripts/fetch_model.py {name}")
+        missing_model(f"original GGUF {path} absent; run scripts/fetch_model.py {name}")
     return path
 
 

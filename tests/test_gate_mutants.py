@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, SMOLLM2_DIR
+from conftest import REPO, SMOLLM2_DIR, missing_model
 from verify import hf_cache
 from verify.adapter_support import VerifyConfig, load_deployment, load_verify_config
 from verify.comparators import GATE_N_TOKENS, topk_token_ids
@@ -125,7 +125,7 @@ def subjects(engine_binding: Any, tmp_path_factory: pytest.TempPathFactory) -> A
         if key not in cache:
             src = MODELS[model]
             if not (src / "config.json").is_file():
-                pytest.skip(f"no checkpoint at {src}: run `make fetch`")
+                missing_model(f"no checkpoint at {src}: run `make fetch`")
             choice = "instruct" if model == "smollm2" else "base"
             if changes:
                 dst = tmp_path_factory.mktemp(model) / "ckpt"

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import STORE, assert_one_line_error, edgellm_cmd
+from conftest import STORE, assert_one_line_error, edgellm_cmd, missing_model
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {
@@ -31,7 +31,7 @@ MODELS = {
 def gguf_path(name: str) -> Path:
     path = MODELS[name]
     if not path.is_file():
-        pytest.skip(f"no {path}: run `make fetch`")
+        missing_model(f"no {path}: run `make fetch`")
     return path
 
 
@@ -101,7 +101,7 @@ def test_exact_checkpoint_holds_the_kernels_values(model: str, engine_binding: A
 
     path = gguf_path(model).parent / "gguf" / "model.gguf"
     if not path.is_file():
-        pytest.skip(f"no {path}: run `make fetch`")
+        missing_model(f"no {path}: run `make fetch`")
     assert json.loads((path.parent / "config.json").read_text())["torch_dtype"] == "float32"
     tensors = json.loads((path.parent / "gguf_map.json").read_text())["tensors"]
     with safe_open(str(path.parent / "model.safetensors"), "np") as fh:
@@ -172,7 +172,7 @@ def test_cli_runs_the_gguf() -> None:
 def test_cli_runs_the_gguf_deployment_key() -> None:
     """`--model gguf` is <dir>/gguf/model.gguf, beside its exact fp32 checkpoint."""
     if not (gguf_path("smollm2-135m-instruct").parent / "gguf" / "model.gguf").is_file():
-        pytest.skip("no gguf/ deployment: run `make fetch`")
+        missing_model("no gguf/ deployment: run `make fetch`")
     proc = run_cli(Path("gguf"))
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout, proc.stdout

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, STORE, assert_one_line_error
+from conftest import REPO, STORE, assert_one_line_error, missing_model
 from test_tokenizer import CORPUS
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -39,7 +39,7 @@ PROMPT = "The capital of France is Paris. Tokyo, 2024: ü → ✓ 🤗\n\tend"
 def store_gguf(name: str) -> Path:
     path = STORE / name / "model.gguf"
     if not path.is_file():
-        pytest.skip(f"no {path}: run `make fetch`")
+        missing_model(f"no {path}: run `make fetch`")
     return path
 
 
@@ -124,7 +124,7 @@ def test_logits_bit_identical_to_converted(
 ) -> None:
     converted_path = store_gguf(model).parent / "gguf" / "model.gguf"
     if not converted_path.is_file():
-        pytest.skip(f"no {converted_path}: run `make fetch`")
+        missing_model(f"no {converted_path}: run `make fetch`")
     bare = setup(engine_binding, alone(store_gguf(model), tmp_path), precision)
     converted = setup(engine_binding, converted_path, precision)
     assert bare.vocab_size == converted.vocab_size
