@@ -175,6 +175,11 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
 namespace avx512 {
 void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r0,
                      size_t r1);
+// Prefill with bf16 activations (quant_bf16_avx512.cpp): x rounded to bf16 once
+// (nearest even), the weights exact, scales and mins in fp32; the fast config's
+// quantized GEMM on the avx512 tier. The whole matrix, all n tokens, no bias.
+inline constexpr size_t kMinBf16QuantTokens = 16;
+void quant_matmul_bf16(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 }  // namespace avx512
 
 // Prefill on AMX-BF16 tiles (quant_amx.cpp), fp32 activations split into 3

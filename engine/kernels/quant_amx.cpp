@@ -14,9 +14,9 @@
 // units scale the other, each accumulator loaded and stored once per set.
 //
 // Weights stay quantized in memory: each thread unpacks its 16-row panels of
-// (q - zero) into bf16 VNNI pairs (the B-tile layout of kernels/avx512.h) in its
-// own scratch, a chunk of panels at a time, once per call, and sweeps every
-// token over the chunk (x parts in token blocks that stay in L2).
+// (q - zero) into bf16 VNNI pairs (kernels/quant_panels_avx512.h) in its own
+// scratch, a chunk of panels at a time, once per call, and sweeps every token
+// over the chunk (x parts in token blocks that stay in L2).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -28,14 +28,16 @@
 #include "kernels/avx512.h"
 #include "kernels/fault_injection.h"
 #include "kernels/quant.h"
-#include "kernels/transpose_avx512.h"
+#include "kernels/quant_panels_avx512.h"
 
 namespace edgellm::kernels::amx {
 
 namespace {
 
-constexpr size_t kPanel = 16;                    // rows of a panel (a B tile's N)
-constexpr size_t kChunkBytes = 1024 * 1024;      // unpacked panels per chunk
+using quant_panels::kChunkBytes;
+using quant_panels::kPanel;
+using quant_panels::PanelView;
+using quant_panels::Scratch;
 constexpr size_t kTokenBlockBytes = 512 * 1024;  // x parts per token block
 constexpr size_t kParts = 3;                     // bf16 parts of fp32 x
 
@@ -52,87 +54,6 @@ const TileConfig& tile_config() {
   }();
   return cfg;
 }
-
-// Block b (32 columns) of row r as 32 bf16 (q - zero), element order: as
-// dwords, the 16 column pairs of the VNNI layout. Small integers are exact.
-inline __m512i unpack_block(const QuantSegment& s, size_t r, size_t b) {
-  __m512i lo, hi;
-  if (s.layout == QuantLayout::i8) {
-    const uint8_t* p = s.qs.data() + r * s.cols + b * 32;
-    lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-  } else {  // byte j: element j (low nibble), element j + 16 (high nibble)
-    const uint8_t* p = s.qs.data() + r * (s.cols / 2) + b * 16;
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m512i zero = _mm512_set1_epi32(s.zero);
-    lo = _mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0xf)), zero);
-    hi = _mm512_sub_epi32(_mm512_srli_epi32(v, 4), zero);
-  }
-  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo));
-}
-
-// Values [i0, i0 + count) of fp32 `f` or IEEE-half `h` (when not null) to
-// out[0], out[kPanel], ...: one row's scales as a panel column (zeros past the
-// segment). Inline: QuantSegment::scale() per value was a call per scale.
-inline void column(const float* f, const uint16_t* h, size_t i0, size_t count, bool have,
-                   float* out) {
-  for (size_t g = 0; g < count; ++g)
-    out[g * kPanel] = !have ? 0.0f : h ? _cvtsh_ss(h[i0 + g]) : f[i0 + g];
-}
-
-// A panel's unpacked weights, scales [group][16] and mins [group][16].
-struct PanelView {
-  const uint16_t* w;
-  const float* scale;
-  const float* min;
-};
-
-// Per-thread scratch: `count` panels of segment s from panel p0 (missing rows
-// are zeros with zero scales).
-struct Scratch {
-  std::vector<uint16_t> w;
-  std::vector<float> scale, min;
-  size_t wstride = 0, sstride = 0, mstride = 0;
-
-  void unpack(const QuantSegment& s, size_t p0, size_t count) {
-    const size_t nb = s.cols / 32, ng = s.cols / s.group;
-    wstride = s.cols * kPanel;
-    sstride = ng * kPanel;
-    mstride = s.has_min ? ng * kPanel : 0;
-    w.resize(count * wstride + 32);
-    scale.resize(count * sstride);
-    min.resize(count * mstride);
-    for (size_t i = 0; i < count; ++i) {
-      const size_t r0 = (p0 + i) * kPanel;
-      uint16_t* dst = wdata() + i * wstride;
-      for (size_t b = 0; b < nb; ++b) {
-        __m512i rows[16];
-        for (size_t n = 0; n < kPanel; ++n)
-          rows[n] = r0 + n < s.rows ? unpack_block(s, r0 + n, b) : _mm512_setzero_si512();
-        avx512::transpose16(rows);  // rows[pair] = that column pair of the 16 rows: a B-tile row
-        for (size_t q = 0; q < 16; ++q) _mm512_store_si512(dst + b * 512 + q * 32, rows[q]);
-      }
-      float* sc = scale.data() + i * sstride;
-      float* mn = min.data() + i * mstride;
-      for (size_t n = 0; n < kPanel; ++n) {
-        const bool have = r0 + n < s.rows;
-        column(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, (r0 + n) * ng, ng,
-               have, sc + n);
-        if (s.has_min)
-          column(s.mins.data(), s.half_scales ? s.mins16.data() : nullptr, (r0 + n) * ng, ng, have,
-                 mn + n);
-      }
-    }
-  }
-  uint16_t* wdata() {  // 64-byte aligned for the tile rows
-    const auto addr = reinterpret_cast<uintptr_t>(w.data());
-    return w.data() + ((64 - addr % 64) % 64) / sizeof(uint16_t);
-  }
-  PanelView panel(size_t i) {
-    return {wdata() + i * wstride, scale.data() + i * sstride,
-            mstride ? min.data() + i * mstride : nullptr};
-  }
-};
 
 constexpr size_t kGroupsPerPass = 4;  // C tiles stored per scaling pass
 

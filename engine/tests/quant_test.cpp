@@ -496,6 +496,56 @@ TEST(QuantTest, AmxStaleTileConfigIsCaught) {
   }
 }
 
+// The bf16-activation prefill GEMM (avx512 tier, the fast config) against the
+// scalar fp32 reference run on x rounded as the kernel rounds it (bf16, nearest
+// even): the same product up to fp32 summation order, on every format, rows
+// off the 16-row panel, token counts off the 8-token tile, several segments.
+// A kernel that rounds differently (truncation) or drops a group is far outside
+// that tolerance.
+TEST(QuantTest, Bf16PrefillMatchesTheRoundedReference) {
+  if (detect_isa() < Isa::avx512) GTEST_SKIP() << "no AVX-512 BF16 on this CPU: not run";
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  auto check = [&](const QuantMatrix& w, size_t n, const std::string& what) {
+    SCOPED_TRACE(what + " rows " + std::to_string(w.rows) + " cols " + std::to_string(w.cols) +
+                 " n " + std::to_string(n));
+    const auto x = random_x(n * w.cols, rng);
+    std::vector<float> xr(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xr[i] = round_to_bf16(x[i]);
+    std::vector<float> sums;
+    const Fp32Acts acts = fp32_acts(xr, n, w.cols, sums);
+    std::vector<float> want(n * w.rows, NAN);
+    size_t base = 0;
+    for (const QuantSegment& s : w.segments) {
+      ref::quant_rows_fp32(s, acts, want.data() + base, w.rows, 0, s.rows);
+      base += s.rows;
+    }
+    const auto mag = abs_products(w, xr, n);
+    std::vector<float> got(n * w.rows + 1, NAN);
+    got.back() = -7.0f;
+    avx512::quant_matmul_bf16(w, x.data(), n, got.data(), pool);
+    ASSERT_EQ(got.back(), -7.0f) << "wrote past the output";
+    for (size_t i = 0; i + 1 < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], fp32_tol(mag[i], w.cols)) << "at " << i;
+  };
+  for (BlockFormat f : kFormats) {
+    const size_t unit = block_elems(f);
+    for (size_t rows : {5, 17, 45})
+      for (size_t cols : {unit, 3 * unit}) {
+        const QuantMatrix w = random_matrix(f, rows, cols, rng);
+        for (size_t n : {1, 8, 17, 33}) check(w, n, std::string(block_format_name(f)));
+      }
+  }
+  QuantMatrix mixed;
+  for (auto [f, rows] :
+       {std::pair{BlockFormat::q4_k, size_t{40}}, std::pair{BlockFormat::q6_k, size_t{7}},
+        std::pair{BlockFormat::q2_k, size_t{19}}}) {
+    const auto blocks = random_blocks(f, rows, 256, rng);
+    append_segment(mixed, repack_gguf(f, blocks.data(), rows, 256));
+  }
+  for (size_t n : {9, 40}) check(mixed, n, "mixed segments");
+}
+
 // The AMX prefill GEMM (n >= 16 on the amx tier) against the scalar fp32
 // reference: every format, rows not a multiple of the 16-row panel or the
 // 32-row block, token counts not a multiple of the 32-token block, and a
