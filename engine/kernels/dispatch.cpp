@@ -163,7 +163,8 @@ const std::vector<KernelInfo>& registered_kernels() {
        "it fp32 (avx512 FMAs; amx 3 exact bf16 parts, 3 passes); decode (n == 1) keeps x fp32",
        "any rows x cols x n (0 included)", all},
       {"matmul_rows", tiers(WeightFormat::bf16),
-       "as matmul; n tokens (decode_batch), each row bit-identical to the n == 1 GEMV of its "
+       "matmul with Batch::independent: one token of each of n sequences (decode_batch), each "
+       "row bit-identical to the n == 1 GEMV of its "
        "layout, the weights read once for all n",
        "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel; "
        "quantized (i8 / u4): all n tokens per 4-row GEMV tile",

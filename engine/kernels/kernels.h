@@ -3,7 +3,9 @@
 // Every kernel has a scalar reference in namespace `ref` (kernels/reference.cpp),
 // always built, used by the unit tests as ground truth and selectable at run
 // time (EDGELLM_ISA=scalar). The dispatching functions below route to the
-// fastest path the CPU supports; each ISA lives in its own file.
+// fastest path the CPU supports; each ISA lives in its own file. Matmuls
+// dispatch through the type-traits row their matrix took at packing
+// (MatmulKernels, matmul_traits.cpp).
 #pragma once
 
 #include <cstddef>
