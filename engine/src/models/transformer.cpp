@@ -80,6 +80,16 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
       prof_(profiler) {
   if (cfg_.kv == kernels::KvDtype::q8_0 && c_.head_dim % kernels::kKvQ8Block != 0)
     throw Error("a q8_0 KV cache needs head_dim % 32 == 0, not " + std::to_string(c_.head_dim));
+  // Each matrix took its type-traits row at packing: it must be the row of the
+  // tier this model runs at, or EDGELLM_ISA would not reach its matmuls.
+  const auto check_tier = [&](const kernels::PackedMatrix& m) {
+    if (m.kernels && m.kernels != &kernels::matmul_kernels(m.kernels->format, cfg_.isa))
+      throw Error("weights packed for " + std::string(kernels::isa_name(m.kernels->tier)) +
+                  " but the model runs at " + std::string(kernels::isa_name(cfg_.isa)));
+  };
+  for (const LayerWeights& L : weights_.layers)
+    for (const kernels::PackedMatrix* m : {&L.qkv, &L.o_proj, &L.gate_up, &L.down}) check_tier(*m);
+  check_tier(weights_.lm_head);
   for (const LayerSpec& spec : c_.layers) {
     const bool scaled = spec.rope_scaled && c_.rope_scaling.type != RopeScaling::Type::none;
     auto it = std::find_if(rope_tables_.begin(), rope_tables_.end(), [&](const RopeTable& t) {
