@@ -1,4 +1,6 @@
-// Routes each kernel to the active ISA's implementation. The tier is detected
+// Routes each element-wise and attention kernel to the implementation of the
+// tier it is given (default: the active ISA); matmuls dispatch through their
+// matrix's row of the type-traits table instead (matmul_traits.cpp). The tier is detected
 // once (cpu_features.cpp); EDGELLM_ISA=scalar|avx2|avx512|amx overrides it,
 // clamped to what the CPU and OS support; set_isa() switches it for tests.
 // A new ISA adds an enum value, a file of kernels, a row in
@@ -17,11 +19,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "edgellm/bf16.h"
 #include "kernels/avx2.h"
 #include "kernels/avx512.h"
 #include "kernels/kernels.h"
-#include "kernels/matmul_rows_avx512.h"
 #include "kernels/quant.h"
 
 namespace edgellm::kernels {
@@ -53,22 +53,6 @@ Isa initial_isa() {
 std::atomic<Isa>& isa_slot() {
   static std::atomic<Isa> slot{initial_isa()};
   return slot;
-}
-
-// Scalar matmul over output rows [r0, r1): the reference's arithmetic on a
-// row range, so the pool can split it without copying the matrix.
-void scalar_matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, size_t r0,
-                        size_t r1) {
-  const uint16_t* base = w.data.data() + w.offset;
-  for (size_t t = 0; t < n; ++t) {
-    const float* xt = x + t * w.cols;
-    for (size_t r = r0; r < r1; ++r) {
-      const uint16_t* row = base + r * w.cols;
-      float acc = 0.0f;
-      for (size_t c = 0; c < w.cols; ++c) acc += bf16_to_float(row[c]) * xt[c];
-      y[t * w.rows + r] = acc + (w.bias ? w.bias[r] : 0.0f);
-    }
-  }
 }
 
 // The process default for callers without an ExecConfig: exact. Models
@@ -164,35 +148,37 @@ Isa default_isa() {
 const std::vector<KernelInfo>& registered_kernels() {
   constexpr Isa S = Isa::scalar, A2 = Isa::avx2, A5 = Isa::avx512, AMX = Isa::amx;
   constexpr std::string_view all = "smollm2_135m, gemma3_270m, llama32_1b";
+  // The matmuls' paths are the tiers of their format's rows in the type-traits
+  // table (matmul_traits.cpp), so a row added there shows up in the registry.
+  const auto tiers = [](WeightFormat f) {
+    std::vector<Isa> paths;
+    for (const MatmulKernels& k : matmul_kernel_table())
+      if (k.format == f) paths.push_back(k.tier);
+    return paths;
+  };
   static const std::vector<KernelInfo> kernels = {
-      {"matmul",
-       {S, A2, A5, AMX},
+      {"matmul", tiers(WeightFormat::bf16),
        "W bf16 (pre-packed), x/y fp32, optional fp32 bias; n > 1 on avx512/amx: the fast "
        "config rounds x to bf16 once (vdpbf16ps / one TDPBF16PS pass), the exact config keeps "
        "it fp32 (avx512 FMAs; amx 3 exact bf16 parts, 3 passes); decode (n == 1) keeps x fp32",
-       "any rows x cols x n (0 included)",
-       all},
-      {"matmul_rows",
-       {S, A2, A5, AMX},
-       "as matmul; n tokens (decode_batch), each row bit-identical to the n == 1 GEMV of its "
+       "any rows x cols x n (0 included)", all},
+      {"matmul_rows", tiers(WeightFormat::bf16),
+       "matmul with Batch::independent: one token of each of n sequences (decode_batch), each "
+       "row bit-identical to the n == 1 GEMV of its "
        "layout, the weights read once for all n",
        "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel; "
        "quantized (i8 / u4): the GEMV's 4-row tiles over up to 4 tokens at once (a block unpacked "
        "once per tile, each token's decode arithmetic)",
        all},
-      {"matmul_i8",
-       {S, A2, A5, AMX},
+      {"matmul_i8", tiers(WeightFormat::quant),
        "W int8 + fp32 scale (+ min) per 32 or 16 (GGUF Q8_0/Q5_0/Q5_1/Q2_K/Q3_K/Q5_K/Q6_K/"
        "IQ4_NL/IQ4_XS repacked), x/y fp32 (fast and exact); amx (n >= 16): panels unpacked to "
        "bf16 per call, x as 3 exact bf16 parts, C tiles per group scaled in fp32",
-       "rows any, cols % 32 == 0, any n",
-       "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
-      {"matmul_u4",
-       {S, A2, A5, AMX},
+       "rows any, cols % 32 == 0, any n", "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
+      {"matmul_u4", tiers(WeightFormat::quant),
        "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default); "
        "amx (n >= 16) as matmul_i8",
-       "rows any, cols % 32 == 0, any n",
-       "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
+       "rows any, cols % 32 == 0, any n", "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_i8_int8x",
        {S, A2},
        "W as matmul_i8, x quantized to int8 per 32 (opt-in --quant-activations int8: 10x the "
@@ -233,87 +219,6 @@ Isa active_isa() {
 }
 void set_isa(Isa isa) {
   isa_slot().store(clamp_to_cpu(isa), std::memory_order_relaxed);
-}
-
-PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols, Isa isa) {
-  PackedMatrix m;
-  switch (clamp_to_cpu(isa)) {
-    case Isa::amx:
-    case Isa::avx512:
-      vnni::pack(bf16_row_major, rows, cols, clamp_to_cpu(isa), m);
-      break;
-    case Isa::avx2:
-      avx2::pack(bf16_row_major, rows, cols, m);
-      break;
-    case Isa::scalar:
-      m.rows = rows;
-      m.cols = cols;
-      m.isa = Isa::scalar;
-      m.data.assign(bf16_row_major, bf16_row_major + rows * cols);
-      break;
-  }
-  return m;
-}
-
-PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols) {
-  return pack_matrix(bf16_row_major, rows, cols, active_isa());
-}
-
-size_t PackedMatrix::byte_size() const {
-  if (quant) return quant->bytes();
-  switch (isa) {
-    case Isa::scalar:
-      return rows * cols * sizeof(uint16_t);
-    case Isa::avx2:
-      return (rows + avx2::kPanelRows - 1) / avx2::kPanelRows * avx2::kPanelRows * cols *
-             sizeof(uint16_t);
-    case Isa::avx512:
-    case Isa::amx:
-      return vnni::panels(rows) * vnni::kPanelRows * vnni::padded_cols(cols) * sizeof(uint16_t);
-  }
-  return 0;
-}
-
-void unpack_row(const PackedMatrix& w, size_t r, float* out) {
-  if (w.quant) return dequant_row(*w.quant, r, out);
-  if (w.isa >= Isa::avx512) return vnni::unpack_row(w, r, out);
-  if (w.isa == Isa::avx2) return avx2::unpack_row(w, r, out);
-  const uint16_t* row = w.data.data() + w.offset + r * w.cols;
-  for (size_t c = 0; c < w.cols; ++c) out[c] = bf16_to_float(row[c]);
-}
-
-void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
-  matmul(w, x, n, y, pool, process_exec_config());
-}
-
-void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
-            const ExecConfig& cfg) {
-  if (w.quant) return quant_matmul(*w.quant, x, n, y, w.bias, pool, cfg.isa, cfg.quant);
-  // The layout decides, not the tier: a matrix packed for AVX2 stays valid
-  // (the CPU has AVX2) under a scalar config. The avx512 and amx layouts are
-  // one, so a matrix packed for amx runs avx512 under an avx512 config.
-  if (w.isa == Isa::amx && cfg.isa == Isa::amx) return amx::matmul(w, x, n, y, pool, cfg.gemm);
-  if (w.isa >= Isa::avx512) return avx512::matmul(w, x, n, y, pool, cfg.gemm);
-  if (w.isa == Isa::avx2) return avx2::matmul(w, x, n, y, pool);
-  pool.parallel_chunks(w.rows,
-                       [&](size_t r0, size_t r1) { scalar_matmul_rows(w, x, n, y, r0, r1); });
-}
-
-void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
-  matmul_rows(w, x, n, y, pool, process_exec_config());
-}
-
-void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
-                 const ExecConfig& cfg) {
-  if (!w.quant && w.isa == Isa::avx2)
-    return cfg.isa >= Isa::avx512 ? avx512::matmul_rows(w, x, n, y, pool)
-                                  : avx2::matmul_rows(w, x, n, y, pool);
-  if (w.quant) return quant_matmul_rows(*w.quant, x, n, y, w.bias, pool, cfg.isa, cfg.quant);
-  // The avx512 and amx layouts are one; their n == 1 GEMV is avx512's (amx
-  // starts at kMinTokens), so the batch follows that GEMV's order.
-  if (!w.quant && w.isa >= Isa::avx512) return avx512::matmul_rows_vnni(w, x, n, y, pool);
-  // Any other layout: one n == 1 call per row is identical by definition.
-  for (size_t t = 0; t < n; ++t) matmul(w, x + t * w.cols, 1, y + t * w.rows, pool, cfg);
 }
 
 void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y, Isa isa) {

@@ -3,7 +3,9 @@
 // Every kernel has a scalar reference in namespace `ref` (kernels/reference.cpp),
 // always built, used by the unit tests as ground truth and selectable at run
 // time (EDGELLM_ISA=scalar). The dispatching functions below route to the
-// fastest path the CPU supports; each ISA lives in its own file.
+// fastest path the CPU supports; each ISA lives in its own file. Matmuls
+// dispatch through the type-traits row their matrix took at packing
+// (MatmulKernels, matmul_traits.cpp).
 #pragma once
 
 #include <cstddef>
@@ -37,30 +39,85 @@ Isa default_isa();
 Isa active_isa();       // default_isa() unless overridden
 void set_isa(Isa isa);  // tests and EDGELLM_ISA; clamped to detect_isa()
 
-// A bf16 weight matrix W[rows][cols], laid out once at setup for the matmul of
-// the ISA active at packing time. `data` owns the packed copy; the layout
-// starts at data[offset] (the SIMD layouts pad `data` to start on a 64-byte
-// boundary). Isa::scalar is plain row-major; Isa::avx2 is row panels, see
-// kernels/avx2.h; Isa::avx512 and Isa::amx share one layout of row panels
-// holding bf16 column pairs (VNNI order), see kernels/avx512.h. matmul()
-// follows `isa` (clamped to the active ISA where the layouts agree).
+// An optional [rows] bias a matmul adds to every output row. Owned (a model's:
+// copies of the matrix share it, so nothing points into a sibling field) or
+// borrowed (tests and benchmarks pass a pointer they keep alive). Reads as a
+// `const float*`, nullptr when there is none.
+class Bias {
+ public:
+  Bias() = default;
+  Bias(const float* borrowed) : data_(borrowed) {}  // NOLINT(google-explicit-constructor)
+  explicit Bias(std::vector<float> owned);
+  const float* get() const { return data_; }
+  operator const float*() const { return data_; }  // NOLINT(google-explicit-constructor)
+
+ private:
+  std::shared_ptr<const std::vector<float>> owned_;
+  const float* data_ = nullptr;
+};
+
+// The weight formats a matrix can hold, each with a row of kernels per tier in
+// the type-traits table (matmul_traits.cpp).
+enum class WeightFormat {
+  bf16,   // bf16 in the tier's layout (below)
+  quant,  // GGUF blocks repacked into i8 / u4 segments (kernels/quant.h)
+};
+std::string_view weight_format_name(WeightFormat f);
+
+struct PackedMatrix;
+// y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n, at the precisions of
+// `cfg` (cfg.gemm for bf16, cfg.quant for quantized weights).
+using MatmulFn = void (*)(const PackedMatrix& w, const float* x, size_t n, float* y,
+                          ThreadPool& pool, const ExecConfig& cfg);
+
+// One row of the type-traits table: the kernels of one weight format on one
+// tier, as ggml's type_traits_cpu. pack_matrix() / pack_quant() pick the row
+// once, from the format and the tier the model runs at (ExecConfig::isa);
+// matmul() calls through it. Precision stays a run-time argument (`cfg`): it
+// picks among the arithmetic of one layout, not the layout.
+struct MatmulKernels {
+  WeightFormat format;
+  Isa tier;
+  MatmulFn gemv;  // n == 1: decode
+  MatmulFn gemm;  // n tokens of one sequence: prefill (may block across tokens)
+  MatmulFn rows;  // n independent tokens: row t bit-identical to gemv of token t
+  void (*unpack_row)(const PackedMatrix& w, size_t r, float* out);  // row r as fp32
+  size_t (*bytes)(const PackedMatrix& w);  // what one pass over the weights streams
+};
+// The table's row for (format, tier); a tier without a row of its own takes
+// the best lower one. The tier is clamped to detect_isa().
+const MatmulKernels& matmul_kernels(WeightFormat format, Isa tier);
+// Every row of the table (tests, the kernel registry).
+const std::vector<MatmulKernels>& matmul_kernel_table();
+
+// A weight matrix W[rows][cols], laid out once at setup for the kernels of
+// one tier; `kernels` is its row of the type-traits table.
+//
+// bf16: `data` owns the packed copy; the layout starts at data[offset] (the
+// SIMD layouts pad `data` to start on a 64-byte boundary). Isa::scalar is
+// plain row-major; Isa::avx2 is row panels, see kernels/avx2.h; Isa::avx512
+// and Isa::amx share one layout of row panels holding bf16 column pairs (VNNI
+// order), see kernels/avx512.h.
+// quant: `quant` holds the segments (kernels/quant.h), shared when the
+// embedding is also the LM head; `data` is empty.
 struct QuantMatrix;  // kernels/quant.h
 struct PackedMatrix {
   size_t rows = 0, cols = 0;
-  Isa isa = Isa::scalar;
+  Isa isa = Isa::scalar;  // the tier it was packed for
+  const MatmulKernels* kernels = nullptr;
   std::vector<uint16_t> data;
   size_t offset = 0;
-  const float* bias = nullptr;  // optional [rows], not owned
+  std::shared_ptr<const QuantMatrix> quant;
+  Bias bias;
   // Bytes of packed weights one pass over the matrix reads (layout padding
   // included): what the profiler and roofline charge a matmul.
-  size_t byte_size() const;
-  // Quantized (GGUF) weights instead of bf16: matmul and unpack_row use them
-  // (kernels/quant.h); shared when the embedding is also the LM head.
-  std::shared_ptr<const QuantMatrix> quant;
+  size_t byte_size() const { return kernels ? kernels->bytes(*this) : 0; }
 };
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols);
 // Packs for a given ISA (tests, benchmarks); one the CPU lacks falls back to detect_isa().
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols, Isa isa);
+// Quantized weights, run by the kernels of tier `isa` (clamped to detect_isa()).
+PackedMatrix pack_quant(std::shared_ptr<const QuantMatrix> q, Isa isa);
 // Row r of W as fp32, whatever the layout (tied embeddings, tests).
 void unpack_row(const PackedMatrix& w, size_t r, float* out);
 
@@ -73,15 +130,26 @@ void set_gemm_precision(GemmPrecision p);  // tests, benchmarks
 // for the prefill GEMM's activations (the gate's precision tier reads it).
 std::string_view gemm_activation_dtype(const ExecConfig& cfg);
 
-// y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for t < n. n == 1 is decode's GEMV.
+// How the n rows of a matmul's x relate.
+enum class Batch {
+  sequence,     // consecutive tokens of one sequence (prefill): the GEMM
+  independent,  // one decode token each of n sequences: each output row is
+                // bit-identical to its own n == 1 GEMV, so a sequence decodes
+                // the same alone or batched; the weights are read once for all
+};
+
+// The one matmul dispatcher: y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]) for
+// t < n through w's row of the type-traits table: gemv for n == 1, else gemm
+// or rows by `batch`. w's tier was chosen at packing; `cfg` gives the precision.
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
-            const ExecConfig& cfg);
+            const ExecConfig& cfg, Batch batch = Batch::sequence);
+// The process's config (tests, benchmarks).
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
-// The same product for n independent rows (batched decode: one token of each of
-// n sequences): the weights are read once, and row t is bit-identical to
-// matmul(w, x + t * cols, 1, ...), so a sequence decodes the same alone or batched.
-void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
-                 const ExecConfig& cfg);
+// matmul(..., Batch::independent): batched decode.
+inline void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+                        const ExecConfig& cfg) {
+  matmul(w, x, n, y, pool, cfg, Batch::independent);
+}
 void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 
 // Element-wise kernels run the path of `isa` (default: active_isa()).

@@ -195,7 +195,7 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
   // block reads 32 rows), zeros past the matrix.
   thread_local std::vector<float> bias_pad;
   bias_pad.assign((panels + 1) * kPanelRows, 0.0f);
-  if (w.bias) std::copy(w.bias, w.bias + w.rows, bias_pad.begin());
+  if (w.bias) std::copy(w.bias.get(), w.bias.get() + w.rows, bias_pad.begin());
   // This thread's buffer, read by the workers; none without a bias.
   const float* bias = w.bias ? bias_pad.data() : nullptr;
   const auto run = parts == 3 ? gemm_block<3> : parts == 2 ? gemm_block<2> : gemm_block<1>;

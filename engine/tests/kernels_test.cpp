@@ -1840,6 +1840,34 @@ TEST(KernelDispatch, SetIsaClampsToTheCpu) {
   }
 }
 
+// The type-traits table: every format has a scalar row, packing picks the row
+// of the tier asked (clamped to the CPU, else the best lower row), and a copy
+// of a matrix keeps its row and its bias.
+TEST(KernelDispatch, PackingPicksTheTraitsRowOfTheTier) {
+  for (WeightFormat f : {WeightFormat::bf16, WeightFormat::quant}) {
+    EXPECT_EQ(matmul_kernels(f, Isa::scalar).tier, Isa::scalar) << weight_format_name(f);
+    for (Isa isa : kAllIsas) {
+      const MatmulKernels& k = matmul_kernels(f, isa);
+      EXPECT_EQ(k.format, f);
+      EXPECT_LE(k.tier, std::min(isa, detect_isa()));
+      EXPECT_TRUE(k.gemv && k.gemm && k.rows && k.unpack_row && k.bytes);
+    }
+  }
+  std::mt19937 rng(2);
+  const std::vector<uint16_t> w = random_bf16(5 * 7, rng);
+  for (Isa isa : kAllIsas) {
+    PackedMatrix m = pack_matrix(w.data(), 5, 7, isa);
+    EXPECT_EQ(m.kernels, &matmul_kernels(WeightFormat::bf16, isa)) << isa_name(isa);
+    EXPECT_EQ(m.kernels->tier, m.isa);
+    m.bias = Bias(std::vector<float>{1, 2, 3, 4, 5});
+    const PackedMatrix copy = m;
+    m = PackedMatrix{};  // the copy's bias outlives the original
+    ASSERT_NE(copy.bias.get(), nullptr);
+    EXPECT_EQ(copy.bias[4], 5.0f);
+    EXPECT_EQ(copy.kernels->format, WeightFormat::bf16);
+  }
+}
+
 // Tiers are cumulative: a CPU with AVX-512 reports it only if it also has AVX2.
 TEST(KernelDispatch, DetectionMatchesCompilerProbe) {
 #if defined(__x86_64__)

@@ -329,11 +329,8 @@ TEST(QuantTest, MixedSegmentsAndBiasThroughMatmul) {
   ASSERT_EQ(q->rows, 9u);
   std::vector<float> bias(9);
   for (size_t i = 0; i < 9; ++i) bias[i] = 0.5f * float(i);
-  PackedMatrix m;
-  m.rows = 9;
-  m.cols = cols;
+  PackedMatrix m = pack_quant(q, active_isa());
   m.bias = bias.data();
-  m.quant = q;
   const auto x = random_x(2 * cols, rng);
   std::vector<float> y(18), y_nobias(18);
   matmul(m, x.data(), 2, y.data(), pool);

@@ -183,6 +183,25 @@ TEST(TransformerKvQ8, CacheHoldsQuantizedKeysAndValues) {
                Error);
 }
 
+// A model runs its matmuls on the tier it was packed for: weights packed for
+// another tier are refused at construction, not run on the packing's kernels.
+TEST(TransformerTier, WeightsPackedForAnotherTierAreRefused) {
+  if (kernels::detect_isa() == kernels::Isa::scalar) GTEST_SKIP() << "one tier only";
+  TinyModel m = write_tiny("LlamaForCausalLM", "");
+  Checkpoint ckpt = Checkpoint::open(m.dir);
+  ThreadPool pool(1);
+  Profiler prof;
+  kernels::ExecConfig cfg = with_kv(kernels::KvDtype::fp32);
+  cfg.isa = kernels::detect_isa();
+  EXPECT_THROW(
+      Transformer(m.config, load_weights(ckpt, m.config, nullptr, nullptr, kernels::Isa::scalar),
+                  16, pool, prof, cfg),
+      Error);
+  EXPECT_NO_THROW(Transformer(m.config,
+                              load_weights(ckpt, m.config, &pool, nullptr, kernels::detect_isa()),
+                              16, pool, prof, cfg));
+}
+
 // Continuous batching's promise: a sequence decodes to the same bits alone or
 // in a batch with others at different positions (and different batch sizes).
 TEST_P(DecodeMatchesPrefill, BatchedDecodeIsBitIdenticalToAlone) {

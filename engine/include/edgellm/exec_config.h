@@ -71,6 +71,8 @@ inline constexpr size_t kAttentionKeyBlock = 32;
 // exact config is the gate's fp32 tier; the fast one is the deployed path,
 // judged against the exact one by the gate's stage 2 (llms/verify/README.md).
 struct ExecConfig {
+  // The tier of every kernel: element-wise kernels and attention take it per
+  // call; matrices take their type-traits row for it once, at packing.
   Isa isa = Isa::scalar;
   GemmPrecision gemm = GemmPrecision::fp32;
   AttnPrecision attention = AttnPrecision::fp32;

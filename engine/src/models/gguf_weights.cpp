@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "edgellm/bf16.h"
 #include "edgellm/error.h"
+#include "io/json_file.h"
 #include "models/gguf_config.h"
 
 namespace edgellm {
@@ -100,13 +100,7 @@ std::unique_ptr<GgufWeights> open_gguf_weights(const std::filesystem::path& gguf
   const auto map_path = gguf_path.parent_path() / "gguf_map.json";
   check(std::filesystem::exists(map_path),
         map_path.string() + ": missing (scripts/fetch_model.py writes it beside model.gguf)");
-  nlohmann::json j;
-  try {
-    std::ifstream in(map_path);
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(map_path.string() + ": not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json j = read_json_file(map_path);  // bounded nesting, errors name the byte
   const std::string where = map_path.string() + ": ";
   check(j.is_object() && j.contains("tensors") && j["tensors"].is_object(),
         where + "field 'tensors' is missing");

@@ -80,6 +80,16 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
       prof_(profiler) {
   if (cfg_.kv == kernels::KvDtype::q8_0 && c_.head_dim % kernels::kKvQ8Block != 0)
     throw Error("a q8_0 KV cache needs head_dim % 32 == 0, not " + std::to_string(c_.head_dim));
+  // Each matrix took its type-traits row at packing: it must be the row of the
+  // tier this model runs at, or EDGELLM_ISA would not reach its matmuls.
+  const auto check_tier = [&](const kernels::PackedMatrix& m) {
+    if (m.kernels && m.kernels != &kernels::matmul_kernels(m.kernels->format, cfg_.isa))
+      throw Error("weights packed for " + std::string(kernels::isa_name(m.kernels->tier)) +
+                  " but the model runs at " + std::string(kernels::isa_name(cfg_.isa)));
+  };
+  for (const LayerWeights& L : weights_.layers)
+    for (const kernels::PackedMatrix* m : {&L.qkv, &L.o_proj, &L.gate_up, &L.down}) check_tier(*m);
+  check_tier(weights_.lm_head);
   for (const LayerSpec& spec : c_.layers) {
     const bool scaled = spec.rope_scaled && c_.rope_scaling.type != RopeScaling::Type::none;
     auto it = std::find_if(rope_tables_.begin(), rope_tables_.end(), [&](const RopeTable& t) {
@@ -205,18 +215,8 @@ void Transformer::ensure_scratch(Scratch& s, size_t n) const {
   s.tokens = n;
 }
 
-// A decode batch uses matmul_rows so that each row matches its n == 1 GEMV
-// bit for bit; a prefill uses the GEMM.
-void Transformer::matmul(const kernels::PackedMatrix& w, const float* x, size_t n, float* y,
-                         const Scratch& s) const {
-  if (s.batch)
-    kernels::matmul_rows(w, x, n, y, pool_, cfg_);
-  else
-    kernels::matmul(w, x, n, y, pool_, cfg_);
-}
-
 void Transformer::attention_block(size_t l, Scratch& s, std::span<const SequenceRows> seqs,
-                                  size_t n) {
+                                  size_t n, kernels::Batch batch) {
   const LayerWeights& L = weights_.layers[l];
   const size_t H = c_.hidden_size, D = c_.head_dim;
   const size_t nh = c_.num_heads, nkv = c_.num_kv_heads;
@@ -230,7 +230,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   {
     Profiler::Scope z(prof_, Zone::qkv_proj, static_cast<double>(L.qkv.byte_size()),
                       2.0 * n * L.qkv.rows * L.qkv.cols);
-    matmul(L.qkv, s.xn.data(), n, s.qkv.data(), s);
+    kernels::matmul(L.qkv, s.xn.data(), n, s.qkv.data(), pool_, cfg_, batch);
   }
   if (c_.qk_norm) {
     Profiler::Scope z(prof_, Zone::qk_norm);
@@ -291,7 +291,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     const double elem = static_cast<double>(kernels::kv_dtype_bytes(seq.kv->dtype));
     return std::pair{2.0 * elem * keys * nkv * D, kernels::attention_flops(attention_args(seq, 0))};
   };
-  if (s.batch && seqs.size() > 1) {
+  if (batch == kernels::Batch::independent && seqs.size() > 1) {
     // A decode batch runs its sequences side by side, one per thread: each
     // call then runs its work items serially (nested), the same items and
     // arithmetic as alone, so the output stays bit-identical, and one pool
@@ -318,7 +318,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   {
     Profiler::Scope z(prof_, Zone::o_proj, static_cast<double>(L.o_proj.byte_size()),
                       2.0 * n * L.o_proj.rows * L.o_proj.cols);
-    matmul(L.o_proj, s.attn.data(), n, s.proj.data(), s);
+    kernels::matmul(L.o_proj, s.attn.data(), n, s.proj.data(), pool_, cfg_, batch);
   }
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
@@ -331,7 +331,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H, cfg_.isa); });
 }
 
-void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
+void Transformer::mlp_block(size_t l, Scratch& s, size_t n, kernels::Batch batch) {
   const LayerWeights& L = weights_.layers[l];
   const size_t H = c_.hidden_size, I = c_.intermediate_size;
   {
@@ -343,7 +343,7 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   {
     Profiler::Scope z(prof_, Zone::gate_up_proj, static_cast<double>(L.gate_up.byte_size()),
                       2.0 * n * L.gate_up.rows * L.gate_up.cols);
-    matmul(L.gate_up, s.xn.data(), n, s.gate_up.data(), s);
+    kernels::matmul(L.gate_up, s.xn.data(), n, s.gate_up.data(), pool_, cfg_, batch);
   }
   {
     Profiler::Scope z(prof_, Zone::activation);
@@ -358,7 +358,7 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
   {
     Profiler::Scope z(prof_, Zone::down_proj, static_cast<double>(L.down.byte_size()),
                       2.0 * n * L.down.rows * L.down.cols);
-    matmul(L.down, s.act.data(), n, s.proj.data(), s);
+    kernels::matmul(L.down, s.act.data(), n, s.proj.data(), pool_, cfg_, batch);
   }
   if (c_.sandwich_norms) {
     Profiler::Scope z(prof_, Zone::norm);
@@ -374,20 +374,21 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n) {
 void Transformer::forward(KvCache& kv, Scratch& s, const int32_t* tokens, size_t n, size_t start,
                           float* logits, PrefillCapture* capture) {
   const SequenceRows seq{&kv, start, n, logits};
-  s.batch = false;
-  run({&seq, 1}, s, tokens, n, capture);
+  run({&seq, 1}, s, tokens, n, kernels::Batch::sequence, capture);
 }
 
 void Transformer::decode_batch(std::span<const SequenceRows> rows, Scratch& s,
                                const int32_t* tokens) {
   for (const SequenceRows& r : rows)
     if (r.n != 1) throw Error("decode_batch: each sequence decodes exactly one token");
-  s.batch = true;
-  run(rows, s, tokens, rows.size(), nullptr);
+  run(rows, s, tokens, rows.size(), kernels::Batch::independent, nullptr);
 }
 
 void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int32_t* tokens,
-                      size_t n, PrefillCapture* capture) {
+                      size_t n, kernels::Batch batch, PrefillCapture* capture) {
+  // A decode batch's matmuls keep each row its n == 1 GEMV's, bit for bit; a
+  // prefill's take the GEMM.
+  const bool independent = batch == kernels::Batch::independent;
   ensure_scratch(s, n);
   const size_t H = c_.hidden_size;
   {
@@ -400,13 +401,13 @@ void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int3
   const bool layers = capture && capture->layers;
   if (layers) capture->layer_outputs.assign(c_.num_layers, {});
   for (size_t l = 0; l < static_cast<size_t>(c_.num_layers); ++l) {
-    attention_block(l, s, seqs, n);
-    mlp_block(l, s, n);
+    attention_block(l, s, seqs, n, batch);
+    mlp_block(l, s, n, batch);
     if (layers) capture->layer_outputs[l].assign(s.x.begin(), s.x.begin() + n * H);
   }
   // Only each sequence's last position needs logits (in a batch, every row is
   // one); diagnosis and stage 2 also want every normed row.
-  const size_t first = capture || s.batch ? 0 : n - 1;
+  const size_t first = capture || independent ? 0 : n - 1;
   {
     Profiler::Scope z(prof_, Zone::norm);
     for (size_t t = first; t < n; ++t)
@@ -420,16 +421,17 @@ void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int3
     Profiler::Scope z(prof_, Zone::lm_head, static_cast<double>(head.byte_size()),
                       2.0 * rows * head.rows * head.cols);
     if (capture && capture->all_logits) {
-      // Row by row as decode computes them (matmul_rows: each row is the GEMV's).
+      // Row by row as decode computes them (Batch::independent: each row is the GEMV's).
       capture->logits.resize(n * head.rows);
-      kernels::matmul_rows(head, s.xn.data(), n, capture->logits.data(), pool_, cfg_);
+      kernels::matmul(head, s.xn.data(), n, capture->logits.data(), pool_, cfg_,
+                      kernels::Batch::independent);
       std::copy_n(&capture->logits[(n - 1) * head.rows], head.rows, seqs[0].logits);
       if (c_.final_logit_softcap > 0.0f)
         for (float& v : capture->logits)
           v = c_.final_logit_softcap * std::tanh(v / c_.final_logit_softcap);
-    } else if (s.batch) {
+    } else if (independent) {
       s.logits.resize(rows * head.rows);
-      kernels::matmul_rows(head, s.xn.data(), rows, s.logits.data(), pool_, cfg_);
+      kernels::matmul(head, s.xn.data(), rows, s.logits.data(), pool_, cfg_, batch);
       for (size_t i = 0; i < rows; ++i)
         std::copy_n(&s.logits[i * head.rows], head.rows, seqs[i].logits);
     } else {

@@ -72,7 +72,6 @@ struct KvCache {
 // Activations of one forward pass, sized for the largest row count seen.
 struct Scratch {
   size_t tokens = 0;
-  bool batch = false;  // rows are separate sequences' decode tokens: see Transformer::matmul
   std::vector<float> x, xn, qkv, q, attn, proj, gate_up, act, logits;
 };
 
@@ -120,13 +119,14 @@ class Transformer {
   size_t decode_bytes() const { return weights_.decode_bytes; }
 
  private:
+  // `batch`: the rows are one sequence's tokens (forward) or separate
+  // sequences' decode tokens (decode_batch), see kernels::Batch.
   void run(std::span<const SequenceRows> seqs, Scratch& s, const int32_t* tokens, size_t n,
-           PrefillCapture* capture);
+           kernels::Batch batch, PrefillCapture* capture);
   void ensure_scratch(Scratch& s, size_t n) const;
-  void matmul(const kernels::PackedMatrix& w, const float* x, size_t n, float* y,
-              const Scratch& s) const;
-  void attention_block(size_t layer, Scratch& s, std::span<const SequenceRows> seqs, size_t n);
-  void mlp_block(size_t layer, Scratch& s, size_t n);
+  void attention_block(size_t layer, Scratch& s, std::span<const SequenceRows> seqs, size_t n,
+                       kernels::Batch batch);
+  void mlp_block(size_t layer, Scratch& s, size_t n, kernels::Batch batch);
   // fn(t) for each of n tokens: split across the pool for a prefill, inline for
   // the few rows of a decode step (a dispatch costs more than their work). Each
   // token's arithmetic is the same either way.

@@ -7,7 +7,6 @@
 #include <exception>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "edgellm/bf16.h"
 #include "edgellm/error.h"
@@ -147,11 +146,8 @@ std::shared_ptr<const kernels::QuantMatrix> pack_quant(
 kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const TensorView*> parts,
                            size_t& bytes, kernels::Isa isa) {
   if (auto q = pack_quant(quant, parts)) {
-    kernels::PackedMatrix m;
-    m.rows = q->rows;
-    m.cols = q->cols;
-    bytes += q->bytes();
-    m.quant = std::move(q);
+    kernels::PackedMatrix m = kernels::pack_quant(std::move(q), isa);
+    bytes += m.byte_size();
     for (const TensorView* t : parts) t->release_pages();
     return m;
   }
@@ -260,10 +256,12 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
   L.attn_norm = to_float(*t.attn_norm, norm_add);
   L.qkv = pack(quant, {t.q, t.k, t.v}, bytes, isa);
   if (c.attention_bias) {
+    std::vector<float> bias;
     for (const TensorView* b : {t.q_bias, t.k_bias, t.v_bias}) {
       auto v = to_float(*b, 0.0f);
-      L.qkv_bias.insert(L.qkv_bias.end(), v.begin(), v.end());
+      bias.insert(bias.end(), v.begin(), v.end());
     }
+    L.qkv.bias = kernels::Bias(std::move(bias));
   }
   if (c.qk_norm) {
     L.q_norm = to_float(*t.q_norm, norm_add);
@@ -293,7 +291,7 @@ void ModelWeights::embed_row(size_t token, float* out) const {
   for (size_t i = 0; i < H; ++i) out[i] = bf16_to_float(embed[token * H + i]);
 }
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int threads,
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, ThreadPool* pool,
                           const QuantSource* quant, kernels::Isa isa) {
   const WeightPlan plan = plan_weights(ckpt, c);
   ModelWeights w;
@@ -305,29 +303,28 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, int thre
 
   std::vector<size_t> layer_bytes(static_cast<size_t>(c.num_layers), 0);
   w.layers.resize(static_cast<size_t>(c.num_layers));
-  std::atomic<int> next{0};
+  // Layers are packed on the session's pool (one layer per item): no threads
+  // of setup's own. A task must not throw (the pool would terminate), so the
+  // first error is kept and the remaining layers are skipped.
+  std::atomic<bool> failed{false};
   std::exception_ptr first_error;
   std::mutex error_mutex;
-  auto worker = [&] {
-    for (int l; (l = next.fetch_add(1)) < c.num_layers;) {
-      try {
-        w.layers[l] = load_layer(plan.layers[l], c, quant, isa, layer_bytes[l]);
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!first_error) first_error = std::current_exception();
-        next = c.num_layers;  // stop the others early
-      }
+  auto load = [&](size_t l) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    try {
+      w.layers[l] = load_layer(plan.layers[l], c, quant, isa, layer_bytes[l]);
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!first_error) first_error = std::current_exception();
+      failed = true;
     }
   };
-  {
-    std::vector<std::jthread> pool;
-    for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(worker);
-    worker();
-  }
+  if (pool)
+    pool->parallel_for(w.layers.size(), load);
+  else
+    for (size_t l = 0; l < w.layers.size(); ++l) load(l);
   if (first_error) std::rethrow_exception(first_error);
   for (size_t b : layer_bytes) w.decode_bytes += b;
-  for (auto& L : w.layers)
-    if (!L.qkv_bias.empty()) L.qkv.bias = L.qkv_bias.data();
 
   w.final_norm = to_float(*plan.final_norm, norm_add);
   if (plan.lm_head == plan.embed && w.embed_quant.quant) {  // tied: the GGUF table is the head too

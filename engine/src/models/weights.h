@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "edgellm/config.h"
+#include "edgellm/thread_pool.h"
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -18,8 +19,7 @@ namespace edgellm {
 
 struct LayerWeights {
   std::vector<float> attn_norm;       // [hidden]  input_layernorm
-  kernels::PackedMatrix qkv;          // [(heads + 2 kv_heads) * head_dim, hidden]
-  std::vector<float> qkv_bias;        // Qwen2 only
+  kernels::PackedMatrix qkv;          // [(heads + 2 kv_heads) * head_dim, hidden], Qwen2's bias
   std::vector<float> q_norm, k_norm;  // [head_dim], qk_norm models only
   kernels::PackedMatrix o_proj;       // [hidden, heads * head_dim]
   std::vector<float> post_attn_norm;  // Gemma sandwich norm, after attention
@@ -66,9 +66,10 @@ struct QuantSource {
 // Looks up every tensor the config needs (find_layer in weights.cpp), checks
 // its shape and values, and packs it. Errors name the tensor, expected and
 // actual. The result holds no pointer into the checkpoint's mapping. bf16
-// matrices are packed for the kernels of tier `isa`.
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config, int threads = 1,
-                          const QuantSource* quant = nullptr,
+// matrices are packed for the kernels of tier `isa`. Layers are packed in
+// parallel on `pool` (nullptr: on the calling thread).
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& config,
+                          ThreadPool* pool = nullptr, const QuantSource* quant = nullptr,
                           kernels::Isa isa = kernels::active_isa());
 
 }  // namespace edgellm

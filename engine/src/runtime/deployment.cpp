@@ -3,14 +3,13 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "edgellm/error.h"
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
+#include "io/json_file.h"
 
 namespace edgellm {
 
@@ -18,12 +17,10 @@ namespace {
 
 using nlohmann::json;
 
+// Through io/json_file like every JSON file the engine reads: parse errors name
+// the byte, and nesting is bounded (kMaxJsonDepth).
 json read_json_object(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(static_cast<bool>(in), path.string() + ": cannot open file");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  json j = json::parse(buf.str(), nullptr, /*allow_exceptions=*/false);
+  json j = read_json_file(path);
   check(j.is_object(), path.string() + ": not a JSON object");
   return j;
 }

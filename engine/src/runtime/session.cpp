@@ -228,7 +228,7 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     const auto quant = quant_source(gguf, options.weights);
     step = "packing " + gb_str(weight_bytes) + " of weights";
     ModelWeights weights =
-        load_weights(checkpoint, s->config, s->pool->size(), quant ? &*quant : nullptr, cfg.isa);
+        load_weights(checkpoint, s->config, s->pool.get(), quant ? &*quant : nullptr, cfg.isa);
     step = "building the RoPE tables for " + std::to_string(s->max_context) + " positions";
     s->model = std::make_unique<Transformer>(s->config, std::move(weights), s->max_context,
                                              *s->pool, s->profiler, cfg);
