@@ -572,8 +572,8 @@ def test_sampling_defaults_are_temperature_07_and_min_p_005(server: Server) -> N
     [
         ("/v1/chat/completions", {"n": 2}, "n"),
         ("/v1/chat/completions", {"logit_bias": {"42": 5}}, "logit_bias"),
-        (
-            "/v1/chat/completions",
+        (  # tools are a chat feature (test_tool_calls.py)
+            "/v1/completions",
             {"tools": [{"type": "function", "function": {"name": "f"}}]},
             "tools",
         ),
@@ -621,7 +621,8 @@ def test_no_op_values_and_tool_messages_are_served(server: Server) -> None:
     code, reply, _ = server.post(
         "/v1/chat/completions", json.dumps({**body, "messages": messages[:1] + calls}).encode()
     )
-    assert code == 400 and reply["error"]["param"] == "messages[1].tool_calls", reply
+    # A call without its function is malformed (well-formed calls: test_tool_calls.py).
+    assert code == 400 and reply["error"]["param"] == "messages[1].tool_calls[0].function", reply
 
 
 def tokenize(server: Server, messages: list[dict[str, Any]]) -> list[int]:

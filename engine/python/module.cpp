@@ -9,6 +9,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "edgellm/deployment.h"
@@ -17,12 +18,14 @@
 #include "edgellm/roofline.h"
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
+#include "edgellm/tool_calls.h"
 #include "io/gguf.h"
 #include "kernels/avx512.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "models/gguf_weights.h"
 #include "serving.h"
+#include "tools.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -138,7 +141,8 @@ nb::dict exec_config_dict(const edgellm::kernels::ExecConfig& c) {
 
 EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
   m.doc() = "edgellm engine binding";
-  nb::exception<edgellm::Error>(m, "Error", PyExc_RuntimeError);
+  nb::exception<edgellm::Error> error(m, "Error", PyExc_RuntimeError);
+  bind_tools(m, error);
 
   m.def("active_isa",
         [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::active_isa())); });
@@ -379,6 +383,25 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
                                             add_generation_prompt);
       },
       "tokenizer"_a, "chat_template"_a, "messages"_a, "add_generation_prompt"_a = true);
+  // With tools (edgellm/tool_calls.h): messages are (role, content, [(id, name,
+  // arguments)]) so an assistant turn can carry its calls.
+  m.def(
+      "encode_conversation",
+      [](const edgellm::Tokenizer& tokenizer, const edgellm::ChatTemplate& chat_template,
+         const std::vector<
+             std::tuple<std::string, std::string,
+                        std::vector<std::tuple<std::string, std::string, std::string>>>>& msgs,
+         bool add_generation_prompt, const edgellm::Tools& tools) {
+        std::vector<edgellm::ChatMessage> messages;
+        for (const auto& [role, content, calls] : msgs) {
+          edgellm::ChatMessage& msg = messages.emplace_back(edgellm::ChatMessage{role, content});
+          for (const auto& [id, name, arguments] : calls)
+            msg.tool_calls.push_back({id, name, arguments});
+        }
+        return edgellm::encode_conversation(tokenizer, chat_template, messages,
+                                            add_generation_prompt, tools);
+      },
+      "tokenizer"_a, "chat_template"_a, "messages"_a, "add_generation_prompt"_a, "tools"_a);
   // ---- Model / Context / generate: the embedding API ------------------------
   nb::class_<edgellm::SamplerOptions>(m, "SamplerOptions")
       .def(nb::init<>())

@@ -46,6 +46,7 @@ class EdgeLLMReplica:
         self.model = eg.Model()
         self.model.setup(model_path, threads=threads, max_context=max_context)
         self.scheduler = eg.Scheduler(self.model, parallel, queue, prefill_chunk, cache_mb)
+        self.eg = eg
         self.encode_conversation = eg.encode_conversation
         # Threads that wait on RequestStream.wait (the GIL released): one per admitted or
         # queued request, so no stream waits behind another.
@@ -60,16 +61,33 @@ class EdgeLLMReplica:
     def metrics(self) -> str:
         return self.scheduler.metrics()
 
-    def prompt_tokens(self, job: dict[str, Any]) -> list[int]:
-        """The engine's encode_conversation (as server.cpp) or the prompt's encode."""
+    def tools_of(self, job: dict[str, Any]) -> Any:
+        """The request's edgellm.Tools, checked by the engine as server.cpp checks them."""
+        try:
+            return self.eg.Tools.parse(**job.get("tools", {}))
+        except self.eg.ToolRequestError as e:
+            raise ApiError(400, e.args[0], e.args[1]) from None
+
+    def prompt_tokens(self, job: dict[str, Any], tools: Any = None) -> list[int]:
+        """The engine's encode_conversation with tools (as server.cpp) or the prompt's encode."""
         if "messages" in job:
+            tools = tools if tools is not None else self.tools_of(job)
+            messages = []
+            for i, (role, text, calls) in enumerate(job["messages"]):
+                parsed = []
+                if calls:  # JSON text of an assistant's tool_calls
+                    try:
+                        parsed = self.eg.parse_tool_calls(calls, f"messages[{i}].tool_calls")
+                    except self.eg.ToolRequestError as e:
+                        raise ApiError(400, e.args[0], e.args[1]) from None
+                messages.append((role, text, parsed))
             if not self.model.chat_template.available():
                 raise ApiError(
                     400, "this model has no chat template; use /v1/completions", "messages"
                 )
             try:
                 return self.encode_conversation(
-                    self.model.tokenizer, self.model.chat_template, job["messages"], True
+                    self.model.tokenizer, self.model.chat_template, messages, True, tools
                 )
             except Exception as e:  # the engine's one-line reason
                 raise ApiError(400, str(e), "messages") from None
@@ -94,8 +112,17 @@ class EdgeLLMReplica:
             )
         return asked or room
 
-    def submit(self, job: dict[str, Any]) -> Any:
-        prompt = self.prompt_tokens(job)
+    def submit(self, job: dict[str, Any]) -> tuple[Any, Any]:
+        """The request's stream and its edgellm.Tools (None for a completion)."""
+        tools = self.tools_of(job) if "messages" in job else None
+        prompt = self.prompt_tokens(job, tools)
+        if tools is not None and tools.forced:
+            raise ApiError(
+                400,
+                "'tool_choice' \"required\" or a named function needs structured output, which "
+                "this build does not have yet",
+                "tool_choice",
+            )
         stream = self.scheduler.submit(
             prompt,
             self.max_tokens(prompt, job["max_tokens"]),
@@ -114,7 +141,7 @@ class EdgeLLMReplica:
             if self.scheduler.stopping:
                 raise ApiError(503, "the server is shutting down")
             raise ApiError(429, "the request queue is full; retry later", None, "queue_full")
-        return stream
+        return stream, tools
 
     def logprob_entry(self, token: int, logprob: float) -> dict[str, Any]:
         """server.cpp's logprob_entry: the token's text (U+FFFD for part of a character),
@@ -136,10 +163,18 @@ class EdgeLLMReplica:
             for token, logprob, top in records
         ]
 
-    @staticmethod
-    def outcome(stream: Any) -> dict[str, Any]:
+    def outcome(self, stream: Any, tools: Any = None, text: str = "") -> dict[str, Any]:
+        """How the request ended; with active tools also the reply parsed by the engine:
+        {"content", "tool_calls": [(id, name, arguments)]}, finish_reason tool_calls if any."""
+        parsed: dict[str, Any] = {}
+        finish = "length" if stream.finish_reason == "length" else "stop"
+        if tools is not None and tools.active and not stream.error:
+            content, calls = self.eg.parse_tool_output(text, tools)
+            parsed = {"content": content, "tool_calls": [list(c) for c in calls]}
+            finish = "tool_calls" if calls else finish
         return {
-            "finish_reason": "length" if stream.finish_reason == "length" else "stop",
+            **parsed,
+            "finish_reason": finish,
             "error": stream.error,
             "prompt_tokens": stream.prompt_tokens,
             "completion_tokens": stream.completion_tokens,
@@ -148,7 +183,7 @@ class EdgeLLMReplica:
 
     async def complete(self, job: dict[str, Any]) -> dict[str, Any]:
         """A whole completion in one call: {"text"} and the outcome (one Ray round trip)."""
-        stream = self.submit(job)
+        stream, tools = self.submit(job)
         loop = asyncio.get_running_loop()
         data, done, records = b"", False, []
         try:
@@ -160,11 +195,18 @@ class EdgeLLMReplica:
             stream.cancel()
             raise
         text = data.decode("utf-8", "replace")
-        return {"text": text, "logprobs": self.logprobs(records), **self.outcome(stream)}
+        return {
+            "text": text,
+            "logprobs": self.logprobs(records),
+            **self.outcome(stream, tools, text),
+        }
 
     async def generate(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Events: {"prompt_tokens"} once admitted, {"text"} pieces, then the outcome."""
-        stream = self.submit(job)
+        """Events: {"prompt_tokens"} once admitted, {"text"} pieces, then the outcome. With
+        active tools the text is held: the outcome carries the parsed reply instead."""
+        stream, tools = self.submit(job)
+        hold = tools is not None and tools.active
+        held = ""
         yield {"prompt_tokens": stream.prompt_tokens}
         loop = asyncio.get_running_loop()
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
@@ -173,12 +215,14 @@ class EdgeLLMReplica:
             while not done:
                 data, done, lp = await loop.run_in_executor(self.waiters, stream.wait, 1000)
                 text = utf8.decode(data, final=done)
+                if hold:
+                    held, text = held + text, ""
                 if text or lp:
                     yield {"text": text, "logprobs": self.logprobs(lp)}
         except BaseException:  # the client went away (Ray cancels this generator): free the slot
             stream.cancel()
             raise
-        yield self.outcome(stream)
+        yield self.outcome(stream, tools, held)
 
     def __del__(self) -> None:
         scheduler = getattr(self, "scheduler", None)

@@ -34,6 +34,8 @@ from ._core import (
     Session,
     TextStream,
     Tokenizer,
+    ToolRequestError,
+    Tools,
     active_isa,
     checkpoint_dir,
     decode_batch,
@@ -41,6 +43,8 @@ from ._core import (
     generate,
     model_id,
     model_store,
+    parse_tool_calls,
+    parse_tool_output,
 )
 from .llm import LLM, load
 
@@ -57,6 +61,8 @@ __all__ = [
     "Session",
     "TextStream",
     "Tokenizer",
+    "ToolRequestError",
+    "Tools",
     "active_isa",
     "checkpoint_dir",
     "decode_batch",
@@ -65,4 +71,6 @@ __all__ = [
     "load",
     "model_id",
     "model_store",
+    "parse_tool_calls",
+    "parse_tool_output",
 ]
