@@ -251,9 +251,11 @@ TEST(JsonGrammar, MaskAgreesWithTheMatcher) {
   const auto index = TokenIndex::of(tokenizer);
   EXPECT_EQ(TokenIndex::of(tokenizer), index);  // cached
   const auto g = compile_json_schema(R"({"type": "object", "properties": {
-      "name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name"]})");
-  for (const char* prefix_text : {"", "{", "{\"", "{\"name\":", "{\"name\":\"ab", "{\"name\":\"a\\",
-                                  "{\"name\":\"a\",\"age\":1"}) {
+      "name": {"type": "string"}, "age": {"type": "integer"},
+      "zip": {"type": "string", "maxLength": 2}}, "required": ["name"]})");
+  for (const char* prefix_text :
+       {"", "{", "{\"", "{\"name\":", "{\"name\":\"ab", "{\"name\":\"a\\",
+        "{\"name\":\"a\",\"age\":1", "{\"name\":\"a\",\"zip\":\"", "{\"name\":\"a\",\"zip\":\"x"}) {
     JsonMatcher m(g);
     ASSERT_TRUE(m.accept(prefix_text)) << prefix_text;
     TokenMasker masker(index, m);

@@ -1,6 +1,7 @@
 #include "runtime/json_matcher.h"
 
 #include <cstring>
+#include <limits>
 
 namespace edgellm {
 
@@ -113,11 +114,12 @@ bool JsonMatcher::ended() const {
   return !state_.dead();
 }
 
-bool JsonMatcher::in_free_string() const {
-  if (state_.stacks() != 1) return false;
+int32_t JsonMatcher::string_room() const {
+  if (state_.stacks() != 1) return -1;
   const MatchFrame& f = state_.frames.back();
-  if (f.kind != kString || f.state != kStrChar) return false;
-  return f.node < 0 || (*nodes_)[static_cast<size_t>(f.node)].max_length < 0;
+  if (f.kind != kString || f.state != kStrChar) return -1;
+  const int32_t max_len = f.node < 0 ? -1 : (*nodes_)[static_cast<size_t>(f.node)].max_length;
+  return max_len < 0 ? std::numeric_limits<int32_t>::max() : max_len - f.a;
 }
 
 // Feeds c to the stack s (which it may change), pushing every successor to out.

@@ -51,9 +51,10 @@ class JsonMatcher {
   static bool complete(const MatchState& s);
   // Complete and nothing may follow.
   bool ended() const;
-  // Inside a string of unbounded length, between characters: every byte but
-  // '"', '\\' and the control bytes keeps it there (the token mask's fast path).
-  bool in_free_string() const;
+  // Inside a string, between characters: how many more code points it may
+  // take (INT32_MAX when unbounded), else -1. There, every byte but '"', '\\'
+  // and the control bytes adds one (the token mask's fast path).
+  int32_t string_room() const;
 
  private:
   void step_stack(std::vector<MatchFrame>& s, uint8_t c, MatchState& out, size_t level);

@@ -59,8 +59,7 @@ TokenIndex::Trie build_trie(std::vector<int32_t> ids, const std::vector<std::str
 TokenIndex::TokenIndex(const Tokenizer& tokenizer) {
   const size_t vocab = tokenizer.vocab_size();
   bytes_.resize(vocab);
-  plain_.assign((vocab + 63) / 64, 0);
-  std::vector<int32_t> all, rest;
+  std::vector<int32_t> all, rest, plain;
   for (size_t i = 0; i < vocab; ++i) {
     const auto id = static_cast<int32_t>(i);
     if (tokenizer.is_special(id)) continue;
@@ -69,10 +68,17 @@ TokenIndex::TokenIndex(const Tokenizer& tokenizer) {
     all.push_back(id);
     if (std::all_of(bytes_[i].begin(), bytes_[i].end(),
                     [](char c) { return plain_byte(static_cast<uint8_t>(c)); }))
-      plain_[i / 64] |= uint64_t{1} << (i % 64);
+      plain.push_back(id);
     else
       rest.push_back(id);
   }
+  size_t longest = 0;
+  for (const int32_t id : plain)
+    longest = std::max(longest, bytes_[static_cast<size_t>(id)].size());
+  plain_.assign(longest + 1, std::vector<uint64_t>(words(), 0));
+  for (const int32_t id : plain)
+    for (size_t n = bytes_[static_cast<size_t>(id)].size(); n <= longest; ++n)
+      plain_[n][static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
   all_ = build_trie(std::move(all), bytes_);
   rest_ = build_trie(std::move(rest), bytes_);
 }
@@ -109,12 +115,13 @@ TokenMasker::TokenMasker(std::shared_ptr<const TokenIndex> index, JsonMatcher& m
 }
 
 void TokenMasker::compute(std::vector<uint64_t>& allowed) {
-  if (matcher_->in_free_string()) {
-    // Plain string content is allowed wholesale; only the other tokens are walked.
-    allowed = index_->plain();
+  if (const int32_t room = matcher_->string_room(); room >= 0) {
+    // Inside a string the plain tokens that fit are allowed wholesale; only
+    // the others are walked.
+    allowed = index_->plain(room);
     walk(index_->rest(), allowed);
   } else {
-    allowed.assign(index_->plain().size(), 0);
+    allowed.assign(index_->words(), 0);
     walk(index_->all(), allowed);
   }
 }

@@ -3,6 +3,7 @@
 // subtree skipped as soon as its prefix leaves the grammar.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -39,13 +40,17 @@ class TokenIndex {
   const Trie& all() const { return all_; }
   // The tokens that are not plain string content.
   const Trie& rest() const { return rest_; }
-  // Plain string content: printable ASCII but '"' and '\\' (a bitset over ids).
-  const std::vector<uint64_t>& plain() const { return plain_; }
+  // Plain string content: printable ASCII but '"' and '\\' (a bitset over ids),
+  // of at most `room` bytes (each byte is one code point).
+  const std::vector<uint64_t>& plain(int32_t room) const {
+    return plain_[std::min(static_cast<size_t>(room), plain_.size() - 1)];
+  }
+  size_t words() const { return (bytes_.size() + 63) / 64; }
 
  private:
   std::vector<std::string> bytes_;  // per id; empty for special tokens (never masked in)
   Trie all_, rest_;
-  std::vector<uint64_t> plain_;
+  std::vector<std::vector<uint64_t>> plain_;  // [n]: the plain tokens of at most n bytes
 };
 
 // The mask of one constrained generation, step after step.
