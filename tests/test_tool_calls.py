@@ -142,8 +142,8 @@ def test_tool_result_goes_back_into_the_conversation(
     session.setup(str(smollm2_checkpoint), threads=1, max_context=512)
     text = session.tokenizer.decode(tokenize(server, {"messages": ROUND}))
     assert (
-        '<|im_start|>assistant\n<tool_call>\n{"arguments":{"city":"Paris","unit":"celsius"},'
-        '"name":"get_weather"}\n</tool_call><|im_end|>\n'
+        '<|im_start|>assistant\n<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris",'
+        '"unit":"celsius"}}\n</tool_call><|im_end|>\n'
         "<|im_start|>tool\n18 degrees, sunny<|im_end|>\n<|im_start|>assistant\n"
     ) in text, text
     assert "<tools>" not in text

@@ -12,8 +12,10 @@
 #include <chrono>
 #include <memory>
 
+#include "edgellm/tool_calls.h"
 #include "metrics.h"
 #include "scheduler.h"
+#include "tools.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -92,8 +94,11 @@ void bind_serving(nb::module_& m) {
           "submit",
           [](BatchScheduler& b, std::vector<int32_t> prompt, int max_tokens, float temperature,
              int top_k, float top_p, uint64_t seed, std::vector<std::string> stop, bool stop_at_eos,
-             float min_p, float frequency_penalty, float presence_penalty, int logprobs) {
+             float min_p, float frequency_penalty, float presence_penalty, int logprobs,
+             const edgellm::Tools* tools) {
             edgellm::GenerateOptions o;
+            if (tools && tools->forced())
+              o.grammar = with_tool_errors([&] { return edgellm::call_grammar(*tools); });
             o.max_tokens = max_tokens;
             o.sampling = {temperature,       top_k,           top_p, seed, min_p,
                           frequency_penalty, presence_penalty};
@@ -105,8 +110,10 @@ void bind_serving(nb::module_& m) {
           "prompt"_a, "max_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
           "seed"_a = 0, "stop"_a = std::vector<std::string>{}, "stop_at_eos"_a = true,
           "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
-          "logprobs"_a = -1,
-          "Queues a request; None when the queue is full or the scheduler is stopping.")
+          "logprobs"_a = -1, "tools"_a.none() = nb::none(),
+          "Queues a request; None when the queue is full or the scheduler is stopping. tools "
+          "(a chat's Tools): a forced call is constrained to its JSON schema; parameters the "
+          "engine cannot enforce raise ToolRequestError.")
       .def_prop_ro("stopping", [](const BatchScheduler& b) { return b.scheduler->stopping(); })
       .def(
           "load",

@@ -19,20 +19,15 @@ using CallTuple = std::tuple<std::string, std::string, std::string>;  // (id, na
 
 nb::handle tool_error_type;
 
-// ToolRequestError(message, param): the field a bad request names.
 template <typename Fn>
 auto tool_errors(Fn fn) {
-  try {
-    return fn();
-  } catch (const edgellm::ToolRequestError& e) {
-    PyErr_SetObject(tool_error_type.ptr(), nb::make_tuple(e.what(), e.param()).ptr());
-    throw nb::python_error();
-  }
+  return with_tool_errors(fn);
 }
 
-json parse(const std::string& text, const char* what) {
+template <typename J = json>
+J parse(const std::string& text, const char* what) {
   if (text.empty()) return nullptr;
-  json j = json::parse(text, nullptr, false);
+  J j = J::parse(text, nullptr, false);
   if (j.is_discarded()) throw edgellm::Error(std::string(what) + ": not valid JSON");
   return j;
 }
@@ -45,6 +40,11 @@ std::vector<CallTuple> tuples(const std::vector<edgellm::ToolCall>& calls) {
 
 }  // namespace
 
+void raise_tool_error(const edgellm::ToolRequestError& e) {
+  PyErr_SetObject(tool_error_type.ptr(), nb::make_tuple(e.what(), e.param()).ptr());
+  throw nb::python_error();
+}
+
 void bind_tools(nb::module_& m, nb::handle error) {
   tool_error_type = PyErr_NewException("edgellm.ToolRequestError", error.ptr(), nullptr);
   m.attr("ToolRequestError") = tool_error_type;
@@ -56,8 +56,10 @@ void bind_tools(nb::module_& m, nb::handle error) {
           [](const std::string& tools, const std::string& tool_choice,
              const std::string& parallel_tool_calls) {
             return tool_errors([&] {
-              return edgellm::parse_tools(parse(tools, "tools"), parse(tool_choice, "tool_choice"),
-                                          parse(parallel_tool_calls, "parallel_tool_calls"));
+              using O = nlohmann::ordered_json;  // the declared order of parameters
+              return edgellm::parse_tools(parse<O>(tools, "tools"),
+                                          parse<O>(tool_choice, "tool_choice"),
+                                          parse<O>(parallel_tool_calls, "parallel_tool_calls"));
             });
           },
           "tools"_a = "", "tool_choice"_a = "", "parallel_tool_calls"_a = "",

@@ -8,6 +8,7 @@ namespace edgellm {
 namespace {
 
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 const char* kSmolTemplate =
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
@@ -16,18 +17,18 @@ const char* kSmolTemplate =
     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
     "'<|im_start|>assistant\\n' }}{% endif %}";
 
-const json kWeather = json::parse(R"([{"type": "function", "function": {
+const ojson kWeather = ojson::parse(R"([{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}},
   {"type": "function", "function": {"name": "get_time"}}])");
 
-Tools weather(const json& choice = nullptr) {
+Tools weather(const ojson& choice = nullptr) {
   return parse_tools(kWeather, choice);
 }
 
 // The param a bad request names, or "" when it parses.
-std::string error_param(const json& tools, const json& choice = nullptr) {
+std::string error_param(const ojson& tools, const ojson& choice = nullptr) {
   try {
     parse_tools(tools, choice);
   } catch (const ToolRequestError& e) {
@@ -40,39 +41,41 @@ TEST(ToolCallsTest, ParsesToolsAndChoice) {
   const Tools t = weather();
   ASSERT_EQ(t.functions.size(), 2u);
   EXPECT_EQ(t.functions[0].name, "get_weather");
-  EXPECT_EQ(t.functions[0].parameters["required"], json::array({"city"}));
-  EXPECT_EQ(t.functions[1].parameters, json::object());  // no parameters: any object
+  EXPECT_EQ(t.functions[0].parameters["required"], ojson::array({"city"}));
+  EXPECT_EQ(t.functions[1].parameters, ojson::object());  // no parameters: any object
   EXPECT_EQ(t.choice, Tools::Choice::automatic);
   EXPECT_TRUE(t.active());
   EXPECT_FALSE(t.forced());
   EXPECT_FALSE(weather("none").active());
   EXPECT_TRUE(weather("required").forced());
-  const Tools named = weather(json::parse(R"({"type":"function","function":{"name":"get_time"}})"));
+  const Tools named =
+      weather(ojson::parse(R"({"type":"function","function":{"name":"get_time"}})"));
   EXPECT_EQ(named.choice, Tools::Choice::function);
   EXPECT_EQ(named.forced_name, "get_time");
   EXPECT_FALSE(parse_tools(nullptr, nullptr).active());
-  EXPECT_FALSE(parse_tools(json::array(), "auto").active());
+  EXPECT_FALSE(parse_tools(ojson::array(), "auto").active());
   EXPECT_FALSE(parse_tools(kWeather, nullptr, false).parallel);
 }
 
 TEST(ToolCallsTest, BadToolsNameTheField) {
-  EXPECT_EQ(error_param(json::parse(R"([{"type": "retrieval"}])")), "tools[0].type");
-  EXPECT_EQ(error_param(json::parse(R"([{"type": "function"}])")), "tools[0].function");
-  EXPECT_EQ(error_param(json::parse(R"([{"type": "function", "function": {}}])")),
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type": "retrieval"}])")), "tools[0].type");
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type": "function"}])")), "tools[0].function");
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type": "function", "function": {}}])")),
             "tools[0].function.name");
-  EXPECT_EQ(error_param(json::parse(R"([{"type": "function", "function": {"name": "a b"}}])")),
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type": "function", "function": {"name": "a b"}}])")),
             "tools[0].function.name");
   EXPECT_EQ(error_param(json::parse(
                 R"([{"type": "function", "function": {"name": "f", "parameters": "x"}}])")),
             "tools[0].function.parameters");
-  EXPECT_EQ(error_param(json::parse(R"([{"type":"function","function":{"name":"f"}},
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type":"function","function":{"name":"f"}},
                                         {"type":"function","function":{"name":"f"}}])")),
             "tools[1].function.name");
-  EXPECT_EQ(error_param(json::object()), "tools");
+  EXPECT_EQ(error_param(ojson::object()), "tools");
   EXPECT_EQ(error_param(kWeather, "sometimes"), "tool_choice");
   EXPECT_EQ(error_param(nullptr, "required"), "tool_choice");
-  EXPECT_EQ(error_param(kWeather, json::parse(R"({"type":"function","function":{"name":"nope"}})")),
-            "tool_choice.function.name");
+  EXPECT_EQ(
+      error_param(kWeather, ojson::parse(R"({"type":"function","function":{"name":"nope"}})")),
+      "tool_choice.function.name");
   EXPECT_EQ(error_param(kWeather), "");
 }
 
@@ -97,12 +100,13 @@ TEST(ToolCallsTest, MessageToolCallsAcceptTextOrObjectArguments) {
 }
 
 TEST(ToolCallsTest, ForcedCallSchema) {
-  const json one =
-      call_schema(weather(json::parse(R"({"type":"function","function":{"name":"get_weather"}})")));
+  const ojson one = call_schema(
+      weather(ojson::parse(R"({"type":"function","function":{"name":"get_weather"}})")));
   EXPECT_EQ(one["properties"]["name"]["const"], "get_weather");
   EXPECT_EQ(one["properties"]["arguments"], kWeather[0]["function"]["parameters"]);
-  EXPECT_EQ(one["required"], json::array({"name", "arguments"}));
-  const json any = call_schema(weather("required"));
+  EXPECT_EQ(one["required"], ojson::array({"name", "arguments"}));
+  EXPECT_EQ(one["properties"].begin().key(), "name");  // the name first, then the arguments
+  const ojson any = call_schema(weather("required"));
   ASSERT_EQ(any["anyOf"].size(), 2u);
   EXPECT_EQ(any["anyOf"][1]["properties"]["name"]["const"], "get_time");
 }
@@ -114,8 +118,9 @@ TEST(ToolCallsTest, RendersToolsIntoTheSystemTurnKeepingTheDefault) {
   ASSERT_EQ(turns.size(), 2u);
   EXPECT_EQ(turns[0].role, "system");
   EXPECT_TRUE(turns[0].content.starts_with("You are a helpful AI assistant named SmolLM"));
-  EXPECT_NE(turns[0].content.find("<tools>\n{\"function\":{\"description\":\"Current weather\","
-                                  "\"name\":\"get_weather\""),
+  EXPECT_NE(turns[0].content.find("<tools>\n{\"type\":\"function\",\"function\":{\"name\":"
+                                  "\"get_weather\",\"description\":\"Current weather\","
+                                  "\"parameters\":{\"type\":\"object\",\"properties\""),
             std::string::npos)
       << turns[0].content;
   EXPECT_NE(turns[0].content.find("<tool_call>"), std::string::npos);
@@ -139,7 +144,7 @@ TEST(ToolCallsTest, RendersCallsAndResults) {
   EXPECT_EQ(ct.render(turns, true),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
             "Face<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
-            "<tool_call>\n{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}\n"
+            "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n"
             "</tool_call><|im_end|>\n<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n");
   // Gemma alternates user/model: the result becomes a user turn.
   const ChatTemplate gemma = ChatTemplate::from_text(

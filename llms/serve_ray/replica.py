@@ -116,27 +116,24 @@ class EdgeLLMReplica:
         """The request's stream and its edgellm.Tools (None for a completion)."""
         tools = self.tools_of(job) if "messages" in job else None
         prompt = self.prompt_tokens(job, tools)
-        if tools is not None and tools.forced:
-            raise ApiError(
-                400,
-                "'tool_choice' \"required\" or a named function needs structured output, which "
-                "this build does not have yet",
-                "tool_choice",
+        try:
+            stream = self.scheduler.submit(
+                prompt,
+                self.max_tokens(prompt, job["max_tokens"]),
+                temperature=job["temperature"],
+                top_k=job["top_k"],
+                top_p=job["top_p"],
+                seed=job["seed"],
+                stop=job["stop"],
+                stop_at_eos=job["stop_at_eos"],
+                min_p=job["min_p"],
+                frequency_penalty=job["frequency_penalty"],
+                presence_penalty=job["presence_penalty"],
+                logprobs=job["logprobs"],
+                tools=tools,  # a forced call is constrained to its JSON schema
             )
-        stream = self.scheduler.submit(
-            prompt,
-            self.max_tokens(prompt, job["max_tokens"]),
-            temperature=job["temperature"],
-            top_k=job["top_k"],
-            top_p=job["top_p"],
-            seed=job["seed"],
-            stop=job["stop"],
-            stop_at_eos=job["stop_at_eos"],
-            min_p=job["min_p"],
-            frequency_penalty=job["frequency_penalty"],
-            presence_penalty=job["presence_penalty"],
-            logprobs=job["logprobs"],
-        )
+        except self.eg.ToolRequestError as e:  # parameters the engine cannot enforce
+            raise ApiError(400, e.args[0], e.args[1]) from None
         if stream is None:
             if self.scheduler.stopping:
                 raise ApiError(503, "the server is shutting down")

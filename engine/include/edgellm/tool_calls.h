@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "edgellm/error.h"
+#include "edgellm/json_grammar.h"
 #include "edgellm/tokenizer.h"
 
 namespace edgellm {
@@ -41,7 +43,9 @@ class ToolRequestError : public Error {
 struct ToolFunction {
   std::string name;
   std::string description;
-  nlohmann::json parameters = nlohmann::json::object();  // a JSON schema (an object)
+  // A JSON schema (an object), its properties in declared order: the prompt
+  // shows them and the constrained call emits them in that order.
+  nlohmann::ordered_json parameters = nlohmann::ordered_json::object();
 };
 
 struct Tools {
@@ -65,11 +69,12 @@ struct Tools {
   const ToolFunction* find(std::string_view name) const;
 };
 
-// "tools" and "tool_choice" of a request (null values: absent). Without tools,
+// "tools" and "tool_choice" of a request (null values: absent), parsed as
+// ordered_json to keep the declared order of properties. Without tools,
 // tool_choice may only be "none" or "auto"; a named function must be one of the
 // tools. Throws ToolRequestError.
-Tools parse_tools(const nlohmann::json& tools, const nlohmann::json& tool_choice,
-                  const nlohmann::json& parallel_tool_calls = nullptr);
+Tools parse_tools(const nlohmann::ordered_json& tools, const nlohmann::ordered_json& tool_choice,
+                  const nlohmann::ordered_json& parallel_tool_calls = nullptr);
 
 // An assistant message's "tool_calls" (`where`: "messages[1].tool_calls").
 // Arguments may be JSON text (OpenAI) or an object; either becomes JSON text.
@@ -77,7 +82,12 @@ std::vector<ToolCall> parse_tool_calls(const nlohmann::json& tool_calls, const s
 
 // The JSON schema of a forced reply: {"name": <an allowed name>, "arguments":
 // <that function's parameters>}, anyOf over the allowed functions.
-nlohmann::json call_schema(const Tools& tools);
+nlohmann::ordered_json call_schema(const Tools& tools);
+
+// The grammar of call_schema, for GenerateOptions::grammar. A function whose
+// parameters use a construct structured output cannot enforce throws
+// ToolRequestError naming tools[i].function.parameters.
+std::shared_ptr<const JsonGrammar> call_grammar(const Tools& tools);
 
 // What follows the generation prompt of a forced reply: the opening tag the
 // system turn tells the model to write, so the constrained JSON comes after it.

@@ -8,6 +8,7 @@
 namespace edgellm {
 
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;  // request fields whose order the prompt keeps
 
 namespace {
 
@@ -15,17 +16,19 @@ namespace {
   throw ToolRequestError(param, message);
 }
 
-const json* field(const json& obj, const char* name) {
+template <typename J>
+const J* field(const J& obj, const char* name) {
   auto it = obj.find(name);
   return it == obj.end() || it->is_null() ? nullptr : &*it;
 }
 
-std::string string_field(const json& obj, const char* name, const std::string& where) {
-  const json* v = field(obj, name);
+template <typename J>
+std::string string_field(const J& obj, const char* name, const std::string& where) {
+  const J* v = field(obj, name);
   if (!v) bad(where + "." + name, "missing " + where + "." + name);
-  if (!v->is_string() || v->get<std::string>().empty())
+  if (!v->is_string() || v->template get<std::string>().empty())
     bad(where + "." + name, where + "." + name + " must be a non-empty string");
-  return v->get<std::string>();
+  return v->template get<std::string>();
 }
 
 // OpenAI: a-z, A-Z, 0-9, underscores and dashes, at most 64.
@@ -36,9 +39,9 @@ bool valid_name(const std::string& name) {
   return true;
 }
 
-ToolFunction parse_tool(const json& tool, const std::string& where) {
+ToolFunction parse_tool(const ojson& tool, const std::string& where) {
   if (!tool.is_object()) bad(where, where + " must be an object");
-  const json* type = field(tool, "type");
+  const ojson* type = field(tool, "type");
   if (!type || !type->is_string())
     bad(where + ".type", "missing " + where + ".type (only \"function\" is supported)");
   if (*type != "function")
@@ -48,7 +51,7 @@ ToolFunction parse_tool(const json& tool, const std::string& where) {
     if (name != "type" && name != "function" && !value.is_null())
       bad(where + "." + name, "unsupported field '" + where + "." + name + "'");
   const std::string fw = where + ".function";
-  const json* fn = field(tool, "function");
+  const ojson* fn = field(tool, "function");
   if (!fn) bad(fw, "missing " + fw);
   if (!fn->is_object()) bad(fw, fw + " must be an object");
   ToolFunction f;
@@ -95,11 +98,11 @@ std::string tool_block(const Tools& tools) {
       "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
       "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
   for (const ToolFunction& f : tools.functions) {
-    json fn = {{"name", f.name}};
+    ojson fn = {{"name", f.name}};
     if (!f.description.empty()) fn["description"] = f.description;
     fn["parameters"] = f.parameters;
     out += '\n';
-    out += json{{"type", "function"}, {"function", fn}}.dump();
+    out += ojson{{"type", "function"}, {"function", fn}}.dump();
   }
   out +=
       "\n</tools>\n\nFor each function call, return a json object with function name and "
@@ -109,9 +112,9 @@ std::string tool_block(const Tools& tools) {
 }
 
 std::string call_text(const ToolCall& c) {
-  json args = json::parse(c.arguments, nullptr, false);
+  ojson args = ojson::parse(c.arguments, nullptr, false);
   if (args.is_discarded()) args = c.arguments;  // checked when parsed; kept as text otherwise
-  return "<tool_call>\n" + json{{"name", c.name}, {"arguments", args}}.dump() + "\n</tool_call>";
+  return "<tool_call>\n" + ojson{{"name", c.name}, {"arguments", args}}.dump() + "\n</tool_call>";
 }
 
 // One call object of the model's output, or false.
@@ -150,7 +153,7 @@ const ToolFunction* Tools::find(std::string_view name) const {
   return nullptr;
 }
 
-Tools parse_tools(const json& tools, const json& tool_choice, const json& parallel_tool_calls) {
+Tools parse_tools(const ojson& tools, const ojson& tool_choice, const ojson& parallel_tool_calls) {
   Tools t;
   if (!tools.is_null()) {
     if (!tools.is_array())
@@ -191,10 +194,10 @@ Tools parse_tools(const json& tools, const json& tool_choice, const json& parall
   }
   if (!tool_choice.is_object())
     bad("tool_choice", "'tool_choice' must be a string or {\"type\": \"function\", ...}");
-  const json* type = field(tool_choice, "type");
+  const ojson* type = field(tool_choice, "type");
   if (!type || *type != "function")
     bad("tool_choice.type", "'tool_choice.type' must be \"function\"");
-  const json* fn = field(tool_choice, "function");
+  const ojson* fn = field(tool_choice, "function");
   if (!fn || !fn->is_object())
     bad("tool_choice.function", "'tool_choice.function' must be an object with a name");
   const std::string name = string_field(*fn, "name", "tool_choice.function");
@@ -234,8 +237,8 @@ std::vector<ToolCall> parse_tool_calls(const json& tool_calls, const std::string
   return calls;
 }
 
-json call_schema(const Tools& tools) {
-  json any = json::array();
+ojson call_schema(const Tools& tools) {
+  ojson any = ojson::array();
   for (const ToolFunction& f : tools.functions) {
     if (tools.choice == Tools::Choice::function && f.name != tools.forced_name) continue;
     any.push_back({{"type", "object"},
@@ -243,7 +246,27 @@ json call_schema(const Tools& tools) {
                    {"required", {"name", "arguments"}},
                    {"additionalProperties", false}});
   }
-  return any.size() == 1 ? any[0] : json{{"anyOf", any}};
+  return any.size() == 1 ? any[0] : ojson{{"anyOf", any}};
+}
+
+std::shared_ptr<const JsonGrammar> call_grammar(const Tools& tools) {
+  try {
+    return compile_json_schema(call_schema(tools).dump());
+  } catch (const JsonSchemaError& e) {
+    std::string param = "tools";
+    for (size_t i = 0; i < tools.functions.size(); ++i) {
+      try {
+        compile_json_schema(tools.functions[i].parameters.dump());
+      } catch (const JsonSchemaError&) {
+        param = "tools[" + std::to_string(i) + "].function.parameters";
+        break;
+      }
+    }
+    bad(param,
+        "a forced call is constrained to the function's parameters, and structured "
+        "output cannot enforce them: " +
+            std::string(e.what()));
+  }
 }
 
 std::vector<ChatMessage> tool_conversation(const ChatTemplate& chat,

@@ -281,10 +281,16 @@ struct Api {
   // The engine's encode_conversation, as chat and the Ray replicas use it:
   // message content is plain text, never the template's special tokens.
   // "tools", "tool_choice" and "parallel_tool_calls", checked by the engine.
-  static Tools request_tools(const json& body) {
+  // Read again from the text in declared order: the prompt lists a function's
+  // parameters, and the forced call emits them, in the order the client wrote.
+  static Tools request_tools(const json& body, const std::string& text) {
+    if (!optional_field(body, "tools") && !optional_field(body, "tool_choice") &&
+        !optional_field(body, "parallel_tool_calls"))
+      return {};
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(text);
     auto get = [&](const char* name) {
-      const json* v = optional_field(body, name);
-      return v ? *v : json(nullptr);
+      auto it = ordered.find(name);
+      return it == ordered.end() ? nlohmann::ordered_json(nullptr) : *it;
     };
     try {
       return parse_tools(get("tools"), get("tool_choice"), get("parallel_tool_calls"));
@@ -444,9 +450,10 @@ struct Api {
 
   void generate(const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader, bool chat) {
-    const json body = parse_body(read_body(req, res, reader));
+    const std::string text = read_body(req, res, reader);
+    const json body = parse_body(text);
     check_fields(body, chat ? kChatFields : kCompletionFields);  // unknown fields first
-    const Tools tools = chat ? request_tools(body) : Tools{};
+    const Tools tools = chat ? request_tools(body, text) : Tools{};
     GenerationRequest r =
         parse(body, chat ? chat_prompt(body, tools) : completion_prompt(body), chat);
     r.tools = tools;
@@ -472,10 +479,11 @@ struct Api {
   // A forced call (tool_choice "required" or a named function) is generated
   // under the call's JSON schema, so it always parses to the schema.
   static void constrain_to_call(GenerationRequest& r) {
-    (void)r;
-    bad("tool_choice",
-        "'tool_choice' \"required\" or a named function needs structured output, which this "
-        "build does not have yet");
+    try {
+      r.options.grammar = call_grammar(r.tools);
+    } catch (const ToolRequestError& e) {
+      bad(e.param(), e.what());
+    }
   }
 
   // vLLM's /tokenize: the prompt tokens a chat ({model, messages}) or completion
@@ -483,11 +491,12 @@ struct Api {
   // test that both servers encode a conversation alike.
   void tokenize(const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader) const {
-    const json body = parse_body(read_body(req, res, reader));
+    const std::string text = read_body(req, res, reader);
+    const json body = parse_body(text);
     check_fields(body,
                  {"model", "messages", "prompt", "tools", "tool_choice", "parallel_tool_calls"});
     const std::vector<int32_t> ids = body.contains("messages")
-                                         ? chat_prompt(body, request_tools(body))
+                                         ? chat_prompt(body, request_tools(body, text))
                                          : completion_prompt(body);
     res.set_content(
         json{{"count", ids.size()}, {"max_model_len", model.max_context()}, {"tokens", ids}}.dump(),
