@@ -245,3 +245,26 @@ def test_bad_tools_get_400_naming_the_field(
     body = {"model": NAME, "max_tokens": 2, "messages": messages, **extra}
     code, reply, _ = server.post("/v1/chat/completions", json.dumps(body).encode())
     assert code == 400 and reply["error"]["param"] == param, reply
+
+
+def test_python_api_chat_with_tools(edgellm_package: Any, smollm2_checkpoint: Path) -> None:
+    """edgellm.load(...).chat(tools=...): the same engine functions as both servers."""
+    llm = edgellm_package.load(smollm2_checkpoint, threads=1, max_context=512)
+    r = llm.chat(ASK, max_tokens=64, tools=TOOLS, tool_choice=NAMED)
+    choice = r["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS["get_weather"])
+    chunks = list(llm.chat(ASK, max_tokens=64, tools=TOOLS, tool_choice=NAMED, stream=True))
+    deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert deltas[0]["function"]["name"] == "get_weather"
+    streamed = "".join(d["function"]["arguments"] for d in deltas)
+    assert json.loads(streamed) == json.loads(call["function"]["arguments"])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    reply = llm.chat(ROUND, max_tokens=8, tools=TOOLS, tool_choice="none")
+    assert reply["choices"][0]["message"]["content"]
+    with pytest.raises(edgellm_package.ToolRequestError) as e:
+        llm.chat(ASK, tools=[{"type": "retrieval"}])
+    assert e.value.param == "tools[0].type" and "retrieval" in str(e.value)
+    assert isinstance(e.value, edgellm_package.Error)

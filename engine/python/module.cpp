@@ -534,10 +534,13 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
          std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, float min_p,
-         float frequency_penalty, float presence_penalty, bool lookup) {
+         float frequency_penalty, float presence_penalty, bool lookup,
+         const edgellm::Tools* tools) {
         edgellm::GenerateOptions o =
             generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
                              std::move(stop_tokens), stop_at_eos);
+        if (tools && tools->forced())
+          o.grammar = with_tool_errors([&] { return edgellm::call_grammar(*tools); });
         o.sampling.min_p = min_p;
         o.sampling.frequency_penalty = frequency_penalty;
         o.sampling.presence_penalty = presence_penalty;
@@ -548,10 +551,11 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "top_p"_a = 1.0f, "seed"_a = 0, "stop"_a = std::vector<std::string>{},
       "stop_tokens"_a = std::vector<int32_t>{}, "stop_at_eos"_a = true, "start_pos"_a = 0,
       "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
-      "lookup"_a = true, nb::keep_alive<0, 1>(),
+      "lookup"_a = true, "tools"_a.none() = nb::none(), nb::keep_alive<0, 1>(),
       "Streams the text generated after `prompt` (token ids) in `context`: prefill, then one "
       "decode step per iteration, until EOS / a stop token or string / max_tokens / the end of "
-      "the context. The iterator's finish_reason, tokens and text tell the outcome.");
+      "the context. The iterator's finish_reason, tokens and text tell the outcome. tools (a "
+      "chat's Tools): a forced call is generated under its JSON schema.");
 
   nb::class_<GenerateRun>(m, "GenerateResult", "What generate_timed() produced and measured.")
       .def_prop_ro(

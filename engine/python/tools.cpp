@@ -41,7 +41,9 @@ std::vector<CallTuple> tuples(const std::vector<edgellm::ToolCall>& calls) {
 }  // namespace
 
 void raise_tool_error(const edgellm::ToolRequestError& e) {
-  PyErr_SetObject(tool_error_type.ptr(), nb::make_tuple(e.what(), e.param()).ptr());
+  nb::object error = nb::borrow(tool_error_type)(e.what());
+  error.attr("param") = e.param();
+  PyErr_SetObject(tool_error_type.ptr(), error.ptr());
   throw nb::python_error();
 }
 
@@ -63,8 +65,8 @@ void bind_tools(nb::module_& m, nb::handle error) {
             });
           },
           "tools"_a = "", "tool_choice"_a = "", "parallel_tool_calls"_a = "",
-          "From the request fields as JSON text ('' = absent). Raises ToolRequestError(message, "
-          "param) naming the bad field.")
+          "From the request fields as JSON text ('' = absent). Raises ToolRequestError, its "
+          "param naming the bad field.")
       .def_prop_ro("active", &edgellm::Tools::active,
                    "tools reach the prompt and the reply is parsed for calls")
       .def_prop_ro("forced", &edgellm::Tools::forced,

@@ -5,7 +5,7 @@
 
 #include "edgellm/tool_calls.h"
 
-// Raises edgellm.ToolRequestError(message, param) for the engine's ToolRequestError.
+// Raises edgellm.ToolRequestError(message), .param naming the field, for the engine's.
 [[noreturn]] void raise_tool_error(const edgellm::ToolRequestError& e);
 
 template <typename Fn>

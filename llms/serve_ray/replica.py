@@ -66,7 +66,7 @@ class EdgeLLMReplica:
         try:
             return self.eg.Tools.parse(**job.get("tools", {}))
         except self.eg.ToolRequestError as e:
-            raise ApiError(400, e.args[0], e.args[1]) from None
+            raise ApiError(400, str(e), e.param) from None
 
     def prompt_tokens(self, job: dict[str, Any], tools: Any = None) -> list[int]:
         """The engine's encode_conversation with tools (as server.cpp) or the prompt's encode."""
@@ -79,7 +79,7 @@ class EdgeLLMReplica:
                     try:
                         parsed = self.eg.parse_tool_calls(calls, f"messages[{i}].tool_calls")
                     except self.eg.ToolRequestError as e:
-                        raise ApiError(400, e.args[0], e.args[1]) from None
+                        raise ApiError(400, str(e), e.param) from None
                 messages.append((role, text, parsed))
             if not self.model.chat_template.available():
                 raise ApiError(
@@ -133,7 +133,7 @@ class EdgeLLMReplica:
                 tools=tools,  # a forced call is constrained to its JSON schema
             )
         except self.eg.ToolRequestError as e:  # parameters the engine cannot enforce
-            raise ApiError(400, e.args[0], e.args[1]) from None
+            raise ApiError(400, str(e), e.param) from None
         if stream is None:
             if self.scheduler.stopping:
                 raise ApiError(503, "the server is shutting down")
