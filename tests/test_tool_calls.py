@@ -222,6 +222,23 @@ def test_both_servers_encode_tools_as_the_engine_does(
             "tool_choice.function.name",
         ),
         ({"tool_choice": "required"}, ASK, "tool_choice"),
+        (  # a forced call's parameters must be enforceable by structured output
+            {
+                "tools": [
+                    TIME,
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "string", "pattern": "^a+$"},
+                        },
+                    },
+                ],
+                "tool_choice": "required",
+            },
+            ASK,
+            "tools[1].function.parameters",
+        ),
         ({"tools": TOOLS, "tool_choice": "always"}, ASK, "tool_choice"),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, ASK, "parallel_tool_calls"),
         ({}, [{"role": "user", "content": "x", "tool_calls": [CALL]}], "messages[0].tool_calls"),
