@@ -130,6 +130,20 @@ def test_streamed_forced_call_reassembles_to_the_same_call(server: Server) -> No
     assert json.loads(calls[0]["arguments"]) == json.loads(whole.function.arguments)
 
 
+def test_streamed_auto_reply_equals_the_whole_one(server: Server) -> None:
+    """Under auto the reply is held and parsed once whole: a plain answer streams as content."""
+    whole = create(server, ASK, tools=TOOLS, max_tokens=16).choices[0]
+    content, names, finishes = "", [], []
+    for chunk in create(server, ASK, tools=TOOLS, max_tokens=16, stream=True):
+        if chunk.choices:
+            content += chunk.choices[0].delta.content or ""
+            names += [d.function.name for d in chunk.choices[0].delta.tool_calls or [] if d.id]
+            finishes.append(chunk.choices[0].finish_reason)
+    assert finishes[-1] == whole.finish_reason
+    assert names == [c.function.name for c in whole.message.tool_calls or []]
+    assert content == (whole.message.content or "")
+
+
 def test_tool_result_goes_back_into_the_conversation(
     server: Server, engine_binding: Any, smollm2_checkpoint: Path
 ) -> None:

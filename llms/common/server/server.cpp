@@ -608,12 +608,13 @@ struct Api {
           }
           std::string text;
           const bool done = stream->wait(text, std::chrono::milliseconds(500), pending.get());
+          const bool got = !text.empty();
           if (hold) {
             *held += text;
             text.clear();
           }
           // An SSE comment while nothing comes (queued, long prefill) finds a closed socket.
-          if ((!text.empty() && !hold) || (!done && (hold || pending->empty()))) {
+          if (!text.empty() || (!done && !got && pending->empty())) {
             if (!send(text.empty() ? std::string(": waiting\n\n")
                                    : chunk(text, nullptr, pending.get())))
               return false;
