@@ -309,3 +309,35 @@ TEST(JsonGrammar, ConstrainedGenerationOnRandomLogitsIsAlwaysValid) {
 
 }  // namespace
 }  // namespace edgellm
+
+namespace edgellm {
+namespace {
+
+TEST(JsonGrammar, ResponseFormat) {
+  EXPECT_EQ(response_format_grammar(R"({"type": "text"})"), nullptr);
+  EXPECT_EQ(response_format_grammar(R"({"type": "json_object"})"), any_json_object());
+  // The schema's declared property order survives (objects are emitted in it).
+  const auto g = response_format_grammar(R"({"type": "json_schema", "json_schema": {
+      "name": "n", "strict": true, "schema": {"type": "object", "properties": {
+      "zeta": {"type": "integer"}, "alpha": {"type": "integer"}},
+      "required": ["zeta", "alpha"]}}})");
+  EXPECT_TRUE(accepts(g, R"({"zeta":1,"alpha":2})"));
+  EXPECT_FALSE(accepts(g, R"({"alpha":2,"zeta":1})"));
+  const auto construct = [](std::string_view rf) -> std::string {
+    try {
+      response_format_grammar(rf);
+    } catch (const JsonSchemaError& e) {
+      return e.construct();
+    }
+    return "";
+  };
+  EXPECT_EQ(construct(R"({"type": "yaml"})"), "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_schema"})"), "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_schema", "json_schema": {"name": "n"}})"),
+            "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_object", "schema": {}})"), "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_schema", "json_schema": {"schema": {"not": {}}}})"), "not");
+}
+
+}  // namespace
+}  // namespace edgellm

@@ -40,4 +40,12 @@ std::shared_ptr<const JsonGrammar> compile_json_schema(std::string_view schema_j
 // Any JSON object (OpenAI's response_format {"type": "json_object"}).
 std::shared_ptr<const JsonGrammar> any_json_object();
 
+// OpenAI's `response_format` (the JSON text of its value), as every front end
+// reads it: {"type": "text"} -> null (no constraint); {"type": "json_object"}
+// -> any_json_object(); {"type": "json_schema", "json_schema": {"name",
+// "schema", "strict", "description"}} -> compile_json_schema(schema), enforced
+// whether strict or not. Throws JsonSchemaError, construct "response_format"
+// when the value itself is malformed.
+std::shared_ptr<const JsonGrammar> response_format_grammar(std::string_view response_format);
+
 }  // namespace edgellm

@@ -14,6 +14,7 @@
 
 #include "connections.h"
 #include "edgellm/error.h"
+#include "edgellm/json_grammar.h"
 #include "metrics.h"
 
 namespace edgellm {
@@ -102,7 +103,7 @@ std::string content_text(const json& content, const std::string& where) {
 const std::set<std::string> kGenerationFields = {
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "frequency_penalty", "presence_penalty", "seed", "stop", "ignore_eos", "stream",
-    "stream_options", "n", "logprobs", "user", "metadata", "store"};
+    "stream_options", "n", "logprobs", "user", "metadata", "store", "response_format"};
 // clang-format on
 std::set<std::string> with(std::set<std::string> fields, std::initializer_list<const char*> more) {
   fields.insert(more.begin(), more.end());
@@ -118,8 +119,7 @@ const std::map<std::string, json> kNoOpValues = {{"tools", json::array()},
                                                  {"echo", false},
                                                  {"best_of", 1},
                                                  {"suffix", ""},
-                                                 {"parallel_tool_calls", false},
-                                                 {"response_format", {{"type", "text"}}}};
+                                                 {"parallel_tool_calls", false}};
 const std::set<std::string> kMessageFields = {"role", "content", "name", "tool_call_id"};
 
 // Refuses a field outside `known` unless it holds its no-op value (null is absent).
@@ -319,7 +319,9 @@ struct Api {
     return ids;
   }
 
-  GenerationRequest parse(const json& body, std::vector<int32_t> prompt, bool chat) const {
+  // `text`: the body as sent (a schema's properties in the client's order).
+  GenerationRequest parse(const json& body, std::vector<int32_t> prompt, bool chat,
+                          const std::string& text) const {
     GenerationRequest r;
     r.prompt = std::move(prompt);
     GenerateOptions& o = r.options;
@@ -386,6 +388,17 @@ struct Api {
         bad("stop", "'stop' must be a string or an array of at most 4 strings");
       }
     }
+    if (optional_field(body, "response_format")) {
+      // Structured output: a schema the engine cannot enforce is refused here,
+      // naming the construct, never served as free text. Read from the text in
+      // declared order (json sorts keys): objects are emitted in that order.
+      try {
+        o.grammar = response_format_grammar(
+            nlohmann::ordered_json::parse(text).at("response_format").dump());
+      } catch (const JsonSchemaError& e) {
+        bad("response_format", e.what());
+      }
+    }
     if (const json* v = optional_field(body, "ignore_eos")) {  // vLLM's extension, for benchmarks
       if (!v->is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
       o.stop_at_eos = !v->get<bool>();
@@ -416,9 +429,11 @@ struct Api {
 
   void generate(const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader, bool chat) {
-    const json body = parse_body(read_body(req, res, reader));
+    const std::string text = read_body(req, res, reader);
+    const json body = parse_body(text);
     check_fields(body, chat ? kChatFields : kCompletionFields);  // unknown fields first
-    GenerationRequest r = parse(body, chat ? chat_prompt(body) : completion_prompt(body), chat);
+    GenerationRequest r =
+        parse(body, chat ? chat_prompt(body) : completion_prompt(body), chat, text);
     std::shared_ptr<RequestStream> stream = scheduler.submit(r.prompt, r.options);
     if (!stream) {
       if (scheduler.stopping()) throw ApiError{503, "the server is shutting down", "", ""};
