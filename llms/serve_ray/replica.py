@@ -47,6 +47,7 @@ class EdgeLLMReplica:
         self.model.setup(model_path, threads=threads, max_context=max_context)
         self.scheduler = eg.Scheduler(self.model, parallel, queue, prefill_chunk, cache_mb)
         self.encode_conversation = eg.encode_conversation
+        self.compile_response_format = eg.compile_response_format
         # Threads that wait on RequestStream.wait (the GIL released): one per admitted or
         # queued request, so no stream waits behind another.
         self.waiters = ThreadPoolExecutor(parallel + queue + 2, thread_name_prefix="edgellm-wait")
@@ -94,8 +95,18 @@ class EdgeLLMReplica:
             )
         return asked or room
 
+    def grammar(self, job: dict[str, Any]) -> Any:
+        """server.cpp's rule: a response_format it cannot enforce is 400 naming the construct."""
+        if job.get("response_format") is None:
+            return None
+        try:
+            return self.compile_response_format(job["response_format"])
+        except ValueError as e:  # JsonSchemaError
+            raise ApiError(400, str(e), "response_format") from None
+
     def submit(self, job: dict[str, Any]) -> Any:
         prompt = self.prompt_tokens(job)
+        grammar = self.grammar(job)
         stream = self.scheduler.submit(
             prompt,
             self.max_tokens(prompt, job["max_tokens"]),
@@ -109,6 +120,7 @@ class EdgeLLMReplica:
             frequency_penalty=job["frequency_penalty"],
             presence_penalty=job["presence_penalty"],
             logprobs=job["logprobs"],
+            grammar=grammar,
         )
         if stream is None:
             if self.scheduler.stopping:

@@ -11,6 +11,7 @@ edgellm_server's /v1/chat/completions and /v1/completions.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -20,7 +21,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ._core import Context, Error, Model, encode_conversation, generate, model_store
+from ._core import (
+    Context,
+    Error,
+    Model,
+    compile_response_format,
+    encode_conversation,
+    generate,
+    model_store,
+)
 
 ROLES = ("system", "user", "assistant")  # "developer" is read as system, as the server does
 
@@ -108,17 +117,23 @@ class LLM:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
+        response_format: dict[str, Any] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """A chat.completion dict, or with stream=True an iterator of chat.completion.chunk dicts.
 
         max_tokens None: up to the end of the context. temperature 0 is greedy; seed None draws
-        one. stop: strings that end the reply (not included in it).
+        one. stop: strings that end the reply (not included in it). response_format: OpenAI's
+        {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}
+        constrains the reply to such JSON; a schema it cannot enforce raises JsonSchemaError
+        (a ValueError) naming the construct.
         """
         if not self.model.chat_template.available():
             raise Error(f"{self.path}: this model has no chat template; use complete()")
         turns = _conversation(messages)
         prompt = encode_conversation(self.model.tokenizer, self.model.chat_template, turns, True)
-        options = self._options(len(prompt), max_tokens, temperature, top_p, top_k, seed, stop)
+        options = self._options(
+            len(prompt), max_tokens, temperature, top_p, top_k, seed, stop, response_format
+        )
         head = self._head("chatcmpl", "chat.completion.chunk" if stream else "chat.completion")
         if stream:
             return self._chat_chunks(prompt, options, head)
@@ -137,15 +152,19 @@ class LLM:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
+        response_format: dict[str, Any] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """A text_completion dict for raw text (the tokenizer's specials, e.g. BOS, added and
-        special-token text read as such), or with stream=True an iterator of its chunks."""
+        special-token text read as such), or with stream=True an iterator of its chunks.
+        response_format: as chat()'s."""
         if not isinstance(prompt, str):
             raise Error(f"prompt must be a string, got {type(prompt).__name__}")
         ids = self.tokenize(prompt)
         if not ids:
             raise Error("prompt is empty")
-        options = self._options(len(ids), max_tokens, temperature, top_p, top_k, seed, stop)
+        options = self._options(
+            len(ids), max_tokens, temperature, top_p, top_k, seed, stop, response_format
+        )
         head = self._head("cmpl", "text_completion")
         if stream:
             return self._completion_chunks(ids, options, head)
@@ -213,6 +232,7 @@ class LLM:
         top_k: int,
         seed: int | None,
         stop: str | Sequence[str] | None,
+        response_format: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """generate()'s keyword arguments; bad values raise one line naming the parameter."""
         room = self.model.max_context - prompt_tokens
@@ -243,7 +263,7 @@ class LLM:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if not all(isinstance(s, str) and s for s in stops):
             raise Error(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        return {
+        options = {
             "max_tokens": max_tokens,
             "temperature": float(temperature),
             "top_k": top_k,
@@ -251,6 +271,13 @@ class LLM:
             "seed": seed,
             "stop": stops,
         }
+        if response_format is not None:
+            if not isinstance(response_format, dict):
+                raise Error(f"response_format must be a dict, got {response_format!r}")
+            grammar = compile_response_format(json.dumps(response_format))
+            if grammar is not None:
+                options["grammar"] = grammar
+        return options
 
 
 def _conversation(messages: Any) -> list[tuple[str, str]]:
