@@ -10,7 +10,8 @@
 // annotations (title, description, default, examples, $schema, $id, $comment).
 // Objects are emitted with their declared properties in declared order,
 // optional ones skippable; output is compact JSON with at most one space after
-// ':' and ','; numbers have at most 15 digits before and after the point.
+// ':' and ','; numbers have at most 15 digits before and after the point and
+// 2 in the exponent (every one fits a double).
 #pragma once
 
 #include <memory>
