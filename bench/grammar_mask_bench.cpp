@@ -74,13 +74,26 @@ int main(int argc, char** argv) try {
   so.max_context = 512;
   model.setup(model_dir, so);
   const Tokenizer& tok = model.tokenizer();
+  {
+    // Once per tokenizer: the vocabulary's byte trie (then cached).
+    const auto t0 = Clock::now();
+    GenerateOptions o;
+    o.grammar = any_json_object();
+    Generation first(tok, model.config(), o);
+    std::printf(
+        "token index (first constrained generation of this tokenizer): %.1f ms, "
+        "vocab %zu\n",
+        ms_since(t0), tok.vocab_size());
+  }
   std::printf("%-12s %6s %10s %10s %10s %10s %8s\n", "schema", "tokens", "decode_ms", "mask_ms",
               "mask_p90", "mask_max", "ratio");
   for (const Case& c : kCases) {
     const auto grammar = c.schema ? compile_json_schema(c.schema) : any_json_object();
     const std::vector<ChatMessage> messages = {{"user", c.prompt}};
     const std::vector<int32_t> prompt =
-        tok.encode(model.chat_template().render(messages, true), false);
+        model.chat_template().available()
+            ? tok.encode(model.chat_template().render(messages, true), false)
+            : tok.encode(std::string(c.prompt) + "\n", true);  // a base model: the raw text
     // The model's own constrained output (and its decode steps' time).
     Context ctx(model);
     GenerateOptions o;

@@ -12,10 +12,8 @@
 #include <chrono>
 #include <memory>
 
-#include "edgellm/tool_calls.h"
 #include "metrics.h"
 #include "scheduler.h"
-#include "tools.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -95,25 +93,23 @@ void bind_serving(nb::module_& m) {
           [](BatchScheduler& b, std::vector<int32_t> prompt, int max_tokens, float temperature,
              int top_k, float top_p, uint64_t seed, std::vector<std::string> stop, bool stop_at_eos,
              float min_p, float frequency_penalty, float presence_penalty, int logprobs,
-             const edgellm::Tools* tools) {
+             const PyGrammar* grammar) {
             edgellm::GenerateOptions o;
-            if (tools && tools->forced())
-              o.grammar = with_tool_errors([&] { return edgellm::call_grammar(*tools); });
             o.max_tokens = max_tokens;
             o.sampling = {temperature,       top_k,           top_p, seed, min_p,
                           frequency_penalty, presence_penalty};
             o.stop_strings = std::move(stop);
             o.stop_at_eos = stop_at_eos;
             o.logprobs = logprobs;
+            if (grammar) o.grammar = grammar->grammar;
             return b.scheduler->submit(std::move(prompt), std::move(o));
           },
           "prompt"_a, "max_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
           "seed"_a = 0, "stop"_a = std::vector<std::string>{}, "stop_at_eos"_a = true,
           "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
-          "logprobs"_a = -1, "tools"_a.none() = nb::none(),
-          "Queues a request; None when the queue is full or the scheduler is stopping. tools "
-          "(a chat's Tools): a forced call is constrained to its JSON schema; parameters the "
-          "engine cannot enforce raise ToolRequestError.")
+          "logprobs"_a = -1, "grammar"_a = nanobind::none(),
+          "Queues a request; None when the queue is full or the scheduler is stopping. grammar: "
+          "compile_response_format()'s structured output.")
       .def_prop_ro("stopping", [](const BatchScheduler& b) { return b.scheduler->stopping(); })
       .def(
           "load",

@@ -3,11 +3,13 @@
 // implementation, as edgellm serve does. JSON crosses as text.
 #include "tools.h"
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "edgellm/tool_calls.h"
+#include "serving.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -71,6 +73,14 @@ void bind_tools(nb::module_& m, nb::handle error) {
                    "tools reach the prompt and the reply is parsed for calls")
       .def_prop_ro("forced", &edgellm::Tools::forced,
                    "the reply must be one call (tool_choice required or a named function)")
+      .def(
+          "call_grammar",
+          [](const edgellm::Tools& t) -> std::optional<PyGrammar> {
+            if (!t.forced()) return std::nullopt;
+            return PyGrammar{with_tool_errors([&] { return edgellm::call_grammar(t); })};
+          },
+          "The grammar= of a forced call (None when the call is not forced); parameters "
+          "structured output cannot enforce raise ToolRequestError naming them.")
       .def_prop_ro(
           "call_schema", [](const edgellm::Tools& t) { return edgellm::call_schema(t).dump(); },
           "the JSON schema (text) a forced reply is constrained to");

@@ -56,6 +56,7 @@ TEST(JsonGrammar, RefusesWhatItCannotEnforceNamingTheConstruct) {
   EXPECT_EQ(refused(R"({"type": "array", "minItems": 3, "maxItems": 2})"), "minItems");
   EXPECT_EQ(refused(R"({"type": "array", "uniqueItems": true})"), "uniqueItems");
   EXPECT_EQ(refused(R"({"type": "array", "prefixItems": [{}]})"), "prefixItems");
+  EXPECT_EQ(refused(R"({"type": "array", "items": [{}, {}]})"), "items");
   EXPECT_EQ(refused(R"({"type": "strange"})"), "type");
   EXPECT_EQ(refused(R"({"$ref": "#/$defs/missing"})"), "$ref");
   EXPECT_EQ(refused(R"({"$ref": "#"})"), "$ref");  // a cycle that never reaches a value
@@ -305,6 +306,86 @@ TEST(JsonGrammar, ConstrainedGenerationOnRandomLogitsIsAlwaysValid) {
     EXPECT_TRUE(doc.contains("name") && doc.contains("age")) << gen.text();
   }
   EXPECT_GT(finished, 100);
+}
+
+}  // namespace
+}  // namespace edgellm
+
+namespace edgellm {
+namespace {
+
+// Random logits through the mask, many schemas: every finished output is JSON
+// the matcher accepts whole (the Python tests validate against jsonschema).
+TEST(JsonGrammar, RandomConstrainedDocumentsAreComplete) {
+  std::vector<std::string> pieces;
+  const Tokenizer tokenizer = json_tokenizer(pieces);
+  ModelConfig config;
+  config.vocab_size = static_cast<int>(pieces.size() + 1);
+  const int eos = static_cast<int>(pieces.size());
+  config.eos_token_ids = {eos};
+  const char* schemas[] = {
+      R"({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3})",
+      R"({"anyOf": [{"type": "string", "maxLength": 3}, {"type": "number"}, {"type": "null"}]})",
+      R"({"enum": ["a", "ab", "abc", 1, true]})",
+      R"({"$ref": "#/$defs/t", "$defs": {"t": {"type": "object", "properties": {
+          "n": {"type": "integer"}, "c": {"type": "array", "items": {"$ref": "#/$defs/t"},
+          "maxItems": 2}}, "required": ["n"]}}})",
+      R"({"type": "object", "additionalProperties": {"type": "boolean"}})",
+      R"({"type": "string", "minLength": 2, "maxLength": 4})",
+      R"({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"},
+          "c": {"type": "null"}}})",
+  };
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const char* schema : schemas) {
+    const auto g = compile_json_schema(schema);
+    int finished = 0;
+    for (uint64_t seed = 0; seed < 60; ++seed) {
+      GenerateOptions o;
+      o.max_tokens = 120;
+      o.grammar = g;
+      o.sampling.temperature = 1.0f;
+      o.sampling.seed = seed;
+      Generation gen(tokenizer, config, o);
+      while (!gen.done()) {
+        std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+        for (float& x : logits) x = normal(rng);
+        logits[static_cast<size_t>(eos)] += 4.0f;
+        gen.next(logits);
+      }
+      if (gen.finish_reason() != FinishReason::stop) continue;
+      ++finished;
+      EXPECT_TRUE(accepts(g, gen.text())) << schema << "\n" << gen.text();
+      EXPECT_TRUE(nlohmann::json::accept(gen.text())) << schema << "\n" << gen.text();
+    }
+    EXPECT_GT(finished, 20) << schema;
+  }
+}
+
+TEST(JsonGrammar, ResponseFormat) {
+  EXPECT_EQ(response_format_grammar(R"({"type": "text"})"), nullptr);
+  EXPECT_EQ(response_format_grammar(R"({"type": "json_object"})"), any_json_object());
+  // The schema's declared property order survives (objects are emitted in it).
+  const auto g = response_format_grammar(R"({"type": "json_schema", "json_schema": {
+      "name": "n", "strict": true, "schema": {"type": "object", "properties": {
+      "zeta": {"type": "integer"}, "alpha": {"type": "integer"}},
+      "required": ["zeta", "alpha"]}}})");
+  EXPECT_TRUE(accepts(g, R"({"zeta":1,"alpha":2})"));
+  EXPECT_FALSE(accepts(g, R"({"alpha":2,"zeta":1})"));
+  const auto construct = [](std::string_view rf) -> std::string {
+    try {
+      response_format_grammar(rf);
+    } catch (const JsonSchemaError& e) {
+      return e.construct();
+    }
+    return "";
+  };
+  EXPECT_EQ(construct(R"({"type": "yaml"})"), "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_schema"})"), "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_schema", "json_schema": {"name": "n"}})"),
+            "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_object", "schema": {}})"), "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_schema", "json_schema": {"schema": {"not": {}}}})"), "not");
 }
 
 }  // namespace

@@ -75,6 +75,8 @@ def job_of(r: ChatRequest | CompletionRequest) -> dict[str, Any]:
         "stop": r.stop_strings(),
         "stop_at_eos": not r.ignore_eos,
         "logprobs": r.logprobs_count(),
+        # The JSON text: the replica's engine compiles it (properties in the client's order).
+        "response_format": None if r.response_format is None else json.dumps(r.response_format),
     }
     job.update(prompt_of(r))
     return job

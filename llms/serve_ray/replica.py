@@ -48,6 +48,7 @@ class EdgeLLMReplica:
         self.scheduler = eg.Scheduler(self.model, parallel, queue, prefill_chunk, cache_mb)
         self.eg = eg
         self.encode_conversation = eg.encode_conversation
+        self.compile_response_format = eg.compile_response_format
         # Threads that wait on RequestStream.wait (the GIL released): one per admitted or
         # queued request, so no stream waits behind another.
         self.waiters = ThreadPoolExecutor(parallel + queue + 2, thread_name_prefix="edgellm-wait")
@@ -112,28 +113,43 @@ class EdgeLLMReplica:
             )
         return asked or room
 
+    def grammar(self, job: dict[str, Any], tools: Any = None) -> Any:
+        """server.cpp's rules: a response_format it cannot enforce is 400 naming the construct;
+        a forced call's grammar takes the place of a response_format one (parameters it cannot
+        enforce: 400 naming them)."""
+        grammar = None
+        if job.get("response_format") is not None:
+            try:
+                grammar = self.compile_response_format(job["response_format"])
+            except ValueError as e:  # JsonSchemaError
+                raise ApiError(400, str(e), "response_format") from None
+        if tools is not None and tools.forced:
+            try:
+                grammar = tools.call_grammar()
+            except self.eg.ToolRequestError as e:
+                raise ApiError(400, str(e), e.param) from None
+        return grammar
+
     def submit(self, job: dict[str, Any]) -> tuple[Any, Any]:
         """The request's stream and its edgellm.Tools (None for a completion)."""
         tools = self.tools_of(job) if "messages" in job else None
         prompt = self.prompt_tokens(job, tools)
-        try:
-            stream = self.scheduler.submit(
-                prompt,
-                self.max_tokens(prompt, job["max_tokens"]),
-                temperature=job["temperature"],
-                top_k=job["top_k"],
-                top_p=job["top_p"],
-                seed=job["seed"],
-                stop=job["stop"],
-                stop_at_eos=job["stop_at_eos"],
-                min_p=job["min_p"],
-                frequency_penalty=job["frequency_penalty"],
-                presence_penalty=job["presence_penalty"],
-                logprobs=job["logprobs"],
-                tools=tools,  # a forced call is constrained to its JSON schema
-            )
-        except self.eg.ToolRequestError as e:  # parameters the engine cannot enforce
-            raise ApiError(400, str(e), e.param) from None
+        grammar = self.grammar(job, tools)
+        stream = self.scheduler.submit(
+            prompt,
+            self.max_tokens(prompt, job["max_tokens"]),
+            temperature=job["temperature"],
+            top_k=job["top_k"],
+            top_p=job["top_p"],
+            seed=job["seed"],
+            stop=job["stop"],
+            stop_at_eos=job["stop_at_eos"],
+            min_p=job["min_p"],
+            frequency_penalty=job["frequency_penalty"],
+            presence_penalty=job["presence_penalty"],
+            logprobs=job["logprobs"],
+            grammar=grammar,
+        )
         if stream is None:
             if self.scheduler.stopping:
                 raise ApiError(503, "the server is shutting down")

@@ -10,7 +10,8 @@
 // annotations (title, description, default, examples, $schema, $id, $comment).
 // Objects are emitted with their declared properties in declared order,
 // optional ones skippable; output is compact JSON with at most one space after
-// ':' and ','; numbers have at most 15 digits before and after the point.
+// ':' and ','; numbers have at most 15 digits before and after the point and
+// 2 in the exponent (every one fits a double).
 #pragma once
 
 #include <memory>
@@ -39,5 +40,13 @@ class JsonSchemaError : public std::invalid_argument {
 std::shared_ptr<const JsonGrammar> compile_json_schema(std::string_view schema_json);
 // Any JSON object (OpenAI's response_format {"type": "json_object"}).
 std::shared_ptr<const JsonGrammar> any_json_object();
+
+// OpenAI's `response_format` (the JSON text of its value), as every front end
+// reads it: {"type": "text"} -> null (no constraint); {"type": "json_object"}
+// -> any_json_object(); {"type": "json_schema", "json_schema": {"name",
+// "schema", "strict", "description"}} -> compile_json_schema(schema), enforced
+// whether strict or not. Throws JsonSchemaError, construct "response_format"
+// when the value itself is malformed.
+std::shared_ptr<const JsonGrammar> response_format_grammar(std::string_view response_format);
 
 }  // namespace edgellm

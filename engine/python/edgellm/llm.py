@@ -26,6 +26,7 @@ from ._core import (
     Error,
     Model,
     Tools,
+    compile_response_format,
     encode_conversation,
     generate,
     model_store,
@@ -119,6 +120,7 @@ class LLM:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
+        response_format: dict[str, Any] | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
@@ -126,9 +128,12 @@ class LLM:
         """A chat.completion dict, or with stream=True an iterator of chat.completion.chunk dicts.
 
         max_tokens None: up to the end of the context. temperature 0 is greedy; seed None draws
-        one. stop: strings that end the reply (not included in it). tools / tool_choice /
-        parallel_tool_calls as in the OpenAI API (the server's rules, README "Tool calls"): a
-        forced call is generated under its JSON schema, an auto reply is parsed for calls.
+        one. stop: strings that end the reply (not included in it). response_format: OpenAI's
+        {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}
+        constrains the reply to such JSON; a schema it cannot enforce raises JsonSchemaError
+        (a ValueError) naming the construct. tools / tool_choice / parallel_tool_calls as in
+        the OpenAI API (the server's rules, README "Tool calls"): a forced call is generated
+        under its JSON schema (in place of response_format's), an auto reply is parsed for calls.
         """
         if not self.model.chat_template.available():
             raise Error(f"{self.path}: this model has no chat template; use complete()")
@@ -139,11 +144,14 @@ class LLM:
         prompt = encode_conversation(
             self.model.tokenizer, self.model.chat_template, turns, True, spec
         )
-        options = self._options(len(prompt), max_tokens, temperature, top_p, top_k, seed, stop)
-        options["tools"] = spec
+        options = self._options(
+            len(prompt), max_tokens, temperature, top_p, top_k, seed, stop, response_format
+        )
+        if spec.forced:  # the call's grammar takes the place of a response_format one
+            options["grammar"] = spec.call_grammar()
         head = self._head("chatcmpl", "chat.completion.chunk" if stream else "chat.completion")
         if stream:
-            return self._chat_chunks(prompt, options, head)
+            return self._chat_chunks(prompt, options, head, spec)
         text, run = self._run(prompt, options)
         message, finish = _reply(text, spec, _finish(run))
         choice = {"index": 0, "message": message, "finish_reason": finish}
@@ -159,15 +167,19 @@ class LLM:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
+        response_format: dict[str, Any] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """A text_completion dict for raw text (the tokenizer's specials, e.g. BOS, added and
-        special-token text read as such), or with stream=True an iterator of its chunks."""
+        special-token text read as such), or with stream=True an iterator of its chunks.
+        response_format: as chat()'s."""
         if not isinstance(prompt, str):
             raise Error(f"prompt must be a string, got {type(prompt).__name__}")
         ids = self.tokenize(prompt)
         if not ids:
             raise Error("prompt is empty")
-        options = self._options(len(ids), max_tokens, temperature, top_p, top_k, seed, stop)
+        options = self._options(
+            len(ids), max_tokens, temperature, top_p, top_k, seed, stop, response_format
+        )
         head = self._head("cmpl", "text_completion")
         if stream:
             return self._completion_chunks(ids, options, head)
@@ -191,12 +203,11 @@ class LLM:
             return "".join(run), run
 
     def _chat_chunks(
-        self, prompt: list[int], options: dict[str, Any], head: dict[str, Any]
+        self, prompt: list[int], options: dict[str, Any], head: dict[str, Any], spec: Tools
     ) -> Iterator[dict[str, Any]]:
         def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
             return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-        spec = options["tools"]
         with self._context() as context:
             run = generate(context, prompt, **options)
             yield chunk({"role": "assistant", "content": ""}, None)
@@ -253,6 +264,7 @@ class LLM:
         top_k: int,
         seed: int | None,
         stop: str | Sequence[str] | None,
+        response_format: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """generate()'s keyword arguments; bad values raise one line naming the parameter."""
         room = self.model.max_context - prompt_tokens
@@ -283,7 +295,7 @@ class LLM:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if not all(isinstance(s, str) and s for s in stops):
             raise Error(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        return {
+        options = {
             "max_tokens": max_tokens,
             "temperature": float(temperature),
             "top_k": top_k,
@@ -291,6 +303,13 @@ class LLM:
             "seed": seed,
             "stop": stops,
         }
+        if response_format is not None:
+            if not isinstance(response_format, dict):
+                raise Error(f"response_format must be a dict, got {response_format!r}")
+            grammar = compile_response_format(json.dumps(response_format))
+            if grammar is not None:
+                options["grammar"] = grammar
+        return options
 
 
 def _reply(text: str, spec: Tools, finish: str) -> tuple[dict[str, Any], str]:

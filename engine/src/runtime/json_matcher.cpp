@@ -30,7 +30,7 @@ enum : uint8_t {
 constexpr size_t kMaxDepth = 64;   // frames in one stack (nesting of objects and arrays)
 constexpr size_t kMaxStacks = 64;  // alternatives kept open; more are dropped (still sound)
 constexpr uint8_t kMaxDigits = 15;
-constexpr uint8_t kMaxExpDigits = 3;
+constexpr uint8_t kMaxExpDigits = 2;  // 15 digits and e99 stay well inside a double
 
 bool is_digit(uint8_t c) {
   return c >= '0' && c <= '9';

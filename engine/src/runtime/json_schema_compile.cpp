@@ -234,6 +234,7 @@ class Compiler {
         g_.nodes[static_cast<size_t>(id)].max_items = 0;
         items = any_value();
       } else {
+        if (s.at("items").is_array()) refuse("items", "the tuple form (an array of schemas)");
         items = compile(s.at("items"));
       }
       g_.nodes[static_cast<size_t>(id)].items = items;

@@ -8,8 +8,43 @@ namespace edgellm {
 
 namespace {
 
-bool plain_byte(uint8_t c) {
-  return c >= 0x20 && c < 0x7F && c != '"' && c != '\\';
+// Plain string content: whole UTF-8 characters, none of them '"', '\\' or a
+// control byte; each keeps a string between characters, adding one code
+// point. The ranges are json_matcher.cpp's (no overlong forms, no surrogates,
+// nothing above U+10FFFF). Returns the code points, or -1.
+int plain_code_points(std::string_view bytes) {
+  int n = 0;
+  for (size_t i = 0; i < bytes.size(); ++n) {
+    const auto c = static_cast<uint8_t>(bytes[i++]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == '"' || c == '\\') return -1;
+      continue;
+    }
+    uint8_t lo = 0x80, hi = 0xBF;
+    size_t more = 0;
+    if (c >= 0xC2 && c <= 0xDF)
+      more = 1;
+    else if (c == 0xE0)
+      more = 2, lo = 0xA0;
+    else if (c == 0xED)
+      more = 2, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF)
+      more = 2;
+    else if (c == 0xF0)
+      more = 3, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3)
+      more = 3;
+    else if (c == 0xF4)
+      more = 3, hi = 0x8F;
+    else
+      return -1;
+    for (; more > 0; --more, lo = 0x80, hi = 0xBF) {
+      if (i >= bytes.size()) return -1;  // a character the next token completes
+      const auto b = static_cast<uint8_t>(bytes[i++]);
+      if (b < lo || b > hi) return -1;
+    }
+  }
+  return n;
 }
 
 // The pre-order trie of `ids` (sorted by their bytes).
@@ -59,26 +94,25 @@ TokenIndex::Trie build_trie(std::vector<int32_t> ids, const std::vector<std::str
 TokenIndex::TokenIndex(const Tokenizer& tokenizer) {
   const size_t vocab = tokenizer.vocab_size();
   bytes_.resize(vocab);
-  std::vector<int32_t> all, rest, plain;
+  std::vector<int32_t> all, rest;
+  std::vector<std::pair<int32_t, int>> plain;  // id, code points
   for (size_t i = 0; i < vocab; ++i) {
     const auto id = static_cast<int32_t>(i);
     if (tokenizer.is_special(id)) continue;
     bytes_[i] = tokenizer.token_bytes(id);
     if (bytes_[i].empty()) continue;
     all.push_back(id);
-    if (std::all_of(bytes_[i].begin(), bytes_[i].end(),
-                    [](char c) { return plain_byte(static_cast<uint8_t>(c)); }))
-      plain.push_back(id);
+    if (const int n = plain_code_points(bytes_[i]); n > 0)
+      plain.emplace_back(id, n);
     else
       rest.push_back(id);
   }
-  size_t longest = 0;
-  for (const int32_t id : plain)
-    longest = std::max(longest, bytes_[static_cast<size_t>(id)].size());
-  plain_.assign(longest + 1, std::vector<uint64_t>(words(), 0));
-  for (const int32_t id : plain)
-    for (size_t n = bytes_[static_cast<size_t>(id)].size(); n <= longest; ++n)
-      plain_[n][static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
+  int longest = 0;
+  for (const auto& [id, n] : plain) longest = std::max(longest, n);
+  plain_.assign(static_cast<size_t>(longest) + 1, std::vector<uint64_t>(words(), 0));
+  for (const auto& [id, n] : plain)
+    for (int room = n; room <= longest; ++room)
+      plain_[static_cast<size_t>(room)][static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
   all_ = build_trie(std::move(all), bytes_);
   rest_ = build_trie(std::move(rest), bytes_);
 }

@@ -40,8 +40,8 @@ class TokenIndex {
   const Trie& all() const { return all_; }
   // The tokens that are not plain string content.
   const Trie& rest() const { return rest_; }
-  // Plain string content: printable ASCII but '"' and '\\' (a bitset over ids),
-  // of at most `room` bytes (each byte is one code point).
+  // Plain string content (whole UTF-8 characters but '"', '\\' and control
+  // bytes; a bitset over ids) of at most `room` code points.
   const std::vector<uint64_t>& plain(int32_t room) const {
     return plain_[std::min(static_cast<size_t>(room), plain_.size() - 1)];
   }
@@ -50,7 +50,7 @@ class TokenIndex {
  private:
   std::vector<std::string> bytes_;  // per id; empty for special tokens (never masked in)
   Trie all_, rest_;
-  std::vector<std::vector<uint64_t>> plain_;  // [n]: the plain tokens of at most n bytes
+  std::vector<std::vector<uint64_t>> plain_;  // [n]: the plain tokens of at most n code points
 };
 
 // The mask of one constrained generation, step after step.

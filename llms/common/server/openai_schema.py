@@ -29,7 +29,6 @@ NO_OP_VALUES: dict[str, Any] = {
     "best_of": 1,
     "suffix": "",
     "parallel_tool_calls": False,
-    "response_format": {"type": "text"},
 }
 
 
@@ -120,6 +119,9 @@ class GenerationRequest(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = None
+    # Structured output: compiled by the engine (compile_response_format) in the replica, which
+    # answers 400 naming a schema construct it cannot enforce.
+    response_format: dict[str, Any] | None = None
     # Accepted, never change the output.
     user: Any = None
     metadata: Any = None

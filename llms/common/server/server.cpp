@@ -14,6 +14,7 @@
 
 #include "connections.h"
 #include "edgellm/error.h"
+#include "edgellm/json_grammar.h"
 #include "edgellm/tool_calls.h"
 #include "metrics.h"
 
@@ -103,7 +104,7 @@ std::string content_text(const json& content, const std::string& where) {
 const std::set<std::string> kGenerationFields = {
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "frequency_penalty", "presence_penalty", "seed", "stop", "ignore_eos", "stream",
-    "stream_options", "n", "logprobs", "user", "metadata", "store"};
+    "stream_options", "n", "logprobs", "user", "metadata", "store", "response_format"};
 // clang-format on
 std::set<std::string> with(std::set<std::string> fields, std::initializer_list<const char*> more) {
   fields.insert(more.begin(), more.end());
@@ -121,8 +122,7 @@ const std::map<std::string, json> kNoOpValues = {{"tools", json::array()},
                                                  {"echo", false},
                                                  {"best_of", 1},
                                                  {"suffix", ""},
-                                                 {"parallel_tool_calls", false},
-                                                 {"response_format", {{"type", "text"}}}};
+                                                 {"parallel_tool_calls", false}};
 const std::set<std::string> kMessageFields = {"role", "content", "name", "tool_call_id",
                                               "tool_calls"};
 
@@ -353,7 +353,9 @@ struct Api {
     return ids;
   }
 
-  GenerationRequest parse(const json& body, std::vector<int32_t> prompt, bool chat) const {
+  // `text`: the body as sent (a schema's properties in the client's order).
+  GenerationRequest parse(const json& body, std::vector<int32_t> prompt, bool chat,
+                          const std::string& text) const {
     GenerationRequest r;
     r.prompt = std::move(prompt);
     GenerateOptions& o = r.options;
@@ -420,6 +422,17 @@ struct Api {
         bad("stop", "'stop' must be a string or an array of at most 4 strings");
       }
     }
+    if (optional_field(body, "response_format")) {
+      // Structured output: a schema the engine cannot enforce is refused here,
+      // naming the construct, never served as free text. Read from the text in
+      // declared order (json sorts keys): objects are emitted in that order.
+      try {
+        o.grammar = response_format_grammar(
+            nlohmann::ordered_json::parse(text).at("response_format").dump());
+      } catch (const JsonSchemaError& e) {
+        bad("response_format", e.what());
+      }
+    }
     if (const json* v = optional_field(body, "ignore_eos")) {  // vLLM's extension, for benchmarks
       if (!v->is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
       o.stop_at_eos = !v->get<bool>();
@@ -455,8 +468,10 @@ struct Api {
     check_fields(body, chat ? kChatFields : kCompletionFields);  // unknown fields first
     const Tools tools = chat ? request_tools(body, text) : Tools{};
     GenerationRequest r =
-        parse(body, chat ? chat_prompt(body, tools) : completion_prompt(body), chat);
+        parse(body, chat ? chat_prompt(body, tools) : completion_prompt(body), chat, text);
     r.tools = tools;
+    // A forced call's grammar takes the place of a response_format one (which, as in
+    // OpenAI's API, shapes content replies, not calls).
     if (r.tools.forced()) constrain_to_call(r);
     std::shared_ptr<RequestStream> stream = scheduler.submit(r.prompt, r.options);
     if (!stream) {
