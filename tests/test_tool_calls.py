@@ -101,6 +101,13 @@ def test_forced_named_call_parses_to_the_schema(server: Server) -> None:
     check_call(r.choices[0].message.tool_calls[0], {"get_weather"})
 
 
+def test_forced_call_wins_over_response_format(server: Server) -> None:
+    """response_format shapes content replies; a forced call keeps the call's grammar."""
+    r = create(server, ASK, tools=TOOLS, tool_choice=NAMED, response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "tool_calls"
+    check_call(r.choices[0].message.tool_calls[0], {"get_weather"})
+
+
 def test_required_calls_one_of_the_tools(server: Server) -> None:
     ask_time = [{"role": "user", "content": "What time is it in Tokyo?"}]
     r = create(server, ask_time, tools=TOOLS, tool_choice="required")
