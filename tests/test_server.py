@@ -590,12 +590,22 @@ def test_sampling_defaults_are_temperature_07_and_min_p_005(server: Server) -> N
     [
         ("/v1/chat/completions", {"n": 2}, "n"),
         ("/v1/chat/completions", {"logit_bias": {"42": 5}}, "logit_bias"),
-        (
-            "/v1/chat/completions",
+        (  # tools are a chat feature (test_tool_calls.py)
+            "/v1/completions",
             {"tools": [{"type": "function", "function": {"name": "f"}}]},
             "tools",
         ),
-        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            "/v1/chat/completions",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}},
+                }
+            },
+            "response_format",
+        ),
+        ("/v1/chat/completions", {"response_format": {"type": "yaml"}}, "response_format"),
         ("/v1/chat/completions", {"repetition_penalty": 1.1}, "repetition_penalty"),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"frequency_penalty": 3}, "frequency_penalty"),
@@ -639,7 +649,59 @@ def test_no_op_values_and_tool_messages_are_served(server: Server) -> None:
     code, reply, _ = server.post(
         "/v1/chat/completions", json.dumps({**body, "messages": messages[:1] + calls}).encode()
     )
-    assert code == 400 and reply["error"]["param"] == "messages[1].tool_calls", reply
+    # A call without its function is malformed (well-formed calls: test_tool_calls.py).
+    assert code == 400 and reply["error"]["param"] == "messages[1].tool_calls[0].function", reply
+
+
+def test_structured_output(server: Server) -> None:
+    """response_format: json_object and json_schema replies parse and validate (declared
+    property order kept, whatever order the server's JSON parser gives keys); a schema the
+    engine cannot enforce is 400 naming the construct, never free text."""
+    import jsonschema
+
+    r = chat(
+        server,
+        "Describe a cat (name, age) as a JSON object.",
+        max_tokens=120,
+        response_format={"type": "json_object"},
+    )
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    schema = {
+        "type": "object",
+        "properties": {
+            "zeta": {"type": "string", "maxLength": 20},
+            "alpha": {"type": "integer"},
+            "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2},
+        },
+        "required": ["zeta", "alpha", "tags"],
+    }
+    rf = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": True}}
+    for temperature in (0, 0.9):
+        r = chat(
+            server,
+            "Invent a record.",
+            max_tokens=80,
+            temperature=temperature,
+            seed=3,
+            response_format=rf,
+        )
+        text = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), schema)
+        assert text.startswith('{"zeta"'), text
+    refused = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(
+            server,
+            "Hi",
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": refused},
+            },
+        )
+    assert "'minimum'" in e.value.message
+    assert e.value.body["param"] == "response_format", e.value.body
 
 
 def tokenize(server: Server, messages: list[dict[str, Any]]) -> list[int]:

@@ -6,23 +6,28 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "edgellm/deployment.h"
 #include "edgellm/error.h"
 #include "edgellm/generate.h"
+#include "edgellm/json_grammar.h"
 #include "edgellm/roofline.h"
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
+#include "edgellm/tool_calls.h"
 #include "io/gguf.h"
 #include "kernels/avx512.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "models/gguf_weights.h"
 #include "serving.h"
+#include "tools.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -138,7 +143,29 @@ nb::dict exec_config_dict(const edgellm::kernels::ExecConfig& c) {
 
 EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
   m.doc() = "edgellm engine binding";
-  nb::exception<edgellm::Error>(m, "Error", PyExc_RuntimeError);
+  nb::exception<edgellm::Error> error(m, "Error", PyExc_RuntimeError);
+  bind_tools(m, error);
+  nb::exception<edgellm::JsonSchemaError>(m, "JsonSchemaError", PyExc_ValueError);
+  nb::class_<PyGrammar>(m, "JsonGrammar",
+                        "A compiled JSON schema: generate(..., grammar=) keeps the output a "
+                        "document it accepts.");
+  m.def(
+      "compile_json_schema",
+      [](std::string_view schema) { return PyGrammar{edgellm::compile_json_schema(schema)}; },
+      "schema"_a,
+      "The grammar of a JSON schema (its JSON text); JsonSchemaError (a ValueError) names a "
+      "construct it cannot enforce.");
+  m.def(
+      "compile_response_format",
+      [](std::string_view response_format) -> std::optional<PyGrammar> {
+        auto g = edgellm::response_format_grammar(response_format);
+        if (!g) return std::nullopt;
+        return PyGrammar{std::move(g)};
+      },
+      "response_format"_a,
+      "OpenAI's response_format (its JSON text) as a grammar: None for {\"type\": \"text\"}, any "
+      "JSON object for json_object, the schema for json_schema; JsonSchemaError names what it "
+      "cannot enforce.");
 
   m.def("active_isa",
         [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::active_isa())); });
@@ -379,6 +406,25 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
                                             add_generation_prompt);
       },
       "tokenizer"_a, "chat_template"_a, "messages"_a, "add_generation_prompt"_a = true);
+  // With tools (edgellm/tool_calls.h): messages are (role, content, [(id, name,
+  // arguments)]) so an assistant turn can carry its calls.
+  m.def(
+      "encode_conversation",
+      [](const edgellm::Tokenizer& tokenizer, const edgellm::ChatTemplate& chat_template,
+         const std::vector<
+             std::tuple<std::string, std::string,
+                        std::vector<std::tuple<std::string, std::string, std::string>>>>& msgs,
+         bool add_generation_prompt, const edgellm::Tools& tools) {
+        std::vector<edgellm::ChatMessage> messages;
+        for (const auto& [role, content, calls] : msgs) {
+          edgellm::ChatMessage& msg = messages.emplace_back(edgellm::ChatMessage{role, content});
+          for (const auto& [id, name, arguments] : calls)
+            msg.tool_calls.push_back({id, name, arguments});
+        }
+        return edgellm::encode_conversation(tokenizer, chat_template, messages,
+                                            add_generation_prompt, tools);
+      },
+      "tokenizer"_a, "chat_template"_a, "messages"_a, "add_generation_prompt"_a, "tools"_a);
   // ---- Model / Context / generate: the embedding API ------------------------
   nb::class_<edgellm::SamplerOptions>(m, "SamplerOptions")
       .def(nb::init<>())
@@ -511,7 +557,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
          std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, float min_p,
-         float frequency_penalty, float presence_penalty, bool lookup) {
+         float frequency_penalty, float presence_penalty, bool lookup, const PyGrammar* grammar) {
         edgellm::GenerateOptions o =
             generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
                              std::move(stop_tokens), stop_at_eos);
@@ -519,16 +565,18 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
         o.sampling.frequency_penalty = frequency_penalty;
         o.sampling.presence_penalty = presence_penalty;
         o.lookup = lookup;
+        if (grammar) o.grammar = grammar->grammar;
         return TextStream(context, std::move(prompt), o, start_pos);
       },
       "context"_a, "prompt"_a, "max_tokens"_a = 100, "temperature"_a = 0.0f, "top_k"_a = 0,
       "top_p"_a = 1.0f, "seed"_a = 0, "stop"_a = std::vector<std::string>{},
       "stop_tokens"_a = std::vector<int32_t>{}, "stop_at_eos"_a = true, "start_pos"_a = 0,
       "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
-      "lookup"_a = true, nb::keep_alive<0, 1>(),
+      "lookup"_a = true, "grammar"_a = nb::none(), nb::keep_alive<0, 1>(),
       "Streams the text generated after `prompt` (token ids) in `context`: prefill, then one "
       "decode step per iteration, until EOS / a stop token or string / max_tokens / the end of "
-      "the context. The iterator's finish_reason, tokens and text tell the outcome.");
+      "the context. The iterator's finish_reason, tokens and text tell the outcome. grammar "
+      "(compile_json_schema / compile_response_format): structured output.");
 
   nb::class_<GenerateRun>(m, "GenerateResult", "What generate_timed() produced and measured.")
       .def_prop_ro(
@@ -585,12 +633,13 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       [](edgellm::Context& context, std::vector<int32_t> prompt, int max_tokens, float temperature,
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
          std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, bool decode_past_stop,
-         bool record_logits, bool capture, bool lookup) {
+         bool record_logits, bool capture, bool lookup, const PyGrammar* grammar) {
         edgellm::GenerateOptions o =
             generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
                              std::move(stop_tokens), stop_at_eos);
         o.decode_past_stop = decode_past_stop;
         o.lookup = lookup;
+        if (grammar) o.grammar = grammar->grammar;
         GenerateRun run;
         GenerateRun* r = &run;  // the hook fills it; `run` outlives the generate() call
         if (record_logits) r->vocab = static_cast<size_t>(context.config().vocab_size);
@@ -612,7 +661,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "top_p"_a = 1.0f, "seed"_a = 0, "stop"_a = std::vector<std::string>{},
       "stop_tokens"_a = std::vector<int32_t>{}, "stop_at_eos"_a = true, "start_pos"_a = 0,
       "decode_past_stop"_a = false, "record_logits"_a = false, "capture"_a = false,
-      "lookup"_a = true,
+      "lookup"_a = true, "grammar"_a = nb::none(),
       "Runs generate() to the end with the GIL released: the programs' loop and timing "
       "(ttft_ms = prefill + first token, decode_ms over decode_steps). decode_past_stop keeps "
       "decoding, unseen, after a stop until max_tokens were sampled (--ignore-eos); "

@@ -95,7 +95,8 @@ void bind_serving(nb::module_& m) {
           "submit",
           [](BatchScheduler& b, std::vector<int32_t> prompt, int max_tokens, float temperature,
              int top_k, float top_p, uint64_t seed, std::vector<std::string> stop, bool stop_at_eos,
-             float min_p, float frequency_penalty, float presence_penalty, int logprobs) {
+             float min_p, float frequency_penalty, float presence_penalty, int logprobs,
+             const PyGrammar* grammar) {
             edgellm::GenerateOptions o;
             o.max_tokens = max_tokens;
             o.sampling = {temperature,       top_k,           top_p, seed, min_p,
@@ -103,13 +104,15 @@ void bind_serving(nb::module_& m) {
             o.stop_strings = std::move(stop);
             o.stop_at_eos = stop_at_eos;
             o.logprobs = logprobs;
+            if (grammar) o.grammar = grammar->grammar;
             return b.scheduler->submit(std::move(prompt), std::move(o));
           },
           "prompt"_a, "max_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
           "seed"_a = 0, "stop"_a = std::vector<std::string>{}, "stop_at_eos"_a = true,
           "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
-          "logprobs"_a = -1,
-          "Queues a request; None when the queue is full or the scheduler is stopping.")
+          "logprobs"_a = -1, "grammar"_a = nanobind::none(),
+          "Queues a request; None when the queue is full or the scheduler is stopping. grammar: "
+          "compile_response_format()'s structured output.")
       .def_prop_ro("stopping", [](const BatchScheduler& b) { return b.scheduler->stopping(); })
       .def(
           "load",

@@ -75,16 +75,53 @@ def job_of(r: ChatRequest | CompletionRequest) -> dict[str, Any]:
         "stop": r.stop_strings(),
         "stop_at_eos": not r.ignore_eos,
         "logprobs": r.logprobs_count(),
+        # The JSON text: the replica's engine compiles it (properties in the client's order).
+        "response_format": None if r.response_format is None else json.dumps(r.response_format),
     }
     job.update(prompt_of(r))
     return job
 
 
 def prompt_of(r: Any) -> dict[str, Any]:
-    """{"messages": [(role, text)]} or {"prompt": text}: what the replica encodes."""
+    """{"messages": [(role, text, tool_calls JSON text or "")], "tools": {field: JSON text}}
+    or {"prompt": text}: what the replica encodes (checking the tool fields with the engine)."""
     if getattr(r, "messages", None) is not None:
-        return {"messages": [(m.role, m.text()) for m in r.messages]}
+        messages = [
+            (m.role, m.text(), "" if m.tool_calls is None else json.dumps(m.tool_calls))
+            for m in r.messages
+        ]
+        return {"messages": messages, "tools": r.tool_fields()}
     return {"prompt": r.prompt if isinstance(r.prompt, str) else r.prompt[0]}
+
+
+def tool_calls_json(calls: list[list[str]], streamed: bool) -> list[dict[str, Any]]:
+    """server.cpp's tool_calls_json: OpenAI's message.tool_calls (streamed: with an index)."""
+    out = []
+    for i, (call_id, name, arguments) in enumerate(calls):
+        c: dict[str, Any] = {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+        out.append({**c, "index": i} if streamed else c)
+    return out
+
+
+def tool_call_deltas(content: str, calls: list[list[str]]) -> list[dict[str, Any]]:
+    """server.cpp's streamed calls: per call a delta with its id and name (and the content
+    before the calls with the first), then one with its arguments."""
+    deltas = []
+    for call in tool_calls_json(calls, streamed=True):
+        arguments = call["function"]["arguments"]
+        call["function"]["arguments"] = ""
+        first: dict[str, Any] = {"tool_calls": [call]}
+        if call["index"] == 0 and content:
+            first["content"] = content
+        deltas.append(first)
+        deltas.append(
+            {"tool_calls": [{"index": call["index"], "function": {"arguments": arguments}}]}
+        )
+    return deltas
 
 
 def choice_logprobs(chat: bool, entries: list[dict[str, Any]], offset: list[int]) -> Any:
@@ -157,6 +194,12 @@ async def sse(
                 if event["error"]:
                     yield data({"error": {"message": event["error"], "type": "server_error"}})
                 else:
+                    if event.get("tool_calls"):  # a held reply with tools: its calls
+                        for delta in tool_call_deltas(event["content"], event["tool_calls"]):
+                            choice = {"index": 0, "delta": delta, "logprobs": None}
+                            yield data({**head, "choices": [{**choice, "finish_reason": None}]})
+                    elif event.get("content"):  # a held reply with tools, no call in it
+                        yield data(chunk(event["content"], None, with_logprobs=True))
                     last = chunk("", event["finish_reason"], with_logprobs=True)
                     yield data({**last, "usage": usage(event)})
                     if include_usage:
@@ -300,6 +343,14 @@ class OpenAIIngress:
         if chat:
             head["object"] = "chat.completion"
             choice["message"] = {"role": "assistant", "content": last["text"]}
+            if last.get("tool_calls"):
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": last["content"] or None,
+                    "tool_calls": tool_calls_json(last["tool_calls"], streamed=False),
+                }
+            elif "content" in last:  # parsed with tools, no call: the text as generated
+                choice["message"]["content"] = last["content"]
         else:
             choice["text"] = last["text"]
         asked = r.logprobs_count() >= 0

@@ -49,7 +49,9 @@ class EdgeLLMReplica:
         self.scheduler = eg.Scheduler(
             self.model, parallel, queue, prefill_chunk, cache_mb, lookup=lookup
         )
+        self.eg = eg
         self.encode_conversation = eg.encode_conversation
+        self.compile_response_format = eg.compile_response_format
         # Threads that wait on RequestStream.wait (the GIL released): one per admitted or
         # queued request, so no stream waits behind another.
         self.waiters = ThreadPoolExecutor(parallel + queue + 2, thread_name_prefix="edgellm-wait")
@@ -63,16 +65,33 @@ class EdgeLLMReplica:
     def metrics(self) -> str:
         return self.scheduler.metrics()
 
-    def prompt_tokens(self, job: dict[str, Any]) -> list[int]:
-        """The engine's encode_conversation (as server.cpp) or the prompt's encode."""
+    def tools_of(self, job: dict[str, Any]) -> Any:
+        """The request's edgellm.Tools, checked by the engine as server.cpp checks them."""
+        try:
+            return self.eg.Tools.parse(**job.get("tools", {}))
+        except self.eg.ToolRequestError as e:
+            raise ApiError(400, str(e), e.param) from None
+
+    def prompt_tokens(self, job: dict[str, Any], tools: Any = None) -> list[int]:
+        """The engine's encode_conversation with tools (as server.cpp) or the prompt's encode."""
         if "messages" in job:
+            tools = tools if tools is not None else self.tools_of(job)
+            messages = []
+            for i, (role, text, calls) in enumerate(job["messages"]):
+                parsed = []
+                if calls:  # JSON text of an assistant's tool_calls
+                    try:
+                        parsed = self.eg.parse_tool_calls(calls, f"messages[{i}].tool_calls")
+                    except self.eg.ToolRequestError as e:
+                        raise ApiError(400, str(e), e.param) from None
+                messages.append((role, text, parsed))
             if not self.model.chat_template.available():
                 raise ApiError(
                     400, "this model has no chat template; use /v1/completions", "messages"
                 )
             try:
                 return self.encode_conversation(
-                    self.model.tokenizer, self.model.chat_template, job["messages"], True
+                    self.model.tokenizer, self.model.chat_template, messages, True, tools
                 )
             except Exception as e:  # the engine's one-line reason
                 raise ApiError(400, str(e), "messages") from None
@@ -97,8 +116,28 @@ class EdgeLLMReplica:
             )
         return asked or room
 
-    def submit(self, job: dict[str, Any]) -> Any:
-        prompt = self.prompt_tokens(job)
+    def grammar(self, job: dict[str, Any], tools: Any = None) -> Any:
+        """server.cpp's rules: a response_format it cannot enforce is 400 naming the construct;
+        a forced call's grammar takes the place of a response_format one (parameters it cannot
+        enforce: 400 naming them)."""
+        grammar = None
+        if job.get("response_format") is not None:
+            try:
+                grammar = self.compile_response_format(job["response_format"])
+            except ValueError as e:  # JsonSchemaError
+                raise ApiError(400, str(e), "response_format") from None
+        if tools is not None and tools.forced:
+            try:
+                grammar = tools.call_grammar()
+            except self.eg.ToolRequestError as e:
+                raise ApiError(400, str(e), e.param) from None
+        return grammar
+
+    def submit(self, job: dict[str, Any]) -> tuple[Any, Any]:
+        """The request's stream and its edgellm.Tools (None for a completion)."""
+        tools = self.tools_of(job) if "messages" in job else None
+        prompt = self.prompt_tokens(job, tools)
+        grammar = self.grammar(job, tools)
         stream = self.scheduler.submit(
             prompt,
             self.max_tokens(prompt, job["max_tokens"]),
@@ -112,12 +151,13 @@ class EdgeLLMReplica:
             frequency_penalty=job["frequency_penalty"],
             presence_penalty=job["presence_penalty"],
             logprobs=job["logprobs"],
+            grammar=grammar,
         )
         if stream is None:
             if self.scheduler.stopping:
                 raise ApiError(503, "the server is shutting down")
             raise ApiError(429, "the request queue is full; retry later", None, "queue_full")
-        return stream
+        return stream, tools
 
     def logprob_entry(self, token: int, logprob: float) -> dict[str, Any]:
         """server.cpp's logprob_entry: the token's text (U+FFFD for part of a character),
@@ -139,10 +179,18 @@ class EdgeLLMReplica:
             for token, logprob, top in records
         ]
 
-    @staticmethod
-    def outcome(stream: Any) -> dict[str, Any]:
+    def outcome(self, stream: Any, tools: Any = None, text: str = "") -> dict[str, Any]:
+        """How the request ended; with active tools also the reply parsed by the engine:
+        {"content", "tool_calls": [(id, name, arguments)]}, finish_reason tool_calls if any."""
+        parsed: dict[str, Any] = {}
+        finish = "length" if stream.finish_reason == "length" else "stop"
+        if tools is not None and tools.active and not stream.error:
+            content, calls = self.eg.parse_tool_output(text, tools)
+            parsed = {"content": content, "tool_calls": [list(c) for c in calls]}
+            finish = "tool_calls" if calls else finish
         return {
-            "finish_reason": "length" if stream.finish_reason == "length" else "stop",
+            **parsed,
+            "finish_reason": finish,
             "error": stream.error,
             "prompt_tokens": stream.prompt_tokens,
             "completion_tokens": stream.completion_tokens,
@@ -151,7 +199,7 @@ class EdgeLLMReplica:
 
     async def complete(self, job: dict[str, Any]) -> dict[str, Any]:
         """A whole completion in one call: {"text"} and the outcome (one Ray round trip)."""
-        stream = self.submit(job)
+        stream, tools = self.submit(job)
         loop = asyncio.get_running_loop()
         data, done, records = b"", False, []
         try:
@@ -163,11 +211,18 @@ class EdgeLLMReplica:
             stream.cancel()
             raise
         text = data.decode("utf-8", "replace")
-        return {"text": text, "logprobs": self.logprobs(records), **self.outcome(stream)}
+        return {
+            "text": text,
+            "logprobs": self.logprobs(records),
+            **self.outcome(stream, tools, text),
+        }
 
     async def generate(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Events: {"prompt_tokens"} once admitted, {"text"} pieces, then the outcome."""
-        stream = self.submit(job)
+        """Events: {"prompt_tokens"} once admitted, {"text"} pieces, then the outcome. With
+        active tools the text is held: the outcome carries the parsed reply instead."""
+        stream, tools = self.submit(job)
+        hold = tools is not None and tools.active
+        held = ""
         yield {"prompt_tokens": stream.prompt_tokens}
         loop = asyncio.get_running_loop()
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
@@ -176,12 +231,14 @@ class EdgeLLMReplica:
             while not done:
                 data, done, lp = await loop.run_in_executor(self.waiters, stream.wait, 1000)
                 text = utf8.decode(data, final=done)
+                if hold:
+                    held, text = held + text, ""
                 if text or lp:
                     yield {"text": text, "logprobs": self.logprobs(lp)}
         except BaseException:  # the client went away (Ray cancels this generator): free the slot
             stream.cancel()
             raise
-        yield self.outcome(stream)
+        yield self.outcome(stream, tools, held)
 
     def __del__(self) -> None:
         scheduler = getattr(self, "scheduler", None)

@@ -12,12 +12,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "edgellm/json_grammar.h"
 #include "edgellm/session.h"
 
 namespace edgellm {
@@ -47,6 +49,12 @@ struct GenerateOptions {
   // one decode batch (Context::decode_rows), whose rows equal decode steps bit
   // for bit, so the output is token for token that of plain decoding.
   bool lookup = true;
+  // Structured output: every sampled token keeps the output a prefix of a
+  // document this grammar accepts (a mask before sampling, so penalties,
+  // top-k/p and min-p see only the allowed tokens). EOS and stop tokens are
+  // allowed only when the document is complete; a complete document that
+  // nothing may extend ends the generation ("stop"). Turns lookup off.
+  std::shared_ptr<const JsonGrammar> grammar;
 };
 
 struct TokenLogprobs {
@@ -86,8 +94,12 @@ class Generation {
 
  private:
   Step emit(int32_t token, bool flush);
+  // The logits with every token the grammar forbids at -inf (empty: none allowed).
+  std::span<const float> constrain(std::span<const float> logits);
 
   const ModelConfig* config_;
+  struct Constraint;                        // the grammar's matcher and mask (generate.cpp)
+  std::shared_ptr<Constraint> constraint_;  // null without options.grammar
   GenerateOptions options_;
   Sampler sampler_;
   StreamDecoder stream_;

@@ -81,9 +81,20 @@ class StreamDecoder {
   size_t prefix_index_ = 0;
 };
 
+// A function call the assistant made (OpenAI's tool_calls[i]): `arguments` is
+// JSON text of an object, as OpenAI sends it.
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
 struct ChatMessage {
   std::string role;  // "system" | "user" | "assistant" | "tool"
   std::string content;
+  // An assistant turn's calls. Only encode_conversation with Tools (tool_calls.h)
+  // renders them; ChatTemplate::render refuses a message that has any.
+  std::vector<ToolCall> tool_calls = {};
 };
 
 // The chat template (chat_template.jinja, else tokenizer_config.json's
@@ -105,6 +116,12 @@ class ChatTemplate {
                      std::vector<TextSpan>* content_spans = nullptr) const;
   // The style that renders: chatml, gemma, llama3, none or unrecognised.
   const std::string& name() const { return name_; }
+  // The system prompt the template inserts when a conversation has none (ChatML).
+  const std::string& default_system() const { return default_system_; }
+  // The template lays out tools and tool messages its own way (Qwen, Llama 3.1).
+  bool own_tool_layout() const { return own_tool_layout_; }
+  // Gemma: roles must alternate user/model, so a tool result goes in a user turn.
+  bool alternates() const { return check_alternation_; }
 
  private:
   // `unrecognised`: a template we cannot render natively; render() throws.

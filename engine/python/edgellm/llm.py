@@ -11,6 +11,7 @@ edgellm_server's /v1/chat/completions and /v1/completions.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -20,9 +21,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ._core import Context, Error, Model, encode_conversation, generate, model_store
+from ._core import (
+    Context,
+    Error,
+    Model,
+    Tools,
+    compile_response_format,
+    encode_conversation,
+    generate,
+    model_store,
+    parse_tool_calls,
+    parse_tool_output,
+)
 
-ROLES = ("system", "user", "assistant")  # "developer" is read as system, as the server does
+ROLES = ("system", "user", "assistant", "tool")  # "developer" is read as system, as the server
 
 
 def resolve(model: str | os.PathLike[str]) -> Path:
@@ -108,23 +120,41 @@ class LLM:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
+        response_format: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """A chat.completion dict, or with stream=True an iterator of chat.completion.chunk dicts.
 
         max_tokens None: up to the end of the context. temperature 0 is greedy; seed None draws
-        one. stop: strings that end the reply (not included in it).
+        one. stop: strings that end the reply (not included in it). response_format: OpenAI's
+        {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}
+        constrains the reply to such JSON; a schema it cannot enforce raises JsonSchemaError
+        (a ValueError) naming the construct. tools / tool_choice / parallel_tool_calls as in
+        the OpenAI API (the server's rules, README "Tool calls"): a forced call is generated
+        under its JSON schema (in place of response_format's), an auto reply is parsed for calls.
         """
         if not self.model.chat_template.available():
             raise Error(f"{self.path}: this model has no chat template; use complete()")
         turns = _conversation(messages)
-        prompt = encode_conversation(self.model.tokenizer, self.model.chat_template, turns, True)
-        options = self._options(len(prompt), max_tokens, temperature, top_p, top_k, seed, stop)
+        fields = {"tools": tools, "tool_choice": tool_choice}
+        fields["parallel_tool_calls"] = parallel_tool_calls
+        spec = Tools.parse(**{k: "" if v is None else json.dumps(v) for k, v in fields.items()})
+        prompt = encode_conversation(
+            self.model.tokenizer, self.model.chat_template, turns, True, spec
+        )
+        options = self._options(
+            len(prompt), max_tokens, temperature, top_p, top_k, seed, stop, response_format
+        )
+        if spec.forced:  # the call's grammar takes the place of a response_format one
+            options["grammar"] = spec.call_grammar()
         head = self._head("chatcmpl", "chat.completion.chunk" if stream else "chat.completion")
         if stream:
-            return self._chat_chunks(prompt, options, head)
+            return self._chat_chunks(prompt, options, head, spec)
         text, run = self._run(prompt, options)
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "finish_reason": _finish(run)}
+        message, finish = _reply(text, spec, _finish(run))
+        choice = {"index": 0, "message": message, "finish_reason": finish}
         return {**head, "choices": [choice], "usage": _usage(prompt, run)}
 
     def complete(
@@ -137,15 +167,19 @@ class LLM:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
+        response_format: dict[str, Any] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """A text_completion dict for raw text (the tokenizer's specials, e.g. BOS, added and
-        special-token text read as such), or with stream=True an iterator of its chunks."""
+        special-token text read as such), or with stream=True an iterator of its chunks.
+        response_format: as chat()'s."""
         if not isinstance(prompt, str):
             raise Error(f"prompt must be a string, got {type(prompt).__name__}")
         ids = self.tokenize(prompt)
         if not ids:
             raise Error("prompt is empty")
-        options = self._options(len(ids), max_tokens, temperature, top_p, top_k, seed, stop)
+        options = self._options(
+            len(ids), max_tokens, temperature, top_p, top_k, seed, stop, response_format
+        )
         head = self._head("cmpl", "text_completion")
         if stream:
             return self._completion_chunks(ids, options, head)
@@ -169,7 +203,7 @@ class LLM:
             return "".join(run), run
 
     def _chat_chunks(
-        self, prompt: list[int], options: dict[str, Any], head: dict[str, Any]
+        self, prompt: list[int], options: dict[str, Any], head: dict[str, Any], spec: Tools
     ) -> Iterator[dict[str, Any]]:
         def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
             return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -177,10 +211,27 @@ class LLM:
         with self._context() as context:
             run = generate(context, prompt, **options)
             yield chunk({"role": "assistant", "content": ""}, None)
+            held = ""  # with tools, the reply is parsed once whole (as the server streams it)
             for text in run:
-                if text:
+                if text and spec.active:
+                    held += text
+                elif text:
                     yield chunk({"content": text}, None)
-            yield {**chunk({}, _finish(run)), "usage": _usage(prompt, run)}
+            finish = _finish(run)
+            if spec.active:
+                message, finish = _reply(held, spec, finish)
+                for i, call in enumerate(message.get("tool_calls", [])):
+                    fn = call["function"]
+                    first = {"index": i, "id": call["id"], "type": "function"}
+                    first["function"] = {"name": fn["name"], "arguments": ""}
+                    delta: dict[str, Any] = {"tool_calls": [first]}
+                    if i == 0 and message["content"]:
+                        delta["content"] = message["content"]
+                    yield chunk(delta, None)
+                    yield chunk({"tool_calls": [{"index": i, "function": fn}]}, None)
+                if "tool_calls" not in message and message["content"]:
+                    yield chunk({"content": message["content"]}, None)
+            yield {**chunk({}, finish), "usage": _usage(prompt, run)}
 
     def _completion_chunks(
         self, prompt: list[int], options: dict[str, Any], head: dict[str, Any]
@@ -213,6 +264,7 @@ class LLM:
         top_k: int,
         seed: int | None,
         stop: str | Sequence[str] | None,
+        response_format: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """generate()'s keyword arguments; bad values raise one line naming the parameter."""
         room = self.model.max_context - prompt_tokens
@@ -243,7 +295,7 @@ class LLM:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if not all(isinstance(s, str) and s for s in stops):
             raise Error(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        return {
+        options = {
             "max_tokens": max_tokens,
             "temperature": float(temperature),
             "top_k": top_k,
@@ -251,10 +303,32 @@ class LLM:
             "seed": seed,
             "stop": stops,
         }
+        if response_format is not None:
+            if not isinstance(response_format, dict):
+                raise Error(f"response_format must be a dict, got {response_format!r}")
+            grammar = compile_response_format(json.dumps(response_format))
+            if grammar is not None:
+                options["grammar"] = grammar
+        return options
 
 
-def _conversation(messages: Any) -> list[tuple[str, str]]:
-    """(role, text) pairs of OpenAI-style messages; a bad one raises naming index and field."""
+def _reply(text: str, spec: Tools, finish: str) -> tuple[dict[str, Any], str]:
+    """The assistant message of a reply and its finish_reason: with active tools, the calls
+    the engine parses out of it (finish_reason tool_calls)."""
+    if not spec.active:
+        return {"role": "assistant", "content": text}, finish
+    content, calls = parse_tool_output(text, spec)
+    if not calls:
+        return {"role": "assistant", "content": content}, finish
+    tool_calls = [
+        {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls
+    ]
+    return {"role": "assistant", "content": content or None, "tool_calls": tool_calls}, "tool_calls"
+
+
+def _conversation(messages: Any) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+    """(role, text, tool calls) of OpenAI-style messages; a bad one raises naming index and
+    field (an assistant's tool_calls are checked by the engine)."""
     if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence):
         raise Error("messages must be a list of {'role': ..., 'content': ...} dicts")
     if not messages:
@@ -267,10 +341,16 @@ def _conversation(messages: Any) -> list[tuple[str, str]]:
         role = m.get("role")
         role = "system" if role == "developer" else role
         if role not in ROLES:
-            raise Error(f"{where}.role must be system, user or assistant, got {role!r}")
-        if "content" not in m:
+            raise Error(f"{where}.role must be system, user, assistant or tool, got {role!r}")
+        calls = []
+        if m.get("tool_calls") is not None:
+            if role != "assistant":
+                raise Error(f"{where}.tool_calls is only allowed on assistant messages")
+            calls = parse_tool_calls(json.dumps(m["tool_calls"]), f"{where}.tool_calls")
+        if m.get("content") is None and not calls:
             raise Error(f"{where}.content is missing")
-        turns.append((role, _text(m["content"], f"{where}.content")))
+        content = m.get("content")
+        turns.append((role, "" if content is None else _text(content, f"{where}.content"), calls))
     return turns
 
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "edgellm/error.h"
+#include "runtime/token_mask.h"
 
 namespace edgellm {
 
@@ -27,6 +29,20 @@ const char* finish_reason_name(FinishReason reason) {
   return "none";
 }
 
+struct Generation::Constraint {
+  Constraint(const Tokenizer& tokenizer, std::shared_ptr<const JsonGrammar> grammar)
+      : index(TokenIndex::of(tokenizer)), matcher(std::move(grammar)), masker(index, matcher) {}
+  bool allowed(int32_t id) const {
+    const auto i = static_cast<size_t>(id);
+    return i < index->vocab() && (bits[i / 64] >> (i % 64) & 1);
+  }
+  std::shared_ptr<const TokenIndex> index;
+  JsonMatcher matcher;
+  TokenMasker masker;
+  std::vector<uint64_t> bits;  // the tokens allowed at this step
+  std::vector<float> masked;   // the logits, forbidden ones at -inf
+};
+
 Generation::Generation(const Tokenizer& tokenizer, const ModelConfig& config,
                        GenerateOptions options)
     : config_(&config),
@@ -36,13 +52,65 @@ Generation::Generation(const Tokenizer& tokenizer, const ModelConfig& config,
   std::erase_if(options_.stop_strings, [](const std::string& s) { return s.empty(); });
   if (options_.max_tokens < 1)
     throw Error("max_tokens must be >= 1 (got " + std::to_string(options_.max_tokens) + ")");
+  if (options_.grammar) {
+    options_.lookup = false;
+    constraint_ = std::make_shared<Constraint>(tokenizer, options_.grammar);
+  }
+}
+
+std::span<const float> Generation::constrain(std::span<const float> logits) {
+  Constraint& c = *constraint_;
+  c.masker.compute(c.bits);
+  const bool complete = c.matcher.complete();
+  const auto stop_id = [&](size_t id) {
+    const auto t = static_cast<int32_t>(id);
+    return (options_.stop_at_eos && config_->is_eos(t)) ||
+           std::find(options_.stop_tokens.begin(), options_.stop_tokens.end(), t) !=
+               options_.stop_tokens.end();
+  };
+  c.masked.resize(logits.size());
+  constexpr float kForbidden = -std::numeric_limits<float>::infinity();
+  bool any = false;
+  const size_t vocab = std::min(logits.size(), c.index->vocab());
+  for (size_t i = 0; i < vocab; ++i) {
+    const bool ok = c.bits[i / 64] >> (i % 64) & 1;
+    c.masked[i] = ok ? logits[i] : kForbidden;
+    any |= ok;
+  }
+  std::fill(c.masked.begin() + static_cast<std::ptrdiff_t>(vocab), c.masked.end(), kForbidden);
+  if (complete) {
+    for (const int id : config_->eos_token_ids)
+      if (options_.stop_at_eos && static_cast<size_t>(id) < logits.size())
+        c.masked[static_cast<size_t>(id)] = logits[static_cast<size_t>(id)], any = true;
+    for (const int32_t id : options_.stop_tokens)
+      if (id >= 0 && static_cast<size_t>(id) < logits.size())
+        c.masked[static_cast<size_t>(id)] = logits[static_cast<size_t>(id)], any = true;
+  } else {
+    // A stop token the vocabulary also spells as text stays forbidden until then.
+    for (size_t i = 0; i < vocab; ++i)
+      if (c.masked[i] != kForbidden && stop_id(i)) c.masked[i] = kForbidden;
+  }
+  if (!any) return {};
+  return c.masked;
 }
 
 Generation::Step Generation::next(std::span<const float> logits) {
   if (done()) throw Error("Generation::next called after the generation finished");
   if (options_.cancel && options_.cancel->load(std::memory_order_relaxed))
     return finish(FinishReason::cancelled);
-  const int32_t token = sampler_.sample(logits);
+  std::span<const float> sampled_logits = logits;
+  if (constraint_) {
+    sampled_logits = constrain(logits);
+    // Nothing allowed (a schema that cannot be completed): end rather than break it.
+    if (sampled_logits.empty()) return finish(FinishReason::stop);
+  }
+  int32_t token = sampler_.sample(sampled_logits);
+  if (constraint_ &&
+      sampled_logits[static_cast<size_t>(token)] == -std::numeric_limits<float>::infinity()) {
+    // The sampler's rounding fallback landed on a forbidden id: take the best allowed.
+    token = static_cast<int32_t>(std::max_element(sampled_logits.begin(), sampled_logits.end()) -
+                                 sampled_logits.begin());
+  }
   ++sampled_;
   if (options_.on_sample) options_.on_sample(logits, token);
   const bool stop_token = (options_.stop_at_eos && config_->is_eos(token)) ||
@@ -59,11 +127,20 @@ Generation::Step Generation::next(std::span<const float> logits) {
                              top_logprobs(logits, static_cast<size_t>(options_.logprobs))};
   tokens_.push_back(token);
   pending_ += stream_.push(token);
+  bool document_ended = false;
+  if (constraint_) {
+    if (!constraint_->matcher.accept(constraint_->index->bytes(token)))
+      throw Error("structured output: the grammar rejected a token its mask allowed");
+    document_ended = constraint_->matcher.ended();
+  }
   // The earliest stop string in the held-back text ends the generation there.
   size_t cut = std::string::npos;
   for (const std::string& stop : options_.stop_strings) cut = std::min(cut, pending_.find(stop));
   if (cut != std::string::npos) {
     pending_.resize(cut);
+    finish_ = FinishReason::stop;
+  } else if (document_ended) {
+    pending_ += stream_.flush();
     finish_ = FinishReason::stop;
   } else if (static_cast<int>(tokens_.size()) >= options_.max_tokens) {
     pending_ += stream_.flush();

@@ -12,7 +12,9 @@ double ms_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 bool PromptLookup::eligible(const GenerateOptions& options) {
-  return options.lookup && options.sampling.temperature == 0.0f;
+  // A constrained generation (grammar) decodes step by step: kept simple, though
+  // Generation::next would mask each verified row as it masks a step.
+  return options.lookup && !options.grammar && options.sampling.temperature == 0.0f;
 }
 
 std::vector<int32_t> PromptLookup::draft(std::span<const int32_t> prompt,

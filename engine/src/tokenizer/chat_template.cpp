@@ -199,6 +199,11 @@ ChatTemplate ChatTemplate::from_text(const std::string& tmpl, const std::string&
 
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt,
                                  std::vector<TextSpan>* content_spans) const {
+  for (const ChatMessage& m : messages)
+    if (!m.tool_calls.empty())
+      throw Error(
+          "chat template: a message with tool_calls is rendered by encode_conversation "
+          "with Tools (edgellm/tool_calls.h)");
   if (own_tool_layout_)
     for (const ChatMessage& m : messages)
       if (m.role == "tool")

@@ -29,7 +29,6 @@ NO_OP_VALUES: dict[str, Any] = {
     "best_of": 1,
     "suffix": "",
     "parallel_tool_calls": False,
-    "response_format": {"type": "text"},
 }
 
 
@@ -80,11 +79,14 @@ class TextPart(BaseModel):
 class Message(BaseModel):
     model_config = _STRICT
     role: Literal[ROLES]  # type: ignore[valid-type]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # absent only beside an assistant's tool_calls
     name: str | None = None  # no template we render uses it
     tool_call_id: str | None = None
+    tool_calls: Any = None  # an assistant's calls, checked by the engine (parse_tool_calls)
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
@@ -117,6 +119,9 @@ class GenerationRequest(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = None
+    # Structured output: compiled by the engine (compile_response_format) in the replica, which
+    # answers 400 naming a schema construct it cannot enforce.
+    response_format: dict[str, Any] | None = None
     # Accepted, never change the output.
     user: Any = None
     metadata: Any = None
@@ -129,7 +134,24 @@ class GenerationRequest(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-class ChatRequest(GenerationRequest):
+class ToolFields(BaseModel):
+    """tools, tool_choice, parallel_tool_calls: checked by the engine (edgellm/tool_calls.h),
+    which names the bad field as server.cpp does."""
+
+    model_config = _STRICT
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+
+    def tool_fields(self) -> dict[str, str]:
+        """The fields as JSON text ('' = absent): edgellm.Tools.parse's arguments."""
+        import json
+
+        names = ("tools", "tool_choice", "parallel_tool_calls")
+        return {n: "" if getattr(self, n) is None else json.dumps(getattr(self, n)) for n in names}
+
+
+class ChatRequest(GenerationRequest, ToolFields):
     messages: Annotated[list[Message], Field(min_length=1)]
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
@@ -159,7 +181,7 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     return str(loc[0])
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ToolFields):
     """POST /tokenize (vLLM's): the prompt tokens of a chat or completion request."""
 
     model_config = _STRICT
@@ -168,8 +190,12 @@ class TokenizeRequest(BaseModel):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | None = None
 
 
-def _load(body: bytes, model_name: str) -> dict[str, Any]:
-    """The body as a dict, null fields and no-op values dropped, its model checked."""
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # implemented on chat
+
+
+def _load(body: bytes, model_name: str, keep: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The body as a dict, null fields and no-op values (but of the fields in `keep`, which
+    the route implements) dropped, its model checked."""
     if len(body) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes")
     import json
@@ -184,7 +210,8 @@ def _load(body: bytes, model_name: str) -> dict[str, Any]:
     raw = {
         k: v
         for k, v in raw.items()
-        if v is not None and not (k in NO_OP_VALUES and _same_json(v, NO_OP_VALUES[k]))
+        if v is not None
+        and not (k in NO_OP_VALUES and k not in keep and _same_json(v, NO_OP_VALUES[k]))
     }
     model = raw.get("model")
     if model is None:
@@ -238,10 +265,23 @@ def _validate(cls: type[BaseModel], raw: dict[str, Any]) -> Any:
         raise ApiError(400, f"'{param}': {first['msg']}", param) from None
 
 
+def _check_messages(messages: list[Message] | None) -> None:
+    """server.cpp's rules beyond the types: content may be absent only beside tool_calls, which
+    only an assistant message carries."""
+    for i, m in enumerate(messages or []):
+        if m.tool_calls is not None and m.role != "assistant":
+            where = f"messages[{i}].tool_calls"
+            raise ApiError(400, f"{where} is only allowed on assistant messages", where)
+        if m.content is None and m.tool_calls is None:
+            raise ApiError(400, f"missing messages[{i}].content", f"messages[{i}].content")
+
+
 def parse_request(body: bytes, chat: bool, model_name: str) -> ChatRequest | CompletionRequest:
     """The request of a generation route, or the ApiError edgellm_server answers it with."""
-    raw = _load(body, model_name)
+    raw = _load(body, model_name, TOOL_FIELDS if chat else ())
     r = _validate(ChatRequest if chat else CompletionRequest, raw)
+    if isinstance(r, ChatRequest):
+        _check_messages(r.messages)
     if isinstance(r, ChatRequest) and r.top_logprobs is not None and not r.logprobs:
         raise ApiError(400, "'top_logprobs' requires 'logprobs': true", "top_logprobs")
     return r
@@ -249,7 +289,8 @@ def parse_request(body: bytes, chat: bool, model_name: str) -> ChatRequest | Com
 
 def parse_tokenize(body: bytes, model_name: str) -> TokenizeRequest:
     """POST /tokenize's request (a chat's messages or a completion's prompt)."""
-    r = _validate(TokenizeRequest, _load(body, model_name))
+    r = _validate(TokenizeRequest, _load(body, model_name, TOOL_FIELDS))
+    _check_messages(r.messages)
     if r.messages is None and r.prompt is None:
         raise ApiError(400, "missing required field 'prompt'", "prompt")
     return r
@@ -280,9 +321,21 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class FunctionCall(BaseModel):
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str  # JSON text of an object
+
+
+class ToolCall(BaseModel):
+    id: Annotated[str, Field(min_length=1)]
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None: the reply is tool_calls only
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None
 
 
 class TopLogprob(BaseModel):
@@ -304,7 +357,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
 
 
 class _Head(BaseModel):
@@ -319,16 +372,32 @@ class ChatCompletion(_Head):
     usage: Usage
 
 
+class FunctionDelta(BaseModel):
+    name: str | None = None
+    arguments: str
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed call: the first delta of a call has its id, type and name (arguments ""),
+    the next ones add to its arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: Annotated[list[ToolCallDelta], Field(min_length=1)] | None = None
 
 
 class ChunkChoice(BaseModel):
     index: int
     delta: Delta
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
 
 
 class ChatCompletionChunk(_Head):

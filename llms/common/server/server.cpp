@@ -14,7 +14,9 @@
 
 #include "connections.h"
 #include "edgellm/error.h"
+#include "edgellm/json_grammar.h"
 #include "edgellm/metrics.h"
+#include "edgellm/tool_calls.h"
 
 namespace edgellm {
 
@@ -102,25 +104,27 @@ std::string content_text(const json& content, const std::string& where) {
 const std::set<std::string> kGenerationFields = {
     "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "frequency_penalty", "presence_penalty", "seed", "stop", "ignore_eos", "stream",
-    "stream_options", "n", "logprobs", "user", "metadata", "store"};
+    "stream_options", "n", "logprobs", "user", "metadata", "store", "response_format"};
 // clang-format on
 std::set<std::string> with(std::set<std::string> fields, std::initializer_list<const char*> more) {
   fields.insert(more.begin(), more.end());
   return fields;
 }
-const std::set<std::string> kChatFields = with(kGenerationFields, {"messages", "top_logprobs"});
+const std::set<std::string> kChatFields = with(
+    kGenerationFields, {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"});
 const std::set<std::string> kCompletionFields = with(kGenerationFields, {"prompt"});
 // Unimplemented fields that clients often send with a value that asks for
-// nothing: that value is accepted, any other gets 400.
+// nothing: that value is accepted, any other gets 400 (the tool fields are
+// implemented on chat; on /v1/completions only their no-op values pass).
 const std::map<std::string, json> kNoOpValues = {{"tools", json::array()},
                                                  {"tool_choice", "none"},
                                                  {"logit_bias", json::object()},
                                                  {"echo", false},
                                                  {"best_of", 1},
                                                  {"suffix", ""},
-                                                 {"parallel_tool_calls", false},
-                                                 {"response_format", {{"type", "text"}}}};
-const std::set<std::string> kMessageFields = {"role", "content", "name", "tool_call_id"};
+                                                 {"parallel_tool_calls", false}};
+const std::set<std::string> kMessageFields = {"role", "content", "name", "tool_call_id",
+                                              "tool_calls"};
 
 // Refuses a field outside `known` unless it holds its no-op value (null is absent).
 void check_fields(const json& body, const std::set<std::string>& known) {
@@ -135,6 +139,7 @@ void check_fields(const json& body, const std::set<std::string>& known) {
 // What every generation request shares, parsed and checked.
 struct GenerationRequest {
   std::vector<int32_t> prompt;
+  Tools tools;  // chat: the request's tools (active() when the reply is parsed for calls)
   GenerateOptions options;
   bool stream = false;
   bool include_usage = false;
@@ -275,7 +280,26 @@ struct Api {
 
   // The engine's encode_conversation, as chat and the Ray replicas use it:
   // message content is plain text, never the template's special tokens.
-  std::vector<int32_t> chat_prompt(const json& body) const {
+  // "tools", "tool_choice" and "parallel_tool_calls", checked by the engine.
+  // Read again from the text in declared order: the prompt lists a function's
+  // parameters, and the forced call emits them, in the order the client wrote.
+  static Tools request_tools(const json& body, const std::string& text) {
+    if (!optional_field(body, "tools") && !optional_field(body, "tool_choice") &&
+        !optional_field(body, "parallel_tool_calls"))
+      return {};
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(text);
+    auto get = [&](const char* name) {
+      auto it = ordered.find(name);
+      return it == ordered.end() ? nlohmann::ordered_json(nullptr) : *it;
+    };
+    try {
+      return parse_tools(get("tools"), get("tool_choice"), get("parallel_tool_calls"));
+    } catch (const ToolRequestError& e) {
+      bad(e.param(), e.what());
+    }
+  }
+
+  std::vector<int32_t> chat_prompt(const json& body, const Tools& tools) const {
     const json* messages = optional_field(body, "messages");
     if (!messages) bad("messages", "missing required field 'messages'");
     if (!messages->is_array() || messages->empty())
@@ -297,12 +321,22 @@ struct Api {
       if (r == "developer") r = "system";
       if (r != "system" && r != "user" && r != "assistant" && r != "tool")
         bad(where + ".role", where + ".role must be system, developer, user, assistant or tool");
+      std::vector<ToolCall> calls;
+      if (const json* tc = optional_field(m, "tool_calls")) {
+        if (r != "assistant")
+          bad(where + ".tool_calls", where + ".tool_calls is only allowed on assistant messages");
+        try {
+          calls = parse_tool_calls(*tc, where + ".tool_calls");
+        } catch (const ToolRequestError& e) {
+          bad(e.param(), e.what());
+        }
+      }
       const json* content = optional_field(m, "content");
-      if (!content) bad(where + ".content", "missing " + where + ".content");
-      chat.push_back({r, content_text(*content, where + ".content")});
+      if (!content && calls.empty()) bad(where + ".content", "missing " + where + ".content");
+      chat.push_back({r, content ? content_text(*content, where + ".content") : "", calls});
     }
     try {
-      return encode_conversation(model.tokenizer(), model.chat_template(), chat, true);
+      return encode_conversation(model.tokenizer(), model.chat_template(), chat, true, tools);
     } catch (const Error& e) {
       bad("messages", e.what());
     }
@@ -319,7 +353,9 @@ struct Api {
     return ids;
   }
 
-  GenerationRequest parse(const json& body, std::vector<int32_t> prompt, bool chat) const {
+  // `text`: the body as sent (a schema's properties in the client's order).
+  GenerationRequest parse(const json& body, std::vector<int32_t> prompt, bool chat,
+                          const std::string& text) const {
     GenerationRequest r;
     r.prompt = std::move(prompt);
     GenerateOptions& o = r.options;
@@ -386,6 +422,17 @@ struct Api {
         bad("stop", "'stop' must be a string or an array of at most 4 strings");
       }
     }
+    if (optional_field(body, "response_format")) {
+      // Structured output: a schema the engine cannot enforce is refused here,
+      // naming the construct, never served as free text. Read from the text in
+      // declared order (json sorts keys): objects are emitted in that order.
+      try {
+        o.grammar = response_format_grammar(
+            nlohmann::ordered_json::parse(text).at("response_format").dump());
+      } catch (const JsonSchemaError& e) {
+        bad("response_format", e.what());
+      }
+    }
     if (const json* v = optional_field(body, "ignore_eos")) {  // vLLM's extension, for benchmarks
       if (!v->is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
       o.stop_at_eos = !v->get<bool>();
@@ -416,9 +463,16 @@ struct Api {
 
   void generate(const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader, bool chat) {
-    const json body = parse_body(read_body(req, res, reader));
+    const std::string text = read_body(req, res, reader);
+    const json body = parse_body(text);
     check_fields(body, chat ? kChatFields : kCompletionFields);  // unknown fields first
-    GenerationRequest r = parse(body, chat ? chat_prompt(body) : completion_prompt(body), chat);
+    const Tools tools = chat ? request_tools(body, text) : Tools{};
+    GenerationRequest r =
+        parse(body, chat ? chat_prompt(body, tools) : completion_prompt(body), chat, text);
+    r.tools = tools;
+    // A forced call's grammar takes the place of a response_format one (which, as in
+    // OpenAI's API, shapes content replies, not calls).
+    if (r.tools.forced()) constrain_to_call(r);
     std::shared_ptr<RequestStream> stream = scheduler.submit(r.prompt, r.options);
     if (!stream) {
       if (scheduler.stopping()) throw ApiError{503, "the server is shutting down", "", ""};
@@ -430,10 +484,21 @@ struct Api {
                                        : "text_completion"},
                        {"created", static_cast<int64_t>(std::time(nullptr))},
                        {"model", options.model_name}};
+    auto held_tools = std::make_shared<const Tools>(std::move(r.tools));
     if (r.stream)
-      stream_response(res, stream, head, chat, r.include_usage, r.logprobs);
+      stream_response(res, stream, head, chat, r.include_usage, r.logprobs, held_tools);
     else
-      complete_response(res, stream, head, chat, r.logprobs);
+      complete_response(res, stream, head, chat, r.logprobs, *held_tools);
+  }
+
+  // A forced call (tool_choice "required" or a named function) is generated
+  // under the call's JSON schema, so it always parses to the schema.
+  static void constrain_to_call(GenerationRequest& r) {
+    try {
+      r.options.grammar = call_grammar(r.tools);
+    } catch (const ToolRequestError& e) {
+      bad(e.param(), e.what());
+    }
   }
 
   // vLLM's /tokenize: the prompt tokens a chat ({model, messages}) or completion
@@ -441,10 +506,13 @@ struct Api {
   // test that both servers encode a conversation alike.
   void tokenize(const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader) const {
-    const json body = parse_body(read_body(req, res, reader));
-    check_fields(body, {"model", "messages", "prompt"});
-    const std::vector<int32_t> ids =
-        body.contains("messages") ? chat_prompt(body) : completion_prompt(body);
+    const std::string text = read_body(req, res, reader);
+    const json body = parse_body(text);
+    check_fields(body,
+                 {"model", "messages", "prompt", "tools", "tool_choice", "parallel_tool_calls"});
+    const std::vector<int32_t> ids = body.contains("messages")
+                                         ? chat_prompt(body, request_tools(body, text))
+                                         : completion_prompt(body);
     res.set_content(
         json{{"count", ids.size()}, {"max_model_len", model.max_context()}, {"tokens", ids}}.dump(),
         "application/json");
@@ -461,8 +529,21 @@ struct Api {
     return s.finish == FinishReason::length ? "length" : "stop";
   }
 
+  // OpenAI's message.tool_calls (`streamed`: the delta shape, with an index).
+  static json tool_calls_json(const std::vector<ToolCall>& calls, bool streamed) {
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      json c = {{"id", calls[i].id},
+                {"type", "function"},
+                {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+      if (streamed) c["index"] = i;
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+
   void complete_response(httplib::Response& res, const std::shared_ptr<RequestStream>& stream,
-                         json out, bool chat, bool logprobs) const {
+                         json out, bool chat, bool logprobs, const Tools& tools) const {
     std::string text;
     std::vector<TokenLogprobs> lp;
     while (!stream->wait(text, std::chrono::milliseconds(1000), &lp)) {
@@ -470,9 +551,17 @@ struct Api {
     if (!stream->error.empty()) throw ApiError{500, stream->error, "", ""};
     if (stream->finish == FinishReason::cancelled) throw kShutdown;
     json choice = {{"index", 0}, {"finish_reason", finish_reason(*stream)}};
-    if (chat)
+    if (chat && tools.active()) {
+      const ToolReply reply = parse_tool_output(text, tools);
+      choice["message"] = {{"role", "assistant"}, {"content", reply.content}};
+      if (!reply.calls.empty()) {
+        if (reply.content.empty()) choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = tool_calls_json(reply.calls, false);
+        choice["finish_reason"] = "tool_calls";
+      }
+    } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
-    else
+    } else
       choice["text"] = text;
     size_t offset = 0;
     choice["logprobs"] =
@@ -485,8 +574,11 @@ struct Api {
   // Server-sent events: one chunk per piece of text, a last chunk with the
   // finish_reason and usage (or an error event), then [DONE]. A failed write
   // means the client is gone: the request is cancelled and its context freed.
+  // With tools the reply is held until it ends, then sent as tool_calls deltas
+  // (a call is only known to be one once it parses) or as one content delta.
   void stream_response(httplib::Response& res, std::shared_ptr<RequestStream> stream, json head,
-                       bool chat, bool include_usage, bool logprobs) const {
+                       bool chat, bool include_usage, bool logprobs,
+                       std::shared_ptr<const Tools> tools) const {
     const Tokenizer* tokenizer = &model.tokenizer();
     auto offset = std::make_shared<size_t>(0);  // legacy text_offset so far
     // `lp`: the logprobs of the tokens behind `text` (when asked for), moved out when sent.
@@ -514,10 +606,12 @@ struct Api {
     auto started = std::make_shared<bool>(false);
     // Logprobs whose text is still held back (a possible stop string) wait for it.
     auto pending = std::make_shared<std::vector<TokenLogprobs>>();
+    auto held = std::make_shared<std::string>();  // the whole reply, with tools
+    const bool hold = chat && tools->active();
     res.set_chunked_content_provider(
         "text/event-stream",
-        [stream, started, pending, chunk, head, chat, include_usage](size_t,
-                                                                     httplib::DataSink& sink) {
+        [stream, started, pending, chunk, head, chat, include_usage, hold, held, tools](
+            size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
             stream->cancel();
@@ -529,8 +623,13 @@ struct Api {
           }
           std::string text;
           const bool done = stream->wait(text, std::chrono::milliseconds(500), pending.get());
+          const bool got = !text.empty();
+          if (hold) {
+            *held += text;
+            text.clear();
+          }
           // An SSE comment while nothing comes (queued, long prefill) finds a closed socket.
-          if (!text.empty() || (!done && pending->empty())) {
+          if (!text.empty() || (!done && !got && pending->empty())) {
             if (!send(text.empty() ? std::string(": waiting\n\n")
                                    : chunk(text, nullptr, pending.get())))
               return false;
@@ -543,8 +642,35 @@ struct Api {
                                           : error_body({500, stream->error, "", ""});
             if (!send("data: " + error + "\n\n")) return false;
           } else {
+            json finish = finish_reason(*stream);
+            if (hold) {
+              const ToolReply reply = parse_tool_output(*held, *tools);
+              if (reply.calls.empty()) {
+                if (!reply.content.empty() && !send(chunk(reply.content, nullptr, pending.get())))
+                  return false;
+              } else {
+                // Per call: its id and name, then its arguments (OpenAI's delta shapes).
+                for (json& call : tool_calls_json(reply.calls, true)) {
+                  const std::string arguments = call["function"]["arguments"];
+                  call["function"]["arguments"] = "";
+                  json delta = {{"tool_calls", json::array({call})}};
+                  if (call["index"] == 0 && !reply.content.empty())
+                    delta["content"] = reply.content;
+                  json args = {{"index", call["index"]}, {"function", {{"arguments", arguments}}}};
+                  for (const json& d : {delta, json{{"tool_calls", json::array({args})}}}) {
+                    json c = head;
+                    c["choices"] = json::array({{{"index", 0},
+                                                 {"delta", d},
+                                                 {"logprobs", nullptr},
+                                                 {"finish_reason", nullptr}}});
+                    if (!send("data: " + dump(c) + "\n\n")) return false;
+                  }
+                }
+                finish = "tool_calls";
+              }
+            }
             // Logprobs of tokens cut with a stop string end up with the finish chunk.
-            std::string last = chunk("", finish_reason(*stream), pending.get());
+            std::string last = chunk("", finish, pending.get());
             json tail = json::parse(last.substr(6));
             tail["usage"] = usage(*stream);
             if (!send("data: " + dump(tail) + "\n\n")) return false;

@@ -1,0 +1,52 @@
+// Structured output: a JSON Schema compiled into a grammar that constrains
+// decoding (GenerateOptions::grammar). Every token sampled under it keeps the
+// output a prefix of a document the schema accepts, so a finished generation
+// parses and validates.
+//
+// What compiles (anything else is refused, naming the keyword: fail closed):
+// type (one or a list), properties / required / additionalProperties, items /
+// minItems / maxItems, enum, const, anyOf, $ref to #/$defs/... or
+// #/definitions/... (recursion included), minLength / maxLength, and the
+// annotations (title, description, default, examples, $schema, $id, $comment).
+// Objects are emitted with their declared properties in declared order,
+// optional ones skippable; output is compact JSON with at most one space after
+// ':' and ','; numbers have at most 15 digits before and after the point and
+// 2 in the exponent (every one fits a double).
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace edgellm {
+
+// A compiled schema: immutable, shareable across threads and requests.
+class JsonGrammar;
+
+// A schema construct the engine cannot enforce (or malformed schema JSON);
+// construct() names it ("pattern", "minimum", "oneOf", "$ref", "json").
+class JsonSchemaError : public std::invalid_argument {
+ public:
+  JsonSchemaError(std::string construct, const std::string& message)
+      : std::invalid_argument(message), construct_(std::move(construct)) {}
+  const std::string& construct() const { return construct_; }
+
+ private:
+  std::string construct_;
+};
+
+// Throws JsonSchemaError for a schema it cannot enforce and for malformed JSON.
+std::shared_ptr<const JsonGrammar> compile_json_schema(std::string_view schema_json);
+// Any JSON object (OpenAI's response_format {"type": "json_object"}).
+std::shared_ptr<const JsonGrammar> any_json_object();
+
+// OpenAI's `response_format` (the JSON text of its value), as every front end
+// reads it: {"type": "text"} -> null (no constraint); {"type": "json_object"}
+// -> any_json_object(); {"type": "json_schema", "json_schema": {"name",
+// "schema", "strict", "description"}} -> compile_json_schema(schema), enforced
+// whether strict or not. Throws JsonSchemaError, construct "response_format"
+// when the value itself is malformed.
+std::shared_ptr<const JsonGrammar> response_format_grammar(std::string_view response_format);
+
+}  // namespace edgellm

@@ -1,0 +1,124 @@
+// Tool calling as in the OpenAI API, one implementation for every front end
+// (edgellm serve, the Ray replicas through the Python binding):
+//   - parse_tools: a request's "tools" and "tool_choice", checked, errors naming the field;
+//   - encode_conversation with Tools: the tools rendered into the system turn,
+//     assistant tool_calls and role "tool" results rendered as text;
+//   - call_schema: the JSON schema a forced call (required / a named function) is
+//     constrained to through structured output;
+//   - parse_tool_output: the model's text turned back into tool calls when it is one.
+//
+// The format is Hermes / Qwen 2.5's, which small instruction models have seen:
+// the function signatures inside <tools></tools> in the system turn, a call as
+// <tool_call>{"name": ..., "arguments": {...}}</tool_call>. Templates that lay
+// tools out their own way (own_tool_layout) are refused rather than approximated.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "edgellm/error.h"
+#include "edgellm/json_grammar.h"
+#include "edgellm/tokenizer.h"
+
+namespace edgellm {
+
+// A bad "tools" / "tool_choice" / message tool_calls field: `param` names it
+// as OpenAI's error.param does ("tools[0].function.name").
+class ToolRequestError : public Error {
+ public:
+  ToolRequestError(std::string param, const std::string& message)
+      : Error(message), param_(std::move(param)) {}
+  const std::string& param() const { return param_; }
+
+ private:
+  std::string param_;
+};
+
+struct ToolFunction {
+  std::string name;
+  std::string description;
+  // A JSON schema (an object), its properties in declared order: the prompt
+  // shows them and the constrained call emits them in that order.
+  nlohmann::ordered_json parameters = nlohmann::ordered_json::object();
+};
+
+struct Tools {
+  // OpenAI's tool_choice: none (no call: the tools are not rendered either),
+  // auto (the model may call; parsed, not constrained), required (one call to
+  // any tool), function (one call to `forced_name`).
+  enum class Choice { none, automatic, required, function };
+  std::vector<ToolFunction> functions;
+  Choice choice = Choice::automatic;
+  std::string forced_name;
+  // parallel_tool_calls: false keeps only the first call of a reply. A forced
+  // reply holds exactly one call either way.
+  bool parallel = true;
+
+  // Tools reach the prompt and the reply is parsed for calls.
+  bool active() const { return !functions.empty() && choice != Choice::none; }
+  // The reply must be one call: generation is constrained to call_schema().
+  bool forced() const {
+    return active() && (choice == Choice::required || choice == Choice::function);
+  }
+  const ToolFunction* find(std::string_view name) const;
+};
+
+// "tools" and "tool_choice" of a request (null values: absent), parsed as
+// ordered_json to keep the declared order of properties. Without tools,
+// tool_choice may only be "none" or "auto"; a named function must be one of the
+// tools. Throws ToolRequestError.
+Tools parse_tools(const nlohmann::ordered_json& tools, const nlohmann::ordered_json& tool_choice,
+                  const nlohmann::ordered_json& parallel_tool_calls = nullptr);
+
+// An assistant message's "tool_calls" (`where`: "messages[1].tool_calls").
+// Arguments may be JSON text (OpenAI) or an object; either becomes JSON text.
+std::vector<ToolCall> parse_tool_calls(const nlohmann::json& tool_calls, const std::string& where);
+
+// The JSON schema of a forced reply: {"name": <an allowed name>, "arguments":
+// <that function's parameters>}, anyOf over the allowed functions.
+nlohmann::ordered_json call_schema(const Tools& tools);
+
+// The grammar of call_schema, for GenerateOptions::grammar. A function whose
+// parameters use a construct structured output cannot enforce throws
+// ToolRequestError naming tools[i].function.parameters.
+std::shared_ptr<const JsonGrammar> call_grammar(const Tools& tools);
+
+// What follows the generation prompt of a forced reply: the opening tag the
+// system turn tells the model to write, so the constrained JSON comes after it.
+inline constexpr std::string_view kForcedCallPrefix = "<tool_call>\n";
+
+// The conversation as the template renders it with tools: the tool block
+// appended to the system turn (one is added when there is none, keeping the
+// template's default system prompt), assistant tool_calls as <tool_call> text,
+// tool results as the template's "tool" role (a user turn wrapped in
+// <tool_response> for templates that alternate user/model). Throws Error for a
+// template with its own tool layout.
+std::vector<ChatMessage> tool_conversation(const ChatTemplate& chat,
+                                           std::span<const ChatMessage> messages,
+                                           const Tools& tools);
+
+// encode_conversation of tool_conversation; a forced reply's prompt ends with
+// kForcedCallPrefix after the generation prompt.
+std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
+                                         std::span<const ChatMessage> messages,
+                                         bool add_generation_prompt, const Tools& tools);
+
+struct ToolReply {
+  std::string content;          // text outside the calls (trimmed); all of it when no call
+  std::vector<ToolCall> calls;  // empty: a plain reply
+};
+
+// The model's reply read as tool calls: <tool_call> blocks (each an object or a
+// list of objects), else the whole reply (or its tail after some text) as one
+// JSON object. A call needs a "name" among the tools and object "arguments"
+// (or "parameters"); anything else, malformed JSON included, is plain content.
+// Ids are "call_" + 24 random hex digits.
+ToolReply parse_tool_output(std::string_view text, const Tools& tools);
+
+}  // namespace edgellm

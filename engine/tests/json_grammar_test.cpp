@@ -1,0 +1,392 @@
+// Structured output: schemas compile or are refused naming the construct; the
+// matcher accepts exactly the documents the grammar allows (each construct,
+// escapes, UTF-8, nesting, min/max items, anyOf ambiguity, $ref recursion);
+// the token mask agrees with the matcher token by token; a constrained
+// Generation on random logits always yields a valid document.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "edgellm/generate.h"
+#include "edgellm/json_grammar.h"
+#include "runtime/json_matcher.h"
+#include "runtime/token_mask.h"
+#include "test_util.h"
+
+namespace edgellm {
+namespace {
+
+// The whole document is accepted and complete.
+bool accepts(const std::shared_ptr<const JsonGrammar>& g, std::string_view text) {
+  JsonMatcher m(g);
+  return m.accept(text) && m.complete();
+}
+bool accepts(std::string_view schema, std::string_view text) {
+  return accepts(compile_json_schema(schema), text);
+}
+// A prefix of an accepted document.
+bool prefix(std::string_view schema, std::string_view text) {
+  JsonMatcher m(compile_json_schema(schema));
+  return m.accept(text);
+}
+std::string refused(std::string_view schema) {
+  try {
+    compile_json_schema(schema);
+  } catch (const JsonSchemaError& e) {
+    return e.construct();
+  }
+  return "";
+}
+
+TEST(JsonGrammar, RefusesWhatItCannotEnforceNamingTheConstruct) {
+  EXPECT_EQ(refused(R"({"type": "string", "pattern": "^a+$"})"), "pattern");
+  EXPECT_EQ(refused(R"({"type": "string", "format": "date"})"), "format");
+  EXPECT_EQ(refused(R"({"type": "integer", "minimum": 0})"), "minimum");
+  EXPECT_EQ(refused(R"({"type": "number", "multipleOf": 2})"), "multipleOf");
+  EXPECT_EQ(refused(R"({"oneOf": [{"type": "string"}, {"type": "null"}]})"), "oneOf");
+  EXPECT_EQ(refused(R"({"allOf": [{"type": "string"}]})"), "allOf");
+  EXPECT_EQ(refused(R"({"not": {"type": "string"}})"), "not");
+  EXPECT_EQ(refused(R"({"type": "object", "patternProperties": {"a": {}}})"), "patternProperties");
+  EXPECT_EQ(
+      refused(R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}})"),
+      "pattern");
+  EXPECT_EQ(refused(R"({"type": "object", "required": ["b"], "properties": {"a": {}}})"),
+            "required");
+  EXPECT_EQ(refused(R"({"type": "array", "minItems": 3, "maxItems": 2})"), "minItems");
+  EXPECT_EQ(refused(R"({"type": "array", "uniqueItems": true})"), "uniqueItems");
+  EXPECT_EQ(refused(R"({"type": "array", "prefixItems": [{}]})"), "prefixItems");
+  EXPECT_EQ(refused(R"({"type": "array", "items": [{}, {}]})"), "items");
+  EXPECT_EQ(refused(R"({"type": "strange"})"), "type");
+  EXPECT_EQ(refused(R"({"$ref": "#/$defs/missing"})"), "$ref");
+  EXPECT_EQ(refused(R"({"$ref": "#"})"), "$ref");  // a cycle that never reaches a value
+  EXPECT_EQ(refused(R"({"$ref": "#/$defs/a", "minLength": 1, "$defs": {"a": {}}})"), "minLength");
+  EXPECT_EQ(refused(R"({"frobnicate": 1})"), "frobnicate");  // unknown keywords fail closed
+  EXPECT_EQ(refused(R"({"type": "object",)"), "json");
+  EXPECT_EQ(refused("false"), "false");
+  // Annotations do not constrain: they compile.
+  EXPECT_EQ(refused(R"({"title": "T", "description": "d", "type": "string", "default": "x",
+                        "examples": ["y"], "$schema": "https://json-schema.org/draft/2020-12/schema"})"),
+            "");
+  try {
+    compile_json_schema(R"({"type": "string", "pattern": "x"})");
+  } catch (const JsonSchemaError& e) {
+    EXPECT_NE(std::string(e.what()).find("'pattern'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(JsonGrammar, Scalars) {
+  EXPECT_TRUE(accepts(R"({"type": "string"})", R"("hi")"));
+  EXPECT_FALSE(accepts(R"({"type": "string"})", R"(hi)"));
+  EXPECT_FALSE(accepts(R"({"type": "string"})", R"("hi)"));
+  EXPECT_TRUE(accepts(R"({"type": "boolean"})", "true"));
+  EXPECT_TRUE(accepts(R"({"type": "boolean"})", "false"));
+  EXPECT_FALSE(accepts(R"({"type": "boolean"})", "null"));
+  EXPECT_TRUE(accepts(R"({"type": "null"})", "null"));
+  for (const char* n : {"0", "-0", "12", "-3.25", "1e5", "2.5E-3", "7e+10"})
+    EXPECT_TRUE(accepts(R"({"type": "number"})", n)) << n;
+  for (const char* n : {"01", "-", "1.", ".5", "1e", "+1", "1.5.2", "--1"})
+    EXPECT_FALSE(accepts(R"({"type": "number"})", n)) << n;
+  EXPECT_TRUE(accepts(R"({"type": "integer"})", "-42"));
+  EXPECT_FALSE(accepts(R"({"type": "integer"})", "4.2"));
+  EXPECT_FALSE(accepts(R"({"type": "integer"})", "4e2"));
+  // Bounded digits: a model cannot spin on one number forever.
+  EXPECT_TRUE(accepts(R"({"type": "integer"})", std::string(15, '9')));
+  EXPECT_FALSE(accepts(R"({"type": "integer"})", std::string(16, '9')));
+  EXPECT_TRUE(accepts(R"({"type": ["string", "null"]})", "null"));
+  EXPECT_TRUE(accepts(R"({"type": ["string", "null"]})", R"("x")"));
+  EXPECT_FALSE(accepts(R"({"type": ["string", "null"]})", "1"));
+}
+
+TEST(JsonGrammar, StringsEscapesAndUtf8) {
+  const char* s = R"({"type": "string"})";
+  EXPECT_TRUE(accepts(s, R"("a\"b\\c\/d\n\t\u00e9\u20AC")"));
+  EXPECT_FALSE(accepts(s, R"("\x")"));
+  EXPECT_FALSE(accepts(s, R"("\u00g0")"));
+  EXPECT_FALSE(accepts(s, R"("\ud83d\ude00")"));  // surrogates: raw UTF-8 instead
+  EXPECT_FALSE(accepts(s, "\"a\nb\""));           // control bytes must be escaped
+  EXPECT_TRUE(accepts(s, "\"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\""));
+  EXPECT_FALSE(accepts(s, "\"\xC3\""));              // a truncated character
+  EXPECT_FALSE(accepts(s, "\"\xC0\xAF\""));          // overlong
+  EXPECT_FALSE(accepts(s, "\"\xED\xA0\x80\""));      // an encoded surrogate
+  EXPECT_FALSE(accepts(s, "\"\xF4\x90\x80\x80\""));  // above U+10FFFF
+  // Lengths count code points (an escape or a UTF-8 character is one).
+  const char* len = R"({"type": "string", "minLength": 2, "maxLength": 3})";
+  EXPECT_FALSE(accepts(len, R"("a")"));
+  EXPECT_TRUE(accepts(len, R"("ab")"));
+  EXPECT_TRUE(accepts(len, "\"\xC3\xA9\\n\\u0041\""));
+  EXPECT_FALSE(accepts(len, R"("abcd")"));
+  EXPECT_FALSE(prefix(len, R"("abcd)"));
+}
+
+TEST(JsonGrammar, ObjectsInDeclaredOrderWithOptionalOnesSkippable) {
+  const char* schema = R"({"type": "object", "properties": {
+      "name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array",
+      "items": {"type": "string"}}}, "required": ["name", "tags"]})";
+  EXPECT_TRUE(accepts(schema, R"({"name":"a","age":3,"tags":[]})"));
+  EXPECT_TRUE(accepts(schema, R"({"name": "a", "tags": ["x", "y"]})"));
+  EXPECT_FALSE(accepts(schema, R"({"name":"a"})"));                    // tags is required
+  EXPECT_FALSE(accepts(schema, R"({"age":3,"name":"a","tags":[]})"));  // order
+  EXPECT_FALSE(accepts(schema, R"({"name":"a","tags":[],"x":1})"));    // undeclared
+  EXPECT_FALSE(accepts(schema, R"({ "name":"a","tags":[]})"));         // no space after '{'
+  EXPECT_FALSE(accepts(schema, R"({"name":  "a","tags":[]})"));        // one space at most
+  EXPECT_TRUE(accepts(R"({"type": "object"})", R"({"any": [1, {"b": null}], "c": "d"})"));
+  EXPECT_TRUE(accepts(R"({"type": "object", "additionalProperties": false})", "{}"));
+  EXPECT_FALSE(accepts(R"({"type": "object", "additionalProperties": false})", R"({"a":1})"));
+  EXPECT_TRUE(accepts(R"({"type": "object", "additionalProperties": {"type": "integer"}})",
+                      R"({"a":1,"b":2})"));
+  EXPECT_FALSE(accepts(R"({"type": "object", "additionalProperties": {"type": "integer"}})",
+                       R"({"a":"x"})"));
+  // Keys are JSON-escaped as the schema spells them.
+  EXPECT_TRUE(accepts(R"({"type": "object", "properties": {"a\"b": {"type": "null"}},
+                          "required": ["a\"b"]})",
+                      R"({"a\"b":null})"));
+}
+
+TEST(JsonGrammar, ArraysMinMaxItems) {
+  const char* schema = R"({"type": "array", "items": {"type": "integer"}, "minItems": 1,
+                           "maxItems": 3})";
+  EXPECT_FALSE(accepts(schema, "[]"));
+  EXPECT_TRUE(accepts(schema, "[1]"));
+  EXPECT_TRUE(accepts(schema, "[1, 2,3]"));
+  EXPECT_FALSE(prefix(schema, "[1,2,3,"));
+  EXPECT_TRUE(accepts(R"({"type": "array"})", "[]"));
+  EXPECT_TRUE(accepts(R"({"type": "array"})", R"([1,"a",[true],{}])"));
+  EXPECT_FALSE(accepts(R"({"type": "array", "items": false})", "[1]"));
+  EXPECT_TRUE(accepts(R"({"type": "array", "items": false})", "[]"));
+}
+
+TEST(JsonGrammar, EnumConstAnyOf) {
+  const char* e = R"({"enum": ["red", "green", 3, null, {"a": [1]}]})";
+  EXPECT_TRUE(accepts(e, R"("red")"));
+  EXPECT_TRUE(accepts(e, "3"));
+  EXPECT_TRUE(accepts(e, "null"));
+  EXPECT_TRUE(accepts(e, R"({"a":[1]})"));
+  EXPECT_FALSE(accepts(e, R"("blue")"));
+  EXPECT_FALSE(accepts(e, R"("re")"));
+  EXPECT_TRUE(accepts(R"({"const": "x"})", R"("x")"));
+  EXPECT_TRUE(accepts(R"({"type": "string", "enum": ["a", 1]})", R"("a")"));
+  EXPECT_FALSE(accepts(R"({"type": "string", "enum": ["a", 1]})", "1"));
+  // Alternatives that share a prefix stay open until the bytes tell them apart.
+  const char* any = R"({"anyOf": [
+      {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}},
+       "required": ["kind", "r"]},
+      {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "number"}},
+       "required": ["kind", "side"]}]})";
+  EXPECT_TRUE(accepts(any, R"({"kind":"circle","r":1.5})"));
+  EXPECT_TRUE(accepts(any, R"({"kind":"square","side":2})"));
+  EXPECT_FALSE(accepts(any, R"({"kind":"circle","side":2})"));
+  EXPECT_TRUE(accepts(R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})", "1.5"));
+}
+
+TEST(JsonGrammar, RefsAndRecursion) {
+  const char* tree = R"({"$ref": "#/$defs/node", "$defs": {"node": {"type": "object",
+      "properties": {"value": {"type": "integer"}, "children": {"type": "array",
+      "items": {"$ref": "#/$defs/node"}}}, "required": ["value"]}}})";
+  EXPECT_TRUE(accepts(tree, R"({"value":1})"));
+  EXPECT_TRUE(accepts(tree, R"({"value":1,"children":[{"value":2,"children":[{"value":3}]}]})"));
+  EXPECT_FALSE(accepts(tree, R"({"value":1,"children":[{"children":[]}]})"));
+  const char* defs = R"({"type": "object", "properties": {"p": {"$ref": "#/definitions/P"}},
+      "required": ["p"], "definitions": {"P": {"type": "string", "description": "d"}}})";
+  EXPECT_TRUE(accepts(defs, R"({"p":"x"})"));
+}
+
+TEST(JsonGrammar, AnyJsonObject) {
+  const auto g = any_json_object();
+  EXPECT_TRUE(accepts(g, "{}"));
+  EXPECT_TRUE(accepts(g, R"({"a": [1, 2.5, "x", true, null, {"b": {}}]})"));
+  EXPECT_FALSE(accepts(g, "[]"));
+  EXPECT_FALSE(accepts(g, R"("x")"));
+  EXPECT_FALSE(accepts(g, R"({"a":1} )"));  // nothing after the document
+  JsonMatcher m(g);
+  ASSERT_TRUE(m.accept("{}"));
+  EXPECT_TRUE(m.ended());
+  JsonMatcher n(compile_json_schema(R"({"type": "integer"})"));
+  ASSERT_TRUE(n.accept("12"));
+  EXPECT_TRUE(n.complete());
+  EXPECT_FALSE(n.ended());  // more digits may follow
+}
+
+// A byte-level vocabulary with JSON pieces: every token's bytes as its text.
+Tokenizer json_tokenizer(std::vector<std::string>& pieces) {
+  pieces = {"{",  "}", "[",   "]",    ",",     ":",    "\"",  " ",   "a",     "b",    "1",
+            "23", "-", ".",   "true", "false", "null", "{\"", "\":", "\",\"", "name", "age",
+            "\\", "n", "u00", "e9",   "\"}",   "},",   "x\"", ",\"", "é",     "0"};
+  // Every printable ASCII byte is a token too (as in byte-level BPE): no dead ends.
+  for (char c = 0x20; c < 0x7F; ++c)
+    if (std::find(pieces.begin(), pieces.end(), std::string(1, c)) == pieces.end())
+      pieces.emplace_back(1, c);
+  nlohmann::json vocab = nlohmann::json::object();
+  for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = i;
+  nlohmann::json tok = {{"version", "1.0"},
+                        {"added_tokens",
+                         {{{"id", pieces.size()},
+                           {"content", "</s>"},
+                           {"single_word", false},
+                           {"lstrip", false},
+                           {"rstrip", false},
+                           {"normalized", false},
+                           {"special", true}}}},
+                        {"normalizer", nullptr},
+                        {"pre_tokenizer", nullptr},
+                        {"post_processor", nullptr},
+                        {"decoder", {{"type", "Fuse"}}},
+                        {"model",
+                         {{"type", "BPE"},
+                          {"dropout", nullptr},
+                          {"unk_token", nullptr},
+                          {"continuing_subword_prefix", nullptr},
+                          {"end_of_word_suffix", nullptr},
+                          {"fuse_unk", false},
+                          {"byte_fallback", false},
+                          {"vocab", vocab},
+                          {"merges", nlohmann::json::array()}}}};
+  const auto dir = testing::make_temp_dir("json_grammar");
+  testing::write_text(dir / "tokenizer.json", tok.dump());
+  return Tokenizer::load(dir);
+}
+
+TEST(JsonGrammar, MaskAgreesWithTheMatcher) {
+  std::vector<std::string> pieces;
+  const Tokenizer tokenizer = json_tokenizer(pieces);
+  const auto index = TokenIndex::of(tokenizer);
+  EXPECT_EQ(TokenIndex::of(tokenizer), index);  // cached
+  const auto g = compile_json_schema(R"({"type": "object", "properties": {
+      "name": {"type": "string"}, "age": {"type": "integer"},
+      "zip": {"type": "string", "maxLength": 2}}, "required": ["name"]})");
+  for (const char* prefix_text :
+       {"", "{", "{\"", "{\"name\":", "{\"name\":\"ab", "{\"name\":\"a\\",
+        "{\"name\":\"a\",\"age\":1", "{\"name\":\"a\",\"zip\":\"", "{\"name\":\"a\",\"zip\":\"x"}) {
+    JsonMatcher m(g);
+    ASSERT_TRUE(m.accept(prefix_text)) << prefix_text;
+    TokenMasker masker(index, m);
+    std::vector<uint64_t> bits;
+    masker.compute(bits);
+    for (size_t id = 0; id < pieces.size(); ++id) {
+      JsonMatcher copy = m;
+      const bool expect = copy.accept(index->bytes(static_cast<int32_t>(id)));
+      EXPECT_EQ(static_cast<bool>(bits[id / 64] >> (id % 64) & 1), expect)
+          << "after '" << prefix_text << "' token '" << pieces[id] << "'";
+    }
+  }
+}
+
+TEST(JsonGrammar, ConstrainedGenerationOnRandomLogitsIsAlwaysValid) {
+  std::vector<std::string> pieces;
+  const Tokenizer tokenizer = json_tokenizer(pieces);
+  ModelConfig config;
+  config.vocab_size = static_cast<int>(pieces.size() + 1);
+  const int eos = static_cast<int>(pieces.size());
+  config.eos_token_ids = {eos};
+  const auto g = compile_json_schema(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+      "required": ["name", "age"]})");
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  int finished = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    GenerateOptions o;
+    o.max_tokens = 200;
+    o.grammar = g;
+    o.sampling.temperature = seed % 4 == 0 ? 0.0f : 1.0f;
+    o.sampling.seed = seed;
+    o.sampling.top_k = seed % 3 == 0 ? 5 : 0;
+    Generation gen(tokenizer, config, o);
+    while (!gen.done()) {
+      std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+      for (float& x : logits) x = normal(rng);
+      logits[static_cast<size_t>(eos)] += 3.0f;  // a model keen to stop early
+      gen.next(logits);
+    }
+    if (gen.finish_reason() != FinishReason::stop) continue;
+    ++finished;
+    const auto doc = nlohmann::json::parse(gen.text());
+    EXPECT_TRUE(accepts(g, gen.text())) << gen.text();
+    EXPECT_TRUE(doc.contains("name") && doc.contains("age")) << gen.text();
+  }
+  EXPECT_GT(finished, 100);
+}
+
+}  // namespace
+}  // namespace edgellm
+
+namespace edgellm {
+namespace {
+
+// Random logits through the mask, many schemas: every finished output is JSON
+// the matcher accepts whole (the Python tests validate against jsonschema).
+TEST(JsonGrammar, RandomConstrainedDocumentsAreComplete) {
+  std::vector<std::string> pieces;
+  const Tokenizer tokenizer = json_tokenizer(pieces);
+  ModelConfig config;
+  config.vocab_size = static_cast<int>(pieces.size() + 1);
+  const int eos = static_cast<int>(pieces.size());
+  config.eos_token_ids = {eos};
+  const char* schemas[] = {
+      R"({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3})",
+      R"({"anyOf": [{"type": "string", "maxLength": 3}, {"type": "number"}, {"type": "null"}]})",
+      R"({"enum": ["a", "ab", "abc", 1, true]})",
+      R"({"$ref": "#/$defs/t", "$defs": {"t": {"type": "object", "properties": {
+          "n": {"type": "integer"}, "c": {"type": "array", "items": {"$ref": "#/$defs/t"},
+          "maxItems": 2}}, "required": ["n"]}}})",
+      R"({"type": "object", "additionalProperties": {"type": "boolean"}})",
+      R"({"type": "string", "minLength": 2, "maxLength": 4})",
+      R"({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"},
+          "c": {"type": "null"}}})",
+  };
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const char* schema : schemas) {
+    const auto g = compile_json_schema(schema);
+    int finished = 0;
+    for (uint64_t seed = 0; seed < 60; ++seed) {
+      GenerateOptions o;
+      o.max_tokens = 120;
+      o.grammar = g;
+      o.sampling.temperature = 1.0f;
+      o.sampling.seed = seed;
+      Generation gen(tokenizer, config, o);
+      while (!gen.done()) {
+        std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+        for (float& x : logits) x = normal(rng);
+        logits[static_cast<size_t>(eos)] += 4.0f;
+        gen.next(logits);
+      }
+      if (gen.finish_reason() != FinishReason::stop) continue;
+      ++finished;
+      EXPECT_TRUE(accepts(g, gen.text())) << schema << "\n" << gen.text();
+      EXPECT_TRUE(nlohmann::json::accept(gen.text())) << schema << "\n" << gen.text();
+    }
+    EXPECT_GT(finished, 20) << schema;
+  }
+}
+
+TEST(JsonGrammar, ResponseFormat) {
+  EXPECT_EQ(response_format_grammar(R"({"type": "text"})"), nullptr);
+  EXPECT_EQ(response_format_grammar(R"({"type": "json_object"})"), any_json_object());
+  // The schema's declared property order survives (objects are emitted in it).
+  const auto g = response_format_grammar(R"({"type": "json_schema", "json_schema": {
+      "name": "n", "strict": true, "schema": {"type": "object", "properties": {
+      "zeta": {"type": "integer"}, "alpha": {"type": "integer"}},
+      "required": ["zeta", "alpha"]}}})");
+  EXPECT_TRUE(accepts(g, R"({"zeta":1,"alpha":2})"));
+  EXPECT_FALSE(accepts(g, R"({"alpha":2,"zeta":1})"));
+  const auto construct = [](std::string_view rf) -> std::string {
+    try {
+      response_format_grammar(rf);
+    } catch (const JsonSchemaError& e) {
+      return e.construct();
+    }
+    return "";
+  };
+  EXPECT_EQ(construct(R"({"type": "yaml"})"), "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_schema"})"), "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_schema", "json_schema": {"name": "n"}})"),
+            "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_object", "schema": {}})"), "response_format");
+  EXPECT_EQ(construct(R"({"type": "json_schema", "json_schema": {"schema": {"not": {}}}})"), "not");
+}
+
+}  // namespace
+}  // namespace edgellm

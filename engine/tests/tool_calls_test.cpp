@@ -1,0 +1,230 @@
+// Tool calling: request fields, rendering into the conversation, the forced
+// call's schema and the reply parser (edgellm/tool_calls.h).
+#include "edgellm/tool_calls.h"
+
+#include <gtest/gtest.h>
+
+namespace edgellm {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+const char* kSmolTemplate =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\\n' }}{% endif %}";
+
+const ojson kWeather = ojson::parse(R"([{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}},
+  {"type": "function", "function": {"name": "get_time"}}])");
+
+Tools weather(const ojson& choice = nullptr) {
+  return parse_tools(kWeather, choice);
+}
+
+// The param a bad request names, or "" when it parses.
+std::string error_param(const ojson& tools, const ojson& choice = nullptr) {
+  try {
+    parse_tools(tools, choice);
+  } catch (const ToolRequestError& e) {
+    return e.param();
+  }
+  return "";
+}
+
+TEST(ToolCallsTest, ParsesToolsAndChoice) {
+  const Tools t = weather();
+  ASSERT_EQ(t.functions.size(), 2u);
+  EXPECT_EQ(t.functions[0].name, "get_weather");
+  EXPECT_EQ(t.functions[0].parameters["required"], ojson::array({"city"}));
+  EXPECT_EQ(t.functions[1].parameters, ojson::object());  // no parameters: any object
+  EXPECT_EQ(t.choice, Tools::Choice::automatic);
+  EXPECT_TRUE(t.active());
+  EXPECT_FALSE(t.forced());
+  EXPECT_FALSE(weather("none").active());
+  EXPECT_TRUE(weather("required").forced());
+  const Tools named =
+      weather(ojson::parse(R"({"type":"function","function":{"name":"get_time"}})"));
+  EXPECT_EQ(named.choice, Tools::Choice::function);
+  EXPECT_EQ(named.forced_name, "get_time");
+  EXPECT_FALSE(parse_tools(nullptr, nullptr).active());
+  EXPECT_FALSE(parse_tools(ojson::array(), "auto").active());
+  EXPECT_FALSE(parse_tools(kWeather, nullptr, false).parallel);
+}
+
+TEST(ToolCallsTest, BadToolsNameTheField) {
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type": "retrieval"}])")), "tools[0].type");
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type": "function"}])")), "tools[0].function");
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type": "function", "function": {}}])")),
+            "tools[0].function.name");
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type": "function", "function": {"name": "a b"}}])")),
+            "tools[0].function.name");
+  EXPECT_EQ(error_param(json::parse(
+                R"([{"type": "function", "function": {"name": "f", "parameters": "x"}}])")),
+            "tools[0].function.parameters");
+  EXPECT_EQ(error_param(ojson::parse(R"([{"type":"function","function":{"name":"f"}},
+                                        {"type":"function","function":{"name":"f"}}])")),
+            "tools[1].function.name");
+  EXPECT_EQ(error_param(ojson::object()), "tools");
+  EXPECT_EQ(error_param(kWeather, "sometimes"), "tool_choice");
+  EXPECT_EQ(error_param(nullptr, "required"), "tool_choice");
+  EXPECT_EQ(
+      error_param(kWeather, ojson::parse(R"({"type":"function","function":{"name":"nope"}})")),
+      "tool_choice.function.name");
+  EXPECT_EQ(error_param(kWeather), "");
+}
+
+TEST(ToolCallsTest, MessageToolCallsAcceptTextOrObjectArguments) {
+  const auto calls = parse_tool_calls(json::parse(R"([
+      {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}},
+      {"id": "c2", "function": {"name": "g", "arguments": {"b": 2}}}])"),
+                                      "messages[1].tool_calls");
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].arguments, "{\"a\": 1}");
+  EXPECT_EQ(calls[1].arguments, "{\"b\":2}");
+  try {
+    parse_tool_calls(json::parse(R"([{"id": "c1"}])"), "messages[1].tool_calls");
+    FAIL();
+  } catch (const ToolRequestError& e) {
+    EXPECT_EQ(e.param(), "messages[1].tool_calls[0].function");
+  }
+  EXPECT_THROW(parse_tool_calls(json::parse(R"([{"id": "c", "function": {"name": "f",
+      "arguments": "not json"}}])"),
+                                "m"),
+               ToolRequestError);
+}
+
+TEST(ToolCallsTest, ForcedCallSchema) {
+  const ojson one = call_schema(
+      weather(ojson::parse(R"({"type":"function","function":{"name":"get_weather"}})")));
+  EXPECT_EQ(one["properties"]["name"]["const"], "get_weather");
+  EXPECT_EQ(one["properties"]["arguments"], kWeather[0]["function"]["parameters"]);
+  EXPECT_EQ(one["required"], ojson::array({"name", "arguments"}));
+  EXPECT_EQ(one["properties"].begin().key(), "name");  // the name first, then the arguments
+  const ojson any = call_schema(weather("required"));
+  ASSERT_EQ(any["anyOf"].size(), 2u);
+  EXPECT_EQ(any["anyOf"][1]["properties"]["name"]["const"], "get_time");
+}
+
+TEST(ToolCallsTest, RendersToolsIntoTheSystemTurnKeepingTheDefault) {
+  const ChatTemplate ct = ChatTemplate::from_text(kSmolTemplate, "", "test");
+  const std::vector<ChatMessage> msgs{{"user", "Weather in Paris?"}};
+  const auto turns = tool_conversation(ct, msgs, weather());
+  ASSERT_EQ(turns.size(), 2u);
+  EXPECT_EQ(turns[0].role, "system");
+  EXPECT_TRUE(turns[0].content.starts_with("You are a helpful AI assistant named SmolLM"));
+  EXPECT_NE(turns[0].content.find("<tools>\n{\"type\":\"function\",\"function\":{\"name\":"
+                                  "\"get_weather\",\"description\":\"Current weather\","
+                                  "\"parameters\":{\"type\":\"object\",\"properties\""),
+            std::string::npos)
+      << turns[0].content;
+  EXPECT_NE(turns[0].content.find("<tool_call>"), std::string::npos);
+  // A system message of the request gets the block appended.
+  const std::vector<ChatMessage> sys{{"system", "Be brief."}, {"user", "Hi"}};
+  const auto with_sys = tool_conversation(ct, sys, weather());
+  ASSERT_EQ(with_sys.size(), 2u);
+  EXPECT_TRUE(with_sys[0].content.starts_with("Be brief.\n\n# Tools"));
+  // tool_choice none: the conversation as it is.
+  const auto none = tool_conversation(ct, msgs, weather("none"));
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_EQ(none[0].content, "Weather in Paris?");
+}
+
+TEST(ToolCallsTest, RendersCallsAndResults) {
+  const ChatTemplate ct = ChatTemplate::from_text(kSmolTemplate, "", "test");
+  std::vector<ChatMessage> msgs{{"user", "Weather?"}, {"assistant", ""}, {"tool", "sunny"}};
+  msgs[1].tool_calls = {{"c1", "get_weather", "{\"city\": \"Paris\"}"}};
+  EXPECT_THROW(ct.render(msgs, true), Error);  // calls need the Tools path
+  const auto turns = tool_conversation(ct, msgs, Tools{});
+  EXPECT_EQ(ct.render(turns, true),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
+            "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n"
+            "</tool_call><|im_end|>\n<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n");
+  // Gemma alternates user/model: the result becomes a user turn.
+  const ChatTemplate gemma = ChatTemplate::from_text(
+      "<start_of_turn>{{ raise_exception('Conversation roles must alternate') }}", "<bos>", "g");
+  const auto g = tool_conversation(gemma, msgs, Tools{});
+  EXPECT_EQ(g[2].role, "user");
+  EXPECT_EQ(g[2].content, "<tool_response>\nsunny\n</tool_response>");
+  EXPECT_NO_THROW(gemma.render(g, true));
+  // A template with its own tool layout is refused, not approximated.
+  const ChatTemplate qwen = ChatTemplate::from_text("<|im_start|>{% if tools %}", "", "q");
+  EXPECT_THROW(tool_conversation(qwen, msgs, Tools{}), Error);
+  const std::vector<ChatMessage> plain{{"user", "Hi"}};
+  EXPECT_NO_THROW(tool_conversation(qwen, plain, Tools{}));
+}
+
+TEST(ToolCallsTest, ParsesTaggedAndBareCalls) {
+  const Tools t = weather();
+  ToolReply r = parse_tool_output(
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n</tool_call>",
+      t);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(json::parse(r.calls[0].arguments), json::parse(R"({"city": "Paris"})"));
+  EXPECT_TRUE(r.calls[0].id.starts_with("call_"));
+  EXPECT_EQ(r.content, "");
+  // Arguments as a JSON string, text before the call, no tags.
+  r = parse_tool_output(
+      "Let me check.\n{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Rome\\\"}\"}",
+      t);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(json::parse(r.calls[0].arguments)["city"], "Rome");
+  EXPECT_EQ(r.content, "Let me check.");
+  // A list of calls inside one tag (SmolLM2's format); "parameters" for "arguments".
+  r = parse_tool_output(
+      "<tool_call>[{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_weather\", "
+      "\"parameters\": {\"city\": \"Oslo\"}}]</tool_call>",
+      t);
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[1].name, "get_weather");
+  EXPECT_NE(r.calls[0].id, r.calls[1].id);
+  EXPECT_EQ(parse_tool_output("[{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": "
+                              "\"get_time\", \"arguments\": {}}]",
+                              parse_tools(kWeather, nullptr, false))
+                .calls.size(),
+            1u);  // parallel_tool_calls false: the first call only
+}
+
+TEST(ToolCallsTest, AnythingElseIsPlainContent) {
+  const Tools t = weather();
+  for (const char* text : {
+           "The weather is nice.",
+           "{\"name\": \"unknown_fn\", \"arguments\": {}}",           // not one of the tools
+           "{\"name\": \"get_weather\", \"arguments\": {\"city\": ",  // malformed (cut off)
+           "<tool_call>{\"name\": \"get_weather\", \"arguments\": 3}</tool_call>",
+           "{\"name\": \"get_weather\", \"arguments\": \"not json\"}",
+           "{\"city\": \"Paris\"}",  // JSON, but no call
+           "{\"name\": \"get_weather\"} and then more text",
+       }) {
+    const std::string padded = std::string("  ") + text + "\n";
+    const ToolReply r = parse_tool_output(padded, t);
+    EXPECT_TRUE(r.calls.empty()) << text;
+    EXPECT_EQ(r.content, padded);  // as generated
+  }
+  // No tools (or tool_choice none): never a call.
+  EXPECT_TRUE(parse_tool_output("{\"name\": \"get_weather\", \"arguments\": {}}", weather("none"))
+                  .calls.empty());
+}
+
+TEST(ToolCallsTest, ForcedReplyIsTheJsonAfterThePromptsTag) {
+  const Tools t = weather("required");
+  const ToolReply r =
+      parse_tool_output("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}", t);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  const ToolReply closed =
+      parse_tool_output("{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>", t);
+  ASSERT_EQ(closed.calls.size(), 1u);
+  EXPECT_EQ(closed.content, "");
+}
+
+}  // namespace
+}  // namespace edgellm
