@@ -5,7 +5,10 @@
 // above dram means the format is memory-bound on this machine; hot near dram
 // means the unpack/convert instructions are the limit.
 //
-//   quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] [--reps R]
+// --rows times batched decode's matmul_rows (n independent tokens) instead of
+// one n-token matmul; --int8 quantizes the activations (VNNI) instead of fp32.
+//
+//   quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] [--reps R] [--rows] [--int8]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +37,9 @@ QuantMatrix random_quant(BlockFormat f, size_t rows, size_t cols, std::mt19937& 
   return m;
 }
 
+bool g_rows = false;
+QuantPrecision g_precision = QuantPrecision::fp32;
+
 // Median over `reps` timed passes (after one warm-up) of a pass over `ms`, in
 // GB/s of the bytes the pass streams.
 double gbytes_per_s(const std::vector<QuantMatrix>& ms, size_t n, ThreadPool& pool, int reps) {
@@ -46,7 +52,12 @@ double gbytes_per_s(const std::vector<QuantMatrix>& ms, size_t n, ThreadPool& po
   const size_t inner = std::max<size_t>(1, (size_t{50} << 20) / (ms.size() * ms[0].bytes()));
   auto pass = [&] {
     for (size_t k = 0; k < inner; ++k)
-      for (const auto& m : ms) quant_matmul(m, x.data(), n, y.data(), nullptr, pool);
+      for (const auto& m : ms) {
+        if (g_rows)
+          quant_matmul_rows(m, x.data(), n, y.data(), nullptr, pool, active_isa(), g_precision);
+        else
+          quant_matmul(m, x.data(), n, y.data(), nullptr, pool, active_isa(), g_precision);
+      }
   };
   pass();
   std::vector<double> t(static_cast<size_t>(reps));
@@ -75,10 +86,14 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--format") == 0 && has_value)
       only = argv[++i];
+    else if (std::strcmp(argv[i], "--rows") == 0)
+      g_rows = true;
+    else if (std::strcmp(argv[i], "--int8") == 0)
+      g_precision = QuantPrecision::int8;
     else {
       std::fprintf(stderr,
                    "usage: quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] "
-                   "[--reps R]\n");
+                   "[--reps R] [--rows] [--int8]\n");
       return 2;
     }
   }
@@ -86,10 +101,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "quant_gemv_bench: --threads, --n and --reps must be positive\n");
     return 2;
   }
-  set_quant_precision(QuantPrecision::fp32);
   ThreadPool pool(threads), one(1);
-  std::printf("isa %s, fp32 activations, n=%zu, %d threads (median of %d)\n",
-              std::string(isa_name(active_isa())).c_str(), n, pool.size(), reps);
+  std::printf("isa %s, %s activations, n=%zu%s, %d threads (median of %d)\n",
+              std::string(isa_name(active_isa())).c_str(),
+              g_precision == QuantPrecision::int8 ? "int8" : "fp32", n,
+              g_rows ? " independent rows (batched decode)" : "", pool.size(), reps);
   std::printf("ceiling  plain read bandwidth over 512 MB: 1t %.1f GB/s, %dt %.1f GB/s\n",
               edgellm::measure_read_bandwidth(size_t{512} << 20, 1), pool.size(),
               edgellm::measure_read_bandwidth(size_t{512} << 20, pool.size()));

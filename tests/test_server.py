@@ -201,6 +201,24 @@ def test_chat_greedy_equals_the_engine_alone(
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 
+COPY_TASK = (  # SmolLM2 continues it by repeating the days, so drafts are accepted
+    "Continue the list: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday,"
+)
+
+
+def test_prompt_lookup_keeps_greedy_output(
+    server: Server, engine_binding: Any, smollm2_checkpoint: Path
+) -> None:
+    """A greedy request decoding alone drafts from its prompt (prompt-lookup decoding): drafts
+    are accepted on a list it repeats, and the reply is still the plain decode loop's, token for
+    token."""
+    before = server.metric("edgellm_lookup_accepted_tokens_total")
+    r = chat(server, COPY_TASK, max_tokens=48)
+    expected = engine_greedy(engine_binding, smollm2_checkpoint, COPY_TASK, 48)
+    assert r.choices[0].message.content == expected
+    assert server.metric("edgellm_lookup_accepted_tokens_total") - before > 0
+
+
 def test_streaming_equals_non_streaming(server: Server) -> None:
     whole = chat(server, PROMPTS[2], max_tokens=10)
     chunks = list(chat(server, PROMPTS[2], max_tokens=10, stream=True))

@@ -177,7 +177,8 @@ const std::vector<KernelInfo>& registered_kernels() {
        "as matmul; n tokens (decode_batch), each row bit-identical to the n == 1 GEMV of its "
        "layout, the weights read once for all n",
        "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel; "
-       "quantized (i8 / u4): all n tokens per 4-row GEMV tile",
+       "quantized (i8 / u4): the GEMV's 4-row tiles over up to 4 tokens at once (a block unpacked "
+       "once per tile, each token's decode arithmetic)",
        all},
       {"matmul_i8",
        {S, A2, A5, AMX},

@@ -145,6 +145,9 @@ struct Fp32Acts {
   const float* block_sum = nullptr;
   size_t n = 0, cols = 0;
   const float* half_sum = nullptr;
+  // Batched decode: each token's arithmetic is its own GEMV's (n == 1), bit for
+  // bit, while a block is still unpacked once for several tokens.
+  bool per_token = false;
 };
 // Sums of each `group` (32 or 16) consecutive values of x: out [n][cols / group].
 void block_sums(const float* x, size_t n, size_t cols, float* out, size_t group = 32);

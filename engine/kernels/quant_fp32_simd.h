@@ -11,7 +11,9 @@
 // (g the min's group: 32, or 16 for Q2_K),
 // both sums lane-wise into acc, so each output takes a single reduction.
 // Tiles: decode runs 4 rows x 1 token (four independent FMA chains, x loaded
-// once for four rows, the four sums reduced together); prefill V::kPrefillRows x
+// once for four rows, the four sums reduced together), batched decode
+// (per_token) 4 rows x up to 4 tokens with that same arithmetic per token (a
+// block unpacked once for the tile's tokens); prefill V::kPrefillRows x
 // V::kPrefillTokens (a block unpacked and scaled once for all those tokens,
 // then one FMA per vector and token: AVX-512 2 x 8 in 16 accumulators, AVX2
 // 1 x 8), and 4 / 2 / 1-token tiles for the tokens left over (small-batch
@@ -75,7 +77,9 @@ constexpr size_t kChunk = 64;  // blocks whose scales are staged at a time
 // start to lose.
 constexpr size_t kPrefetchBytes = 2048;
 
-template <bool kU4, bool kG16, int R, int T>
+// kPerToken: every token takes decode's arithmetic (the dot, then the scale)
+// whatever T, so that batched decode equals the GEMV bit for bit.
+template <bool kU4, bool kG16, int R, int T, bool kPerToken = false>
 void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r, size_t t0) {
   using F = typename V::F;
   constexpr int L = V::kLanes;
@@ -110,7 +114,7 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
         else
           V::unpack_i8(s.qs.data() + row * s.cols + b * 32, w);
         const float* bs = sc[i] + (b - b0) * kPer;
-        if constexpr (T > 1) {
+        if constexpr (T > 1 && !kPerToken) {
           // Prefill: scale the block once, then one FMA per vector and token.
 #pragma GCC unroll 8
           for (int v = 0; v < kVecs; ++v)
@@ -124,10 +128,13 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
           }
         } else {
           // Decode: the scale once per block (per 16 for Q6_K), after the dot.
-          F d[2];
-          block_dot<kG16>(w, a.x + t0 * a.cols + b * 32, d);
-          acc[i][0] = V::fmadd(d[0], V::set1(bs[0]), acc[i][0]);
-          if constexpr (kG16) acc[i][0] = V::fmadd(d[1], V::set1(bs[1]), acc[i][0]);
+#pragma GCC unroll 4
+          for (int j = 0; j < T; ++j) {
+            F d[2];
+            block_dot<kG16>(w, a.x + (t0 + j) * a.cols + b * 32, d);
+            acc[i][j] = V::fmadd(d[0], V::set1(bs[0]), acc[i][j]);
+            if constexpr (kG16) acc[i][j] = V::fmadd(d[1], V::set1(bs[1]), acc[i][j]);
+          }
         }
       }
     }
@@ -152,11 +159,14 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
                                         s.half_scales ? s.mins16.data() + m0 : nullptr, gsum, ng));
       }
     }
-  if constexpr (R == 4 && T == 1) {  // decode: the four rows reduced together
-    const F v[4] = {acc[0][0], acc[1][0], acc[2][0], acc[3][0]};
-    alignas(16) float out[4];
-    V::hsum4(v, out);
-    for (int i = 0; i < 4; ++i) y[t0 * ldy + r + i] = out[i];
+  if constexpr (R == 4 && (T == 1 || kPerToken)) {  // decode: four rows reduced together
+#pragma GCC unroll 4
+    for (int j = 0; j < T; ++j) {
+      const F v[4] = {acc[0][j], acc[1][j], acc[2][j], acc[3][j]};
+      alignas(16) float out[4];
+      V::hsum4(v, out);
+      for (int i = 0; i < 4; ++i) y[(t0 + j) * ldy + r + i] = out[i];
+    }
   } else {
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i)
@@ -177,8 +187,24 @@ void row_tiles(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, s
   for (; t < a.n; ++t) tile<kU4, kG16, R, 1>(s, a, y, ldy, r, t);
 }
 
+// Batched decode: the GEMV's row tiles (4 rows, then single rows), each for
+// up to 4 tokens at a time.
+template <bool kU4, bool kG16, int R>
+void per_token_tiles(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r) {
+  size_t t = 0;
+  for (; t + 4 <= a.n; t += 4) tile<kU4, kG16, R, 4, true>(s, a, y, ldy, r, t);
+  for (; t + 2 <= a.n; t += 2) tile<kU4, kG16, R, 2, true>(s, a, y, ldy, r, t);
+  for (; t < a.n; ++t) tile<kU4, kG16, R, 1, true>(s, a, y, ldy, r, t);
+}
+
 template <bool kU4, bool kG16>
 void rows(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r0, size_t r1) {
+  if (a.per_token && a.n > 1) {
+    size_t r = r0;
+    for (; r + 4 <= r1; r += 4) per_token_tiles<kU4, kG16, 4>(s, a, y, ldy, r);
+    for (; r < r1; ++r) per_token_tiles<kU4, kG16, 1>(s, a, y, ldy, r);
+    return;
+  }
   if (a.n == 1) {
     size_t r = r0;
     for (; r + 4 <= r1; r += 4) tile<kU4, kG16, 4, 1>(s, a, y, ldy, r, 0);

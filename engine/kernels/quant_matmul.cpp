@@ -247,28 +247,6 @@ void quant_matmul_int8(const QuantMatrix& w, const float* x, size_t n, float* y,
   run_segments(w, acts, y, rows_fn, pool);
 }
 
-// Batched decode: each pool chunk walks its rows in the GEMV's own tiles (4
-// rows, then single rows, from the chunk's start) and runs every token
-// through a tile while its weights are still in L1, so the weights come from
-// memory once for all tokens and each token's output is its GEMV's, bit for bit.
-template <class Acts, class Fn, class TokenActs>
-void run_segments_rows(const QuantMatrix& w, size_t n, float* y, Fn rows_fn, TokenActs token_acts,
-                       ThreadPool& pool) {
-  pool.parallel_chunks(w.rows, [&](size_t r0, size_t r1) {
-    size_t base = 0;  // first row of the segment
-    for (const QuantSegment& s : w.segments) {
-      const size_t lo = std::max(r0, base), hi = std::min(r1, base + s.rows);
-      for (size_t r = lo; r < hi;) {
-        const size_t step = r + 4 <= hi ? 4 : 1;
-        for (size_t t = 0; t < n; ++t)
-          rows_fn(s, token_acts(t), y + t * w.rows + base, w.rows, r - base, r + step - base);
-        r += step;
-      }
-      base += s.rows;
-    }
-  });
-}
-
 }  // namespace
 
 void quant_matmul(const QuantMatrix& w, const float* x, size_t n, float* y, const float* bias,
@@ -293,22 +271,19 @@ void quant_matmul_rows(const QuantMatrix& w, const float* x, size_t n, float* y,
   if (n == 0 || w.rows == 0) return;
   const size_t nb = w.cols / 32;
   if (p == QuantPrecision::int8) {
-    // One token's activations each, quantized as its GEMV quantizes them.
-    thread_local std::vector<QuantizedActs> acts;
-    if (acts.size() < n) acts.resize(n);
-    for (size_t t = 0; t < n; ++t) {
-      resize_acts(1, w.cols, acts[t]);
-      quantize_blocks(x + t * w.cols, acts[t], 0, nb);
-    }
+    // The row kernel's multi-token tiles (1 row x 4 tokens: a block of weights
+    // unpacked once for four tokens) do each token's arithmetic in the GEMV's
+    // order, and blocks quantize alone, so this is the per-token GEMV, bit for bit.
+    thread_local QuantizedActs scratch;
+    QuantizedActs& acts = scratch;  // the workers must use the caller's
+    resize_acts(n, w.cols, acts);
+    quantize_blocks(x, acts, 0, n * nb);
     const QuantRowsFn rows_fn = isa < Isa::avx2  ? ref::quant_rows
                                 : has_avx_vnni() ? avxvnni::quant_rows
                                                  : avx2::quant_rows;
-    std::vector<QuantizedActs>& all = acts;  // the workers must use the caller's
-    run_segments_rows<QuantizedActs>(
-        w, n, y, rows_fn, [&](size_t t) -> const QuantizedActs& { return all[t]; }, pool);
+    run_segments(w, acts, y, rows_fn, pool);
   } else {
     thread_local std::vector<float> sums, halves;
-    thread_local std::vector<Fp32Acts> acts;
     sums.resize(n * nb);
     block_sums(x, n, w.cols, sums.data());
     const bool per_16 = std::any_of(w.segments.begin(), w.segments.end(),
@@ -317,19 +292,16 @@ void quant_matmul_rows(const QuantMatrix& w, const float* x, size_t n, float* y,
       halves.resize(n * 2 * nb);
       block_sums(x, n, w.cols, halves.data(), 16);
     }
-    acts.resize(n);
-    for (size_t t = 0; t < n; ++t)
-      acts[t] = Fp32Acts{.x = x + t * w.cols,
-                         .block_sum = sums.data() + t * nb,
-                         .n = 1,
-                         .cols = w.cols,
-                         .half_sum = per_16 ? halves.data() + t * 2 * nb : nullptr};
+    const Fp32Acts acts{.x = x,
+                        .block_sum = sums.data(),
+                        .n = n,
+                        .cols = w.cols,
+                        .half_sum = per_16 ? halves.data() : nullptr,
+                        .per_token = true};
     const QuantRowsFp32Fn rows_fn = isa >= Isa::avx512 ? avx512::quant_rows_fp32
                                     : isa >= Isa::avx2 ? avx2::quant_rows_fp32
                                                        : ref::quant_rows_fp32;
-    std::vector<Fp32Acts>& all = acts;
-    run_segments_rows<Fp32Acts>(
-        w, n, y, rows_fn, [&](size_t t) -> const Fp32Acts& { return all[t]; }, pool);
+    run_segments(w, acts, y, rows_fn, pool);
   }
   if (bias)
     for (size_t t = 0; t < n; ++t)

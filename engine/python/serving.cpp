@@ -26,12 +26,13 @@ struct BatchScheduler {
   std::unique_ptr<edgellm::Scheduler> scheduler;
 
   BatchScheduler(const edgellm::Model& model, int max_batch, int max_queue, int prefill_chunk,
-                 size_t cache_mb) {
+                 size_t cache_mb, bool lookup) {
     edgellm::SchedulerOptions o;
     o.max_batch = max_batch;
     o.max_queue = max_queue;
     o.prefill_chunk = prefill_chunk;
     o.cache_mb = cache_mb;
+    o.lookup = lookup;
     scheduler = std::make_unique<edgellm::Scheduler>(model, o, metrics);
   }
   ~BatchScheduler() {
@@ -84,10 +85,12 @@ void bind_serving(nb::module_& m) {
   nb::class_<BatchScheduler>(m, "Scheduler",
                              "edgellm_server's continuous batching over one Model: requests join "
                              "and leave between steps, one batched decode step per iteration.")
-      .def(nb::init<const edgellm::Model&, int, int, int, size_t>(), "model"_a, "max_batch"_a = 8,
-           "max_queue"_a = 64, "prefill_chunk"_a = 256,
-           "cache_mb"_a = edgellm::SchedulerOptions{}.cache_mb, nb::keep_alive<1, 2>(),
-           "cache_mb: the prefix cache's MiB of prompt KV reused by later requests (0 = off).")
+      .def(nb::init<const edgellm::Model&, int, int, int, size_t, bool>(), "model"_a,
+           "max_batch"_a = 8, "max_queue"_a = 64, "prefill_chunk"_a = 256,
+           "cache_mb"_a = edgellm::SchedulerOptions{}.cache_mb, "lookup"_a = true,
+           nb::keep_alive<1, 2>(),
+           "cache_mb: the prefix cache's MiB of prompt KV reused by later requests (0 = off). "
+           "lookup: prompt-lookup decoding for a greedy request that decodes alone.")
       .def(
           "submit",
           [](BatchScheduler& b, std::vector<int32_t> prompt, int max_tokens, float temperature,

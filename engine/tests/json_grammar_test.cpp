@@ -362,6 +362,13 @@ TEST(JsonGrammar, RandomConstrainedDocumentsAreComplete) {
   }
 }
 
+TEST(JsonGrammar, NoPromptLookupUnderAGrammar) {
+  GenerateOptions o;  // greedy, lookup on
+  EXPECT_TRUE(PromptLookup::eligible(o));
+  o.grammar = any_json_object();
+  EXPECT_FALSE(PromptLookup::eligible(o));  // the Generator and the server's scheduler ask this
+}
+
 TEST(JsonGrammar, ResponseFormat) {
   EXPECT_EQ(response_format_grammar(R"({"type": "text"})"), nullptr);
   EXPECT_EQ(response_format_grammar(R"({"type": "json_object"})"), any_json_object());

@@ -86,6 +86,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="prefix cache per replica: MiB of prompt KV reused by later requests (0 = off)",
     )
     p.add_argument(
+        "--no-lookup",
+        dest="lookup",
+        action="store_false",
+        help="no prompt-lookup decoding (on by default for a greedy request decoding alone)",
+    )
+    p.add_argument(
         "--drain", type=float, default=10.0, help="seconds running requests get on SIGTERM"
     )
     args = p.parse_args(argv)
@@ -156,6 +162,7 @@ def build_app(args: argparse.Namespace, path: Path, threads: int) -> Any:
         args.queue,
         args.prefill_chunk,
         args.cache_mb,
+        args.lookup,
     )
     return OpenAIIngress.bind(bound, args.name or model_name(path))
 

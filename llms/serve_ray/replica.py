@@ -41,11 +41,14 @@ class EdgeLLMReplica:
         queue: int,
         prefill_chunk: int,
         cache_mb: int,
+        lookup: bool = True,
     ) -> None:
         eg = engine()
         self.model = eg.Model()
         self.model.setup(model_path, threads=threads, max_context=max_context)
-        self.scheduler = eg.Scheduler(self.model, parallel, queue, prefill_chunk, cache_mb)
+        self.scheduler = eg.Scheduler(
+            self.model, parallel, queue, prefill_chunk, cache_mb, lookup=lookup
+        )
         self.encode_conversation = eg.encode_conversation
         self.compile_response_format = eg.compile_response_format
         # Threads that wait on RequestStream.wait (the GIL released): one per admitted or

@@ -110,6 +110,49 @@ class Generation {
   FinishReason finish_ = FinishReason::none;
 };
 
+// Prompt-lookup decoding for one greedy sequence: n-gram drafts copied from
+// the context, verified in one decode batch (Context::decode_rows), whose rows
+// equal decode steps bit for bit, so the output is token for token that of
+// plain decoding. The Generator and the server's scheduler (a lone decoding
+// stream) share it.
+class PromptLookup {
+ public:
+  // Whether a generation with these options may draft (greedy, lookup on, no grammar).
+  static bool eligible(const GenerateOptions& options);
+
+  // The tokens that followed the latest earlier occurrence of the history's
+  // last n-gram (n = 3..1), where the history is the prompt, then the output
+  // (whose last token is the one the next forward runs); at most `limit` and
+  // the adaptive draft length. Empty when there is none, or while resting.
+  std::vector<int32_t> draft(std::span<const int32_t> prompt, std::span<const int32_t> output,
+                             int limit) const;
+
+  // Runs one forward over [last, draft...] at `pos` and feeds its rows to `gen`
+  // until one disagrees with the draft or the generation stops: the returned
+  // steps (at least one) are those plain decoding would have produced, and
+  // positions [pos, pos + steps) hold their KV.
+  std::vector<Generation::Step> verify(Context& context, Generation& gen, int32_t last, int pos,
+                                       std::span<const int32_t> draft);
+
+  // A plain decode step took `ms` (what a draft must beat); counts down a rest.
+  void plain_step(double ms);
+
+  int drafted() const { return drafted_; }    // draft tokens verified
+  int accepted() const { return accepted_; }  // of them, the ones kept
+
+ private:
+  static constexpr int kMaxDraft = 15;
+  int draft_len_ = 4;  // adaptive, 1..kMaxDraft
+  int misses_ = 0;     // drafts in a row that did not pay
+  int pause_ = 0;      // steps left without drafting
+  static constexpr int kMinRest = 16, kMaxRest = 512;
+  int rest_ = kMinRest;  // the next rest's length
+  double step_ms_ = 0;   // a plain decode step's time (moving average)
+  int drafted_ = 0;
+  int accepted_ = 0;
+  std::vector<float> logits_;  // [draft + 1][vocab]
+};
+
 // One generation over one Context, one engine step per step(): the first
 // prefills the prompt at start_pos (earlier positions must already be in the
 // context's cache), each later one runs one decode step.
@@ -135,16 +178,11 @@ class Generator {
   bool done() const;
   const Generation& generation() const { return gen_; }
   int position() const { return pos_; }  // the next position to run: [0, pos) are cached
-  int decode_steps() const { return decode_steps_; }  // tokens decoded after the prefill's
-  int drafted() const { return drafted_; }            // lookup draft tokens verified
-  int accepted() const { return accepted_; }          // of them, the ones kept
+  int decode_steps() const { return decode_steps_; }   // tokens decoded after the prefill's
+  int drafted() const { return lookup_.drafted(); }    // lookup draft tokens verified
+  int accepted() const { return lookup_.accepted(); }  // of them, the ones kept
 
  private:
-  // The tokens that followed the latest earlier occurrence of the history's
-  // last n-gram (n = 3..1), at most `limit`; empty when none or lookup is off.
-  std::vector<int32_t> find_draft(int limit) const;
-  // One forward over [last, draft...]: queues the accepted tokens' steps.
-  void verify_draft(const std::vector<int32_t>& draft);
   Context* context_;
   std::vector<int32_t> prompt_;
   Generation gen_;
@@ -153,15 +191,7 @@ class Generator {
   bool started_ = false;
   int decode_steps_ = 0;
   std::deque<Generation::Step> queued_;  // steps of a verified draft not yet returned
-  static constexpr int kMaxDraft = 15;
-  int draft_len_ = 4;                 // adaptive draft length, 1..kMaxDraft
-  std::vector<float> verify_logits_;  // [draft + 1][vocab]
-  int misses_ = 0;                    // drafts in a row with nothing accepted
-  int pause_ = 0;
-  double step_ms_ = 0;  // a plain decode step's time (moving average): what a draft must beat //
-                        // steps left without drafting
-  int drafted_ = 0;
-  int accepted_ = 0;
+  PromptLookup lookup_;
 };
 
 struct GenerateResult {

@@ -239,84 +239,24 @@ Generation::Step Generator::step() {
   // A draft never runs past the context nor past the tokens max_tokens leaves.
   const int room = std::min(context_->max_context() - pos_ - 1,
                             gen_.options().max_tokens - static_cast<int>(gen_.tokens().size()) - 1);
-  const std::vector<int32_t> draft = find_draft(std::min(draft_len_, room));
+  const std::vector<int32_t> draft = PromptLookup::eligible(gen_.options())
+                                         ? lookup_.draft(prompt_, gen_.tokens(), room)
+                                         : std::vector<int32_t>{};
   if (!draft.empty()) {
-    verify_draft(draft);
-    Generation::Step s = std::move(queued_.front());
-    queued_.pop_front();
-    return s;
+    std::vector<Generation::Step> steps = lookup_.verify(*context_, gen_, last_, pos_, draft);
+    pos_ += static_cast<int>(steps.size());
+    decode_steps_ += static_cast<int>(steps.size());  // tokens decoded, as plain decoding counts
+    last_ = steps.back().token;
+    for (size_t i = 1; i < steps.size(); ++i) queued_.push_back(std::move(steps[i]));
+    return std::move(steps.front());
   }
-  if (pause_ > 0) --pause_;
   const auto start = std::chrono::steady_clock::now();
   const std::span<const float> logits = context_->decode_step(last_, pos_++);
-  step_ms_ = step_ms_ <= 0 ? ms_since(start) : 0.8 * step_ms_ + 0.2 * ms_since(start);
+  lookup_.plain_step(ms_since(start));
   ++decode_steps_;
   Generation::Step s = gen_.next(logits);
   last_ = s.token;
   return s;
-}
-
-std::vector<int32_t> Generator::find_draft(int limit) const {
-  const GenerateOptions& o = gen_.options();
-  if (!o.lookup || o.grammar || o.sampling.temperature != 0.0f || pause_ > 0 || limit < 1)
-    return {};
-  // History: the prompt, then the output (whose last token is last_, not yet run).
-  std::vector<int32_t> h = prompt_;
-  h.insert(h.end(), gen_.tokens().begin(), gen_.tokens().end());
-  const int end = static_cast<int>(h.size());
-  for (int n = std::min(3, end - 1); n >= 1; --n) {
-    // The latest earlier occurrence of h's last n tokens that has a follower.
-    for (int start = end - n - 1; start >= 0; --start) {
-      if (!std::equal(h.begin() + start, h.begin() + start + n, h.end() - n)) continue;
-      const int from = start + n;
-      const int take = std::min(limit, end - from);
-      return {h.begin() + from, h.begin() + from + take};
-    }
-  }
-  return {};
-}
-
-void Generator::verify_draft(const std::vector<int32_t>& draft) {
-  // One decode batch over [last, draft...]: row i's logits are bit for bit
-  // those of decode_step(rows[i], pos_ + i), so greedy output is unchanged.
-  std::vector<int32_t> rows{last_};
-  rows.insert(rows.end(), draft.begin(), draft.end());
-  const auto start = std::chrono::steady_clock::now();
-  context_->decode_rows(rows, pos_, verify_logits_);
-  const double verify_ms = ms_since(start);
-  const size_t vocab = verify_logits_.size() / rows.size();
-  int kept = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    // Row i holds the logits after rows[i]; its KV (position pos_ + i) is now
-    // the one plain decoding would have, whatever follows.
-    ++pos_;
-    ++decode_steps_;  // a token decoded, as plain decoding counts them (the TPS)
-    Generation::Step s = gen_.next({verify_logits_.data() + i * vocab, vocab});
-    last_ = s.token;
-    const bool stop = s.done;
-    queued_.push_back(std::move(s));
-    if (stop || i == draft.size() || last_ != draft[i]) break;
-    ++kept;
-  }
-  // Positions past pos_ hold rejected rows; the next forward overwrites them.
-  drafted_ += static_cast<int>(draft.size());
-  accepted_ += kept;
-  // Adapt: grow on full acceptance, shrink to what was kept otherwise; after
-  // a run of useless drafts (open-ended text) rest, longer each time.
-  if (kept == static_cast<int>(draft.size())) {
-    draft_len_ = std::min(draft_len_ * 2, kMaxDraft);
-  } else {
-    draft_len_ = std::max(1, kept);
-  }
-  // A draft that cost more than plain steps for its tokens (little kept, or
-  // batched rows that run no faster than one by one) counts as a miss.
-  const bool paid = kept > 0 && (step_ms_ <= 0 || verify_ms < step_ms_ * (kept + 1));
-  if (!paid && ++misses_ >= 3) {
-    misses_ = 0;
-    pause_ = 16;
-  } else if (paid) {
-    misses_ = 0;
-  }
 }
 
 GenerateResult generate(Context& context, std::span<const int32_t> prompt,

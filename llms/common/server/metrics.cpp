@@ -37,6 +37,12 @@ void Metrics::add_cached_tokens(size_t prompt) {
   cached_tokens_ += prompt;
 }
 
+void Metrics::add_lookup(size_t drafted, size_t accepted) {
+  const std::lock_guard lock(mutex_);
+  lookup_drafted_ += drafted;
+  lookup_accepted_ += accepted;
+}
+
 void Metrics::set_prefix_cache(size_t blocks, size_t bytes, uint64_t evictions) {
   const std::lock_guard lock(mutex_);
   cache_blocks_ = blocks;
@@ -97,6 +103,10 @@ std::string Metrics::render() const {
   value("edgellm_prefix_cache_bytes", "gauge", "KV bytes held by the prefix cache.", cache_bytes_);
   value("edgellm_prefix_cache_evictions_total", "counter",
         "Blocks evicted from the prefix cache to stay within its budget.", cache_evictions_);
+  value("edgellm_lookup_draft_tokens_total", "counter",
+        "Prompt-lookup draft tokens verified (greedy requests decoding alone).", lookup_drafted_);
+  value("edgellm_lookup_accepted_tokens_total", "counter",
+        "Prompt-lookup draft tokens kept: decode steps saved.", lookup_accepted_);
   value("edgellm_generation_tokens_total", "counter", "Tokens generated.", generated_tokens_);
   value("edgellm_queue_depth", "gauge", "Requests waiting for a free sequence slot.", waiting_);
   value("edgellm_active_requests", "gauge", "Requests holding a context (prefill or decode).",

@@ -14,7 +14,8 @@ class Metrics {
  public:
   void count_response(int status);
   void add_tokens(size_t prompt, size_t generated);
-  void add_cached_tokens(size_t prompt);  // prompt tokens loaded from the prefix cache
+  void add_cached_tokens(size_t prompt);             // prompt tokens loaded from the prefix cache
+  void add_lookup(size_t drafted, size_t accepted);  // prompt-lookup draft tokens verified, kept
   void set_prefix_cache(size_t blocks, size_t bytes, uint64_t evictions);
   void observe_ttft(double seconds);
   void observe_token_latency(double seconds);  // between two tokens of one stream
@@ -39,6 +40,7 @@ class Metrics {
   mutable std::mutex mutex_;
   std::map<int, uint64_t> responses_;  // by HTTP status
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0;
+  uint64_t lookup_drafted_ = 0, lookup_accepted_ = 0;
   size_t cache_blocks_ = 0, cache_bytes_ = 0;
   uint64_t cache_evictions_ = 0;
   size_t waiting_ = 0, active_ = 0;

@@ -48,6 +48,7 @@ struct Scheduler::Job {
   bool looked_up = false;     // the prefix cache was asked (at the first prefill turn)
   PrefixCache::Chain cached;  // held from the lookup until the prompt's blocks are stored
   int32_t last_token = -1;
+  PromptLookup lookup;
   int pos = 0;  // the position of the next decode step
   Clock::time_point submitted = Clock::now(), last_token_at;
 
@@ -232,6 +233,10 @@ void Scheduler::decode_all() {
     }
   }
   if (batch.empty()) return;
+  if (batch.size() == 1 && options_.lookup && PromptLookup::eligible(batch[0]->options)) {
+    decode_alone(*batch[0]);
+    return;
+  }
   try {
     decode_batch(contexts, tokens, positions);
   } catch (const std::exception& e) {
@@ -241,6 +246,32 @@ void Scheduler::decode_all() {
   for (Job* job : batch) {
     ++job->pos;
     publish(*job, job->gen->next(job->context->logits()));
+  }
+}
+
+// A greedy sequence decoding alone: a prompt-lookup draft verified in one
+// forward when the context offers one, else one plain decode step.
+void Scheduler::decode_alone(Job& job) {
+  const int room =
+      std::min(job.context->max_context() - job.pos - 1,
+               job.options.max_tokens - static_cast<int>(job.gen->tokens().size()) - 1);
+  try {
+    const std::vector<int32_t> draft = job.lookup.draft(job.prompt, job.gen->tokens(), room);
+    if (draft.empty()) {
+      const auto start = Clock::now();
+      const std::span<const float> logits = job.context->decode_step(job.last_token, job.pos);
+      job.lookup.plain_step(seconds_since(start) * 1e3);
+      ++job.pos;
+      publish(job, job.gen->next(logits));
+      return;
+    }
+    const std::vector<Generation::Step> steps =
+        job.lookup.verify(*job.context, *job.gen, job.last_token, job.pos, draft);
+    job.pos += static_cast<int>(steps.size());
+    metrics_.add_lookup(draft.size(), steps.size() - 1);
+    for (const Generation::Step& step : steps) publish(job, step);
+  } catch (const std::exception& e) {
+    fail(job, e.what());
   }
 }
 

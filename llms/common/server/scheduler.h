@@ -68,6 +68,8 @@ struct SchedulerOptions {
   int max_queue = 64;       // waiting requests beyond that are refused (HTTP 429)
   int prefill_chunk = 256;  // prompt tokens prefilled between two decode steps
   size_t cache_mb = 256;    // prefix cache budget in MiB of KV (0 = off)
+  // Prompt-lookup decoding for a greedy request that decodes alone (PromptLookup).
+  bool lookup = true;
 };
 
 class Scheduler {
@@ -92,6 +94,7 @@ class Scheduler {
   void reuse_cached_prefix(Job& job);
   void prefill_some();
   void decode_all();
+  void decode_alone(Job& job);
   void retire_finished();
   void publish(Job& job, const Generation::Step& step);
 

@@ -66,6 +66,9 @@ void add_serve_options(CLI::App& app, ServeOptions& opt, const Deployment& deplo
                  "prefix cache: MiB of prompt KV kept for reuse by later requests (0 = off)")
       ->check(CLI::Range(size_t{0}, size_t{1} << 20))
       ->capture_default_str();
+  app.add_flag(
+      "--no-lookup", [&](int64_t) { so.scheduler.lookup = false; },
+      "no prompt-lookup decoding (on by default for a greedy request decoding alone)");
   app.add_option("--max-body", so.max_body_bytes, "largest request body in bytes (413 beyond)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
