@@ -201,6 +201,7 @@ TEST(JsonGrammar, AnyJsonObject) {
   JsonMatcher m(g);
   ASSERT_TRUE(m.accept("{}"));
   EXPECT_TRUE(m.ended());
+  EXPECT_EQ(m.string_room(), -1);  // no frame left to look at (the fuzzer found this)
   JsonMatcher n(compile_json_schema(R"({"type": "integer"})"));
   ASSERT_TRUE(n.accept("12"));
   EXPECT_TRUE(n.complete());

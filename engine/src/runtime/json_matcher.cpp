@@ -115,7 +115,7 @@ bool JsonMatcher::ended() const {
 }
 
 int32_t JsonMatcher::string_room() const {
-  if (state_.stacks() != 1) return -1;
+  if (state_.stacks() != 1 || state_.frames.empty()) return -1;  // (empty: the document ended)
   const MatchFrame& f = state_.frames.back();
   if (f.kind != kString || f.state != kStrChar) return -1;
   const int32_t max_len = f.node < 0 ? -1 : (*nodes_)[static_cast<size_t>(f.node)].max_length;
