@@ -690,7 +690,7 @@ def test_structured_output(server: Server) -> None:
         assert r.choices[0].finish_reason == "stop", text
         jsonschema.validate(json.loads(text), schema)
         assert text.startswith('{"zeta"'), text
-    refused = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}
+    refused = {"type": "object", "properties": {"n": {"type": "number", "minimum": 1}}}
     with pytest.raises(openai.BadRequestError) as e:
         chat(
             server,

@@ -28,7 +28,7 @@ class Recipe(BaseModel):
     """A pydantic model: its schema has $defs, $ref, titles, anyOf with null and defaults."""
 
     title: str
-    servings: int
+    servings: Annotated[int, Field(ge=1, le=12)]  # minimum, maximum
     vegetarian: bool
     ingredients: Annotated[list[Ingredient], Field(max_length=4)]  # maxItems
     difficulty: Literal["easy", "medium", "hard"]
@@ -186,6 +186,16 @@ SCHEMAS: list[tuple[str, str, dict[str, Any] | None]] = [
         "What is 6 times 7?",
         obj({"result": {"type": ["integer", "string"], "maxLength": 10}}),
     ),
+    (
+        "integer_bounds",
+        "Rate this movie from 1 to 5 and give the year it came out.",
+        obj(
+            {
+                "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+                "year": {"type": "integer", "exclusiveMinimum": 1900, "exclusiveMaximum": 2030},
+            }
+        ),
+    ),
     ("pydantic_recipe", "Give me a pancake recipe.", Recipe.model_json_schema()),
 ]
 
@@ -247,7 +257,7 @@ def test_text_format_is_unconstrained(llm: Any) -> None:
     [
         ({"type": "string", "pattern": "^[a-z]+$"}, "pattern"),
         ({"type": "string", "format": "email"}, "format"),
-        ({"type": "integer", "minimum": 0}, "minimum"),
+        ({"type": "number", "minimum": 0}, "minimum"),  # bounds: integers only
         ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "oneOf"),
         ({"allOf": [{"type": "string"}]}, "allOf"),
         (obj({"a": {"not": {"type": "null"}}}), "not"),

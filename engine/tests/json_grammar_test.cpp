@@ -42,7 +42,9 @@ std::string refused(std::string_view schema) {
 TEST(JsonGrammar, RefusesWhatItCannotEnforceNamingTheConstruct) {
   EXPECT_EQ(refused(R"({"type": "string", "pattern": "^a+$"})"), "pattern");
   EXPECT_EQ(refused(R"({"type": "string", "format": "date"})"), "format");
-  EXPECT_EQ(refused(R"({"type": "integer", "minimum": 0})"), "minimum");
+  EXPECT_EQ(refused(R"({"type": "number", "minimum": 0})"), "minimum");  // integers only
+  EXPECT_EQ(refused(R"({"type": "integer", "minimum": 3, "maximum": 2})"), "minimum");
+  EXPECT_EQ(refused(R"({"type": "integer", "exclusiveMinimum": true})"), "exclusiveMinimum");
   EXPECT_EQ(refused(R"({"type": "number", "multipleOf": 2})"), "multipleOf");
   EXPECT_EQ(refused(R"({"oneOf": [{"type": "string"}, {"type": "null"}]})"), "oneOf");
   EXPECT_EQ(refused(R"({"allOf": [{"type": "string"}]})"), "allOf");
@@ -96,6 +98,40 @@ TEST(JsonGrammar, Scalars) {
   EXPECT_TRUE(accepts(R"({"type": ["string", "null"]})", "null"));
   EXPECT_TRUE(accepts(R"({"type": ["string", "null"]})", R"("x")"));
   EXPECT_FALSE(accepts(R"({"type": ["string", "null"]})", "1"));
+}
+
+TEST(JsonGrammar, IntegerBounds) {
+  const char* s = R"({"type": "integer", "minimum": 10, "maximum": 20})";
+  for (const char* n : {"10", "15", "20"}) EXPECT_TRUE(accepts(s, n)) << n;
+  for (const char* n : {"9", "21", "100", "-5", "0", "1"}) EXPECT_FALSE(accepts(s, n)) << n;
+  EXPECT_TRUE(prefix(s, "1"));   // 10..19 remain
+  EXPECT_FALSE(prefix(s, "3"));  // nothing in range begins with 3
+  EXPECT_FALSE(prefix(s, "-"));
+  const char* positive = R"({"type": "integer", "exclusiveMinimum": 0})";
+  EXPECT_TRUE(accepts(positive, "1"));
+  EXPECT_TRUE(accepts(positive, "999999999999999"));
+  EXPECT_FALSE(accepts(positive, "0"));
+  EXPECT_FALSE(prefix(positive, "-"));
+  const char* negative = R"({"type": "integer", "minimum": -5, "maximum": -2})";
+  EXPECT_TRUE(accepts(negative, "-5"));
+  EXPECT_TRUE(accepts(negative, "-2"));
+  for (const char* n : {"-1", "-6", "0", "2", "-50"}) EXPECT_FALSE(accepts(negative, n)) << n;
+  EXPECT_FALSE(prefix(negative, "-1"));
+  EXPECT_TRUE(accepts(R"({"type": "integer", "maximum": 5})", "-100"));
+  EXPECT_FALSE(accepts(R"({"type": "integer", "maximum": 5})", "50"));
+  EXPECT_TRUE(accepts(R"({"type": "integer", "minimum": 2.5})", "3"));
+  EXPECT_FALSE(accepts(R"({"type": "integer", "minimum": 2.5})", "2"));
+  EXPECT_TRUE(accepts(R"({"type": "integer", "exclusiveMaximum": 7.5})", "7"));
+  EXPECT_FALSE(accepts(R"({"type": "integer", "exclusiveMaximum": 7})", "7"));
+  // Bounds inside arrays and objects: the number ends at ',' / ']' / '}' only in range.
+  const char* arr = R"({"type": "array", "items": {"type": "integer", "minimum": 1,
+                        "maximum": 3}})";
+  EXPECT_TRUE(accepts(arr, "[1, 2,3]"));
+  EXPECT_FALSE(accepts(arr, "[1,0]"));
+  EXPECT_FALSE(accepts(arr, "[4]"));
+  // No type: the bounds imply an integer.
+  EXPECT_TRUE(accepts(R"({"minimum": 0})", "7"));
+  EXPECT_FALSE(accepts(R"({"minimum": 0})", "7.5"));
 }
 
 TEST(JsonGrammar, StringsEscapesAndUtf8) {
@@ -201,6 +237,7 @@ TEST(JsonGrammar, AnyJsonObject) {
   JsonMatcher m(g);
   ASSERT_TRUE(m.accept("{}"));
   EXPECT_TRUE(m.ended());
+  EXPECT_EQ(m.string_room(), -1);  // no frame left to look at (the fuzzer found this)
   JsonMatcher n(compile_json_schema(R"({"type": "integer"})"));
   ASSERT_TRUE(n.accept("12"));
   EXPECT_TRUE(n.complete());
@@ -332,6 +369,8 @@ TEST(JsonGrammar, RandomConstrainedDocumentsAreComplete) {
           "maxItems": 2}}, "required": ["n"]}}})",
       R"({"type": "object", "additionalProperties": {"type": "boolean"}})",
       R"({"type": "string", "minLength": 2, "maxLength": 4})",
+      R"({"type": "array", "items": {"type": "integer", "minimum": -37, "maximum": 1234},
+          "maxItems": 4})",
       R"({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"},
           "c": {"type": "null"}}})",
   };
@@ -357,9 +396,23 @@ TEST(JsonGrammar, RandomConstrainedDocumentsAreComplete) {
       ++finished;
       EXPECT_TRUE(accepts(g, gen.text())) << schema << "\n" << gen.text();
       EXPECT_TRUE(nlohmann::json::accept(gen.text())) << schema << "\n" << gen.text();
+      const auto doc = nlohmann::json::parse(gen.text(), nullptr, false);
+      if (std::string_view(schema).find("1234") != std::string_view::npos)  // the bounded ones
+        for (const auto& x : doc)
+          if (x.is_number_integer()) {
+            EXPECT_GE(x.get<int64_t>(), -37) << gen.text();
+            EXPECT_LE(x.get<int64_t>(), 1234) << gen.text();
+          }
     }
     EXPECT_GT(finished, 20) << schema;
   }
+}
+
+TEST(JsonGrammar, NoPromptLookupUnderAGrammar) {
+  GenerateOptions o;  // greedy, lookup on
+  EXPECT_TRUE(PromptLookup::eligible(o));
+  o.grammar = any_json_object();
+  EXPECT_FALSE(PromptLookup::eligible(o));  // the Generator and the server's scheduler ask this
 }
 
 TEST(JsonGrammar, ResponseFormat) {

@@ -117,7 +117,7 @@ class Generation {
 // stream) share it.
 class PromptLookup {
  public:
-  // Whether a generation with these options may draft (greedy, lookup on).
+  // Whether a generation with these options may draft (greedy, lookup on, no grammar).
   static bool eligible(const GenerateOptions& options);
 
   // The tokens that followed the latest earlier occurrence of the history's

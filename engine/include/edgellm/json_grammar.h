@@ -6,7 +6,8 @@
 // What compiles (anything else is refused, naming the keyword: fail closed):
 // type (one or a list), properties / required / additionalProperties, items /
 // minItems / maxItems, enum, const, anyOf, $ref to #/$defs/... or
-// #/definitions/... (recursion included), minLength / maxLength, and the
+// #/definitions/... (recursion included), minLength / maxLength, an integer's
+// minimum / maximum / exclusiveMinimum / exclusiveMaximum, and the
 // annotations (title, description, default, examples, $schema, $id, $comment).
 // Objects are emitted with their declared properties in declared order,
 // optional ones skippable; output is compact JSON with at most one space after

@@ -20,6 +20,10 @@ enum class GrammarKind : uint8_t {
   literal,  // exactly `text` (true, false, null, enum and const values, property keys)
 };
 
+// An integer has at most 15 digits (so does a number before its point).
+constexpr int kMaxDigits = 15;
+constexpr int64_t kMaxInteger = 999'999'999'999'999;
+
 struct GrammarProperty {
   int32_t key = -1;    // a literal node: the JSON-escaped name and its closing quote
   int32_t value = -1;  // the value's node
@@ -34,7 +38,8 @@ struct GrammarNode {
   int32_t items = -1;                       // array
   int32_t min_items = 0, max_items = -1;    // array; -1 = unbounded
   int32_t min_length = 0, max_length = -1;  // string; -1 = unbounded
-  std::string text;                         // literal
+  int64_t minimum = -kMaxInteger, maximum = kMaxInteger;  // integer, both inclusive
+  std::string text;                                       // literal
 
   // An object whose keys are free (no declared properties, values `additional`).
   bool free_keys() const { return properties.empty() && additional >= 0; }

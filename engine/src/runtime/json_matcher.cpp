@@ -27,9 +27,8 @@ enum : uint8_t {
   kNumExpDigits
 };
 
-constexpr size_t kMaxDepth = 64;   // frames in one stack (nesting of objects and arrays)
-constexpr size_t kMaxStacks = 64;  // alternatives kept open; more are dropped (still sound)
-constexpr uint8_t kMaxDigits = 15;
+constexpr size_t kMaxDepth = 64;      // frames in one stack (nesting of objects and arrays)
+constexpr size_t kMaxStacks = 64;     // alternatives kept open; more are dropped (still sound)
 constexpr uint8_t kMaxExpDigits = 2;  // 15 digits and e99 stay well inside a double
 
 bool is_digit(uint8_t c) {
@@ -38,9 +37,36 @@ bool is_digit(uint8_t c) {
 bool is_hex(uint8_t c) {
   return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
-bool number_accepting(const MatchFrame& f) {
-  return f.state == kNumZero || f.state == kNumInt || f.state == kNumFrac ||
-         f.state == kNumExpDigits;
+// Number frames: flag bit 0 = an integer, bit 1 = negative; an integer's
+// magnitude so far in a (low 32 bits) and b (high).
+constexpr uint8_t kInteger = 1, kNegative = 2;
+int64_t magnitude(const MatchFrame& f) {
+  return static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(f.b)) << 32) |
+                              static_cast<uint32_t>(f.a));
+}
+void set_magnitude(MatchFrame& f, int64_t m) {
+  f.a = static_cast<int32_t>(static_cast<uint32_t>(m));
+  f.b = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(m) >> 32));
+}
+// Some integer that begins with the k digits of magnitude m (m = 0: the number
+// 0 itself) lies within [lo, hi]. m * 10^j stays below 10^15: no overflow.
+bool viable(int64_t m, int k, bool negative, int64_t lo, int64_t hi) {
+  int64_t scale = 1;
+  for (int j = 0; k + j <= kMaxDigits; ++j, scale *= 10) {
+    if (m == 0 && j > 0) break;
+    const int64_t a = m * scale, b = a + scale - 1;
+    if ((negative ? -b : a) <= hi && (negative ? -a : b) >= lo) return true;
+  }
+  return false;
+}
+bool in_bounds(const MatchFrame& f, const GrammarNode& n) {
+  const int64_t v = (f.flag & kNegative) ? -magnitude(f) : magnitude(f);
+  return v >= n.minimum && v <= n.maximum;
+}
+bool number_accepting(const MatchFrame& f, const std::vector<GrammarNode>& nodes) {
+  if (f.state == kNumFrac || f.state == kNumExpDigits) return true;
+  if (f.state != kNumZero && f.state != kNumInt) return false;
+  return !(f.flag & kInteger) || in_bounds(f, nodes[static_cast<size_t>(f.node)]);
 }
 MatchFrame frame(uint8_t kind, int32_t node, uint8_t state = 0, uint8_t flag = 0) {
   MatchFrame f;
@@ -94,11 +120,13 @@ bool JsonMatcher::accept(std::string_view bytes) {
   return true;
 }
 
-bool JsonMatcher::complete(const MatchState& st) {
+bool JsonMatcher::complete() const {
+  const MatchState& st = state_;
   uint32_t begin = 0;
   for (const uint32_t end : st.ends) {
     if (end == begin) return true;
-    if (end - begin == 1 && st.frames[begin].kind == kNumber && number_accepting(st.frames[begin]))
+    if (end - begin == 1 && st.frames[begin].kind == kNumber &&
+        number_accepting(st.frames[begin], *nodes_))
       return true;
     begin = end;
   }
@@ -115,7 +143,7 @@ bool JsonMatcher::ended() const {
 }
 
 int32_t JsonMatcher::string_room() const {
-  if (state_.stacks() != 1) return -1;
+  if (state_.stacks() != 1 || state_.frames.empty()) return -1;  // (empty: the document ended)
   const MatchFrame& f = state_.frames.back();
   if (f.kind != kString || f.state != kStrChar) return -1;
   const int32_t max_len = f.node < 0 ? -1 : (*nodes_)[static_cast<size_t>(f.node)].max_length;
@@ -164,7 +192,7 @@ void JsonMatcher::step_stack(std::vector<MatchFrame>& s, uint8_t c, MatchState& 
             return;
           case GrammarKind::number:
           case GrammarKind::integer:
-            f = frame(kNumber, f.node, kNumStart, n.kind == GrammarKind::integer);
+            f = frame(kNumber, f.node, kNumStart, n.kind == GrammarKind::integer ? kInteger : 0);
             continue;
           case GrammarKind::literal:
             f = frame(kLiteral, f.node);
@@ -257,27 +285,40 @@ void JsonMatcher::step_stack(std::vector<MatchFrame>& s, uint8_t c, MatchState& 
         return;
       }
       case kNumber: {
-        const bool integer = f.flag;
+        const bool integer = f.flag & kInteger;
+        const GrammarNode& n = nodes[static_cast<size_t>(f.node)];
+        // An integer takes a digit only when some integer within its bounds
+        // still begins with the digits so far.
+        const auto digit = [&](int64_t m, int k) {
+          if (!integer) return true;
+          if (!viable(m, k, f.flag & kNegative, n.minimum, n.maximum)) return false;
+          set_magnitude(f, m);
+          return true;
+        };
         uint8_t next = 255;  // 255: c is not part of the number
         switch (f.state) {
           case kNumStart:
-            if (c == '-') next = kNumMinus;
+            if (c == '-' && (!integer || n.minimum < 0)) {
+              f.flag |= kNegative;
+              next = kNumMinus;
+              break;
+            }
             [[fallthrough]];
           case kNumMinus:
-            if (c == '0')
-              next = kNumZero;
-            else if (c >= '1' && c <= '9')
-              next = kNumInt, f.aux = 1;
-            if (next == 255) return;
+            if (!is_digit(c) || !digit(c - '0', 1)) return;
+            next = c == '0' ? kNumZero : kNumInt;
+            f.aux = 1;
             break;
           case kNumZero:
           case kNumInt:
-            if (f.state == kNumInt && is_digit(c) && f.aux < kMaxDigits)
+            if (f.state == kNumInt && is_digit(c) && f.aux < kMaxDigits) {
+              if (!digit(magnitude(f) * 10 + (c - '0'), f.aux + 1)) return;
               next = kNumInt, ++f.aux;
-            else if (!integer && c == '.')
+            } else if (!integer && c == '.') {
               next = kNumDot;
-            else if (!integer && (c == 'e' || c == 'E'))
+            } else if (!integer && (c == 'e' || c == 'E')) {
               next = kNumExp;
+            }
             break;
           case kNumDot:
             if (!is_digit(c)) return;
@@ -310,7 +351,9 @@ void JsonMatcher::step_stack(std::vector<MatchFrame>& s, uint8_t c, MatchState& 
           push(s, out);
           return;
         }
-        // The number ended (an accepting state): c belongs to the parent.
+        // The number ended (an accepting state, an integer within its bounds):
+        // c belongs to the parent.
+        if (integer && !in_bounds(f, n)) return;
         s.pop_back();
         if (s.empty()) return;
         continue;

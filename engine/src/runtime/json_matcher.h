@@ -47,8 +47,7 @@ class JsonMatcher {
   // out = `in` after byte c (dead when c is not allowed there).
   void step(const MatchState& in, uint8_t c, MatchState& out);
   // The document is complete: it may end here.
-  bool complete() const { return complete(state_); }
-  static bool complete(const MatchState& s);
+  bool complete() const;
   // Complete and nothing may follow.
   bool ended() const;
   // Inside a string, between characters: how many more code points it may

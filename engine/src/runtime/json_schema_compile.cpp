@@ -2,6 +2,7 @@
 // enforced is refused with a JsonSchemaError naming the keyword: a request
 // never falls back to free text.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -33,6 +34,8 @@ const std::set<std::string> kAnnotations = {
 const std::set<std::string> kObjectKeys = {"properties", "required", "additionalProperties"};
 const std::set<std::string> kArrayKeys = {"items", "minItems", "maxItems", "uniqueItems"};
 const std::set<std::string> kStringKeys = {"minLength", "maxLength"};
+const std::set<std::string> kIntegerKeys = {"minimum", "maximum", "exclusiveMinimum",
+                                            "exclusiveMaximum"};
 const std::set<std::string> kTypes = {"object",  "array",   "string", "number",
                                       "integer", "boolean", "null"};
 
@@ -97,7 +100,7 @@ class Compiler {
     if (!s.is_object()) refuse("schema", "a schema must be an object or a boolean");
     for (const auto& [key, value] : s.items()) {
       if (kAnnotations.count(key) || kObjectKeys.count(key) || kArrayKeys.count(key) ||
-          kStringKeys.count(key))
+          kStringKeys.count(key) || kIntegerKeys.count(key))
         continue;
       if (key == "type" || key == "enum" || key == "const" || key == "anyOf" || key == "$ref")
         continue;
@@ -169,6 +172,7 @@ class Compiler {
         if (kObjectKeys.count(key)) implied.insert("object");
         if (kArrayKeys.count(key)) implied.insert("array");
         if (kStringKeys.count(key)) implied.insert("string");
+        if (kIntegerKeys.count(key)) implied.insert("integer");
       }
       if (implied.empty()) return any_value();
       if (implied.size() > 1) refuse("type", "keywords of several types without a 'type'");
@@ -207,8 +211,12 @@ class Compiler {
       n.alternatives = {literal("true"), literal("false")};
       return add(std::move(n));
     }
-    if (type == "number") return add(node(GrammarKind::number));
-    if (type == "integer") return add(node(GrammarKind::integer));
+    if (type == "number") {
+      for (const std::string& key : kIntegerKeys)
+        if (s.contains(key)) refuse(key, "on a number: bounds are enforced on integers only");
+      return add(node(GrammarKind::number));
+    }
+    if (type == "integer") return integer(s);
     if (type == "string") {
       GrammarNode n = node(GrammarKind::string);
       if (s.contains("minLength")) n.min_length = count(s, "minLength");
@@ -275,6 +283,27 @@ class Compiler {
     n.properties = std::move(props);
     n.additional = additional;
     return id;
+  }
+
+  // An integer within its bounds (each clipped to the 15 digits an integer may have).
+  int32_t integer(const Json& s) {
+    GrammarNode n = node(GrammarKind::integer);
+    const auto bound = [&](const char* key) {
+      const Json& v = s.at(key);
+      if (!v.is_number()) refuse(key, "expected a number");
+      return std::clamp(v.get<double>(), -1e16, 1e16);
+    };
+    const auto clip = [](double v) {
+      return static_cast<int64_t>(std::clamp(v, -double(kMaxInteger), double(kMaxInteger)));
+    };
+    if (s.contains("minimum")) n.minimum = std::max(n.minimum, clip(std::ceil(bound("minimum"))));
+    if (s.contains("exclusiveMinimum"))
+      n.minimum = std::max(n.minimum, clip(std::floor(bound("exclusiveMinimum")) + 1));
+    if (s.contains("maximum")) n.maximum = std::min(n.maximum, clip(std::floor(bound("maximum"))));
+    if (s.contains("exclusiveMaximum"))
+      n.maximum = std::min(n.maximum, clip(std::ceil(bound("exclusiveMaximum")) - 1));
+    if (n.minimum > n.maximum) refuse("minimum", "no integer lies within the bounds");
+    return add(std::move(n));
   }
 
   int32_t ref(const Json& r) {
