@@ -93,6 +93,16 @@ std::string_view gemm_activation_dtype(const ExecConfig& cfg) {
   return cfg.isa == Isa::amx ? "bf16x2" : "f32";  // avx512 runs bf16x2 as fp32
 }
 
+bool quant_prefill_in_bf16(const ExecConfig& cfg, size_t n) {
+  return cfg.isa == Isa::avx512 && cfg.gemm == GemmPrecision::bf16 &&
+         cfg.quant == QuantPrecision::fp32 && n >= avx512::kMinBf16QuantTokens;
+}
+
+std::string quant_activation_dtype(const ExecConfig& cfg) {
+  const std::string base(quant_precision_name(cfg.quant));
+  return quant_prefill_in_bf16(cfg, avx512::kMinBf16QuantTokens) ? base + " (prefill bf16)" : base;
+}
+
 ExecConfig process_exec_config() {
   ExecConfig cfg;
   cfg.isa = active_isa();
@@ -172,12 +182,14 @@ const std::vector<KernelInfo>& registered_kernels() {
        all},
       {"matmul_i8", tiers(WeightFormat::quant),
        "W int8 + fp32 scale (+ min) per 32 or 16 (GGUF Q8_0/Q5_0/Q5_1/Q2_K/Q3_K/Q5_K/Q6_K/"
-       "IQ4_NL/IQ4_XS repacked), x/y fp32 (fast and exact); amx (n >= 16): panels unpacked to "
-       "bf16 per call, x as 3 exact bf16 parts, C tiles per group scaled in fp32",
+       "IQ4_NL/IQ4_XS repacked), x/y fp32; avx512 prefill (n >= 16) under the fast config: panels "
+       "unpacked to bf16 per call, x rounded to bf16 once, VDPBF16PS per group, scales and mins "
+       "in fp32 (weights exact); amx (n >= 16): the same panels, x as 3 exact bf16 parts, C "
+       "tiles per group scaled in fp32",
        "rows any, cols % 32 == 0, any n", "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_u4", tiers(WeightFormat::quant),
        "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default); "
-       "amx (n >= 16) as matmul_i8",
+       "avx512 fast prefill and amx (n >= 16) as matmul_i8",
        "rows any, cols % 32 == 0, any n", "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
       {"matmul_i8_int8x",
        {S, A2},

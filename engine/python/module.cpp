@@ -127,7 +127,7 @@ nb::dict exec_config_dict(const edgellm::kernels::ExecConfig& c) {
   d["gemm"] = std::string(k::gemm_activation_dtype(c));
   d["attention"] = std::string(k::attn_precision_name(c.attention));
   d["kv_cache"] = std::string(k::kv_dtype_name(c.kv));
-  d["quant_activations"] = std::string(k::quant_precision_name(c.quant));
+  d["quant_activations"] = k::quant_activation_dtype(c);
   d["exact"] = c.exact();
   d["description"] = edgellm::describe_exec_config(c);
   return d;

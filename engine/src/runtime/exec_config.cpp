@@ -79,7 +79,7 @@ std::string describe_exec_config(const kernels::ExecConfig& cfg) {
          ": GEMM " + std::string(gemm_activation_dtype(cfg)) + ", attention " +
          std::string(attn_precision_name(cfg.attention)) + ", KV " +
          std::string(kv_dtype_name(cfg.kv)) + ", quantized activations " +
-         std::string(quant_precision_name(cfg.quant)) + ")";
+         quant_activation_dtype(cfg) + ")";
 }
 
 }  // namespace edgellm
