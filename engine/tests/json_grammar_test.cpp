@@ -409,6 +409,23 @@ TEST(JsonGrammar, RandomConstrainedDocumentsAreComplete) {
   }
 }
 
+TEST(JsonGrammar, AWarmedIndexIsNotRebuilt) {
+  std::vector<std::string> pieces;
+  const Tokenizer tokenizer = json_tokenizer(pieces);
+  const size_t before = grammar_index_builds();
+  warm_grammar_index(tokenizer);
+  EXPECT_EQ(grammar_index_builds(), before + 1);
+  warm_grammar_index(tokenizer);  // already there
+  ModelConfig config;
+  config.vocab_size = static_cast<int>(pieces.size() + 1);
+  config.eos_token_ids = {static_cast<int>(pieces.size())};
+  GenerateOptions o;
+  o.grammar = compile_json_schema(R"({"type": "boolean"})");
+  Generation gen(tokenizer, config, o);  // the first constrained generation
+  gen.next(std::vector<float>(pieces.size() + 1, 0.0f));
+  EXPECT_EQ(grammar_index_builds(), before + 1);
+}
+
 // Under a grammar the logprobs are the masked distribution's: the chosen token
 // and every alternative are ones it allows, and their probabilities sum to 1
 // over the allowed tokens.
