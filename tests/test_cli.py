@@ -400,8 +400,29 @@ def test_bench_times_all_tokens_and_prints_figures_only(smollm2_run: list[str]) 
 @pytest.mark.parametrize(
     "subcommand,flags",
     [
-        ("run", ["-m,--model", "-p,--prompt", "-f,--file", "--system", "--min-p", "--json"]),
-        ("chat", ["-n,--n-tokens,--n-predict", "-c,--max-context,--ctx-size", "--system"]),
+        (
+            "run",
+            [
+                "-m,--model",
+                "-p,--prompt",
+                "-f,--file",
+                "--system",
+                "--min-p",
+                "--json",
+                "-j,--json-schema",
+                "--json-object",
+            ],
+        ),
+        (
+            "chat",
+            [
+                "-n,--n-tokens,--n-predict",
+                "-c,--max-context,--ctx-size",
+                "--system",
+                "-j,--json-schema",
+                "--json-object",
+            ],
+        ),
         ("bench", ["-t,--threads", "-s,--seed", "--temperature,--temp", "--profile"]),
         ("serve", ["--host", "--port", "--parallel", "-m,--model", "--deployment"]),
         ("verify", ["--full", "--max-prompts", "--weights", "-m,--model"]),

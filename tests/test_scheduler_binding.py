@@ -166,3 +166,22 @@ def test_prefix_cache_evicts_within_a_tiny_budget(engine_binding: Any, model: An
     assert metric(tiny, "edgellm_prefix_cache_bytes") <= 1 << 20
     assert metric(tiny, "edgellm_prefix_cache_evictions_total") >= 2
     tiny.shutdown(0)
+
+
+def test_the_grammar_index_is_built_at_start_up(
+    engine_binding: Any, smollm2_checkpoint: Path
+) -> None:
+    """The Scheduler builds its model's vocabulary index for the token masks when it is
+    constructed, so the first constrained request (in the scheduler thread, beside the other
+    streams) does not."""
+    fresh = engine_binding.Model()  # a tokenizer no index was built for yet
+    fresh.setup(str(smollm2_checkpoint), threads=2, max_context=128)
+    before = engine_binding.grammar_index_builds()
+    scheduler = engine_binding.Scheduler(fresh, max_batch=2, max_queue=2)
+    built = engine_binding.grammar_index_builds()
+    assert built >= before  # +1, unless a freed tokenizer's address and vocabulary came back
+    grammar = engine_binding.compile_json_schema('{"type": "boolean"}')
+    stream = scheduler.submit(ids(engine_binding, fresh, "Is the sky blue?"), 8, grammar=grammar)
+    assert drain(stream) in ("true", "false")
+    assert engine_binding.grammar_index_builds() == built
+    scheduler.shutdown(0)

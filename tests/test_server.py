@@ -704,6 +704,41 @@ def test_structured_output(server: Server) -> None:
     assert e.value.body["param"] == "response_format", e.value.body
 
 
+def test_logprobs_under_a_grammar_list_only_allowed_tokens(server: Server) -> None:
+    """With response_format, logprobs are those of the masked distribution the token was
+    sampled from: for {"type": "boolean"} every alternative continues the text so far
+    towards true or false (the raw logits would list the model's other favourites)."""
+    rf = {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}}
+    for stream in (False, True):
+        r = chat(
+            server,
+            "Is the sky blue? Answer with a word.",
+            max_tokens=8,
+            logprobs=True,
+            top_logprobs=10,
+            response_format=rf,
+            stream=stream,
+        )
+        if stream:
+            entries = [e for c in r if c.choices and c.choices[0].logprobs
+                       for e in c.choices[0].logprobs.content]  # fmt: skip
+        else:
+            entries = r.choices[0].logprobs.content
+            assert r.choices[0].message.content in ("true", "false")
+        assert entries
+        text = ""
+        for entry in entries:
+            assert entry.top_logprobs, entry
+            for alt in entry.top_logprobs:
+                assert "true".startswith(text + alt.token) or "false".startswith(
+                    text + alt.token
+                ), (text, alt.token)
+            text += entry.token
+        assert text in ("true", "false")
+        total = sum(np.exp(alt.logprob) for alt in entries[0].top_logprobs)
+        assert total <= 1.0 + 1e-4  # of the allowed tokens alone
+
+
 def tokenize(server: Server, messages: list[dict[str, Any]]) -> list[int]:
     code, reply, _ = server.post(
         "/tokenize", json.dumps({"model": NAME, "messages": messages}).encode()

@@ -166,6 +166,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "OpenAI's response_format (its JSON text) as a grammar: None for {\"type\": \"text\"}, any "
       "JSON object for json_object, the schema for json_schema; JsonSchemaError names what it "
       "cannot enforce.");
+  m.def("grammar_index_builds", &edgellm::grammar_index_builds,
+        "Vocabulary indexes for the token masks built so far in this process (a Scheduler "
+        "builds its model's at construction, so a constrained request does not).");
 
   m.def("active_isa",
         [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::active_isa())); });

@@ -5,6 +5,7 @@
 // Generation on random logits always yields a valid document.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -406,6 +407,62 @@ TEST(JsonGrammar, RandomConstrainedDocumentsAreComplete) {
     }
     EXPECT_GT(finished, 20) << schema;
   }
+}
+
+TEST(JsonGrammar, AWarmedIndexIsNotRebuilt) {
+  std::vector<std::string> pieces;
+  const Tokenizer tokenizer = json_tokenizer(pieces);
+  const size_t before = grammar_index_builds();
+  warm_grammar_index(tokenizer);
+  EXPECT_EQ(grammar_index_builds(), before + 1);
+  warm_grammar_index(tokenizer);  // already there
+  ModelConfig config;
+  config.vocab_size = static_cast<int>(pieces.size() + 1);
+  config.eos_token_ids = {static_cast<int>(pieces.size())};
+  GenerateOptions o;
+  o.grammar = compile_json_schema(R"({"type": "boolean"})");
+  Generation gen(tokenizer, config, o);  // the first constrained generation
+  gen.next(std::vector<float>(pieces.size() + 1, 0.0f));
+  EXPECT_EQ(grammar_index_builds(), before + 1);
+}
+
+// Under a grammar the logprobs are the masked distribution's: the chosen token
+// and every alternative are ones it allows, and their probabilities sum to 1
+// over the allowed tokens.
+TEST(JsonGrammar, LogprobsComeFromTheMaskedDistribution) {
+  std::vector<std::string> pieces;
+  const Tokenizer tokenizer = json_tokenizer(pieces);
+  ModelConfig config;
+  config.vocab_size = static_cast<int>(pieces.size() + 1);
+  config.eos_token_ids = {static_cast<int>(pieces.size())};
+  GenerateOptions o;
+  o.grammar = compile_json_schema(R"({"type": "boolean"})");
+  o.logprobs = 20;  // more than the grammar allows first
+  Generation gen(tokenizer, config, o);
+  std::vector<float> logits(pieces.size() + 1, 0.0f);
+  const auto id_of = [&](const std::string& piece) {
+    return static_cast<size_t>(std::find(pieces.begin(), pieces.end(), piece) - pieces.begin());
+  };
+  logits[id_of("{")] = 9.0f;  // the model's favourites, all forbidden
+  logits[id_of("1")] = 8.0f;
+  logits[id_of("true")] = 2.0f;
+  logits[id_of("false")] = 1.0f;
+  const Generation::Step s = gen.next(logits);
+  ASSERT_TRUE(s.logprobs.has_value());
+  EXPECT_EQ(s.logprobs->chosen.token, static_cast<int32_t>(id_of("true")));
+  ASSERT_FALSE(s.logprobs->top.empty());
+  EXPECT_LT(s.logprobs->top.size(), 20u);
+  double total = 0;
+  for (const TokenLogprob& t : s.logprobs->top) {
+    const std::string& piece = pieces[static_cast<size_t>(t.token)];
+    EXPECT_TRUE(std::string("true").starts_with(piece) || std::string("false").starts_with(piece))
+        << piece;
+    total += std::exp(static_cast<double>(t.logprob));
+  }
+  EXPECT_NEAR(total, 1.0, 1e-5);  // every allowed token is listed
+  EXPECT_EQ(s.logprobs->top[0].token, s.logprobs->chosen.token);
+  EXPECT_NEAR(s.logprobs->chosen.logprob, 2.0 - std::log(std::exp(2.0) + std::exp(1.0) + 2.0),
+              1e-5);  // true, false, "t" and "f" (logit 0)
 }
 
 TEST(JsonGrammar, NoPromptLookupUnderAGrammar) {

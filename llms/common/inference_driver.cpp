@@ -15,6 +15,7 @@
 #include "edgellm/deployment.h"
 #include "edgellm/error.h"
 #include "edgellm/generate.h"
+#include "edgellm/json_grammar.h"
 #include "edgellm/session.h"
 #include "profile_report.h"
 #include "progress.h"
@@ -35,7 +36,8 @@ struct Figures {
   size_t prompt_tokens = 0;
   int answer_tokens = 0;  // up to (not counting) EOS
   bool hit_eos = false;
-  bool hit_stop = false;  // a --stop string ended the answer
+  bool hit_stop = false;          // a --stop string ended the answer
+  bool hit_document_end = false;  // --json-schema / --json-object: the document is complete
   double setup_ms = 0, ttft_ms = 0, decode_ms = 0;
   int decode_steps = 0;
   double tps() const { return decode_steps > 0 ? decode_steps * 1000.0 / decode_ms : 0.0; }
@@ -91,12 +93,34 @@ std::string read_prompt_file(const std::string& path) {
   return prompt;
 }
 
+// --json-schema's value: JSON text when it starts with '{' (or is true / false),
+// else the path of a file holding it; --json-object: any JSON object.
+std::shared_ptr<const JsonGrammar> output_grammar(const Options& opt) {
+  if (opt.json_object) return any_json_object();
+  if (opt.json_schema.empty()) return nullptr;
+  const std::string& v = opt.json_schema;
+  const size_t first = v.find_first_not_of(" \t\r\n");
+  const bool inline_json =
+      (first != std::string::npos && v[first] == '{') || v == "true" || v == "false";
+  std::string text = v;
+  if (!inline_json) {
+    std::ifstream in(v, std::ios::binary);
+    if (!in || std::filesystem::is_directory(v))
+      throw JsonSchemaError("file", "cannot read the file " + v);
+    std::ostringstream content;
+    content << in.rdbuf();
+    text = content.str();
+  }
+  return compile_json_schema(text);
+}
+
 void print_figures(const Options& opt, const Figures& f, const Session& session, std::FILE* err) {
   std::fprintf(err, "\nprompt tokens:    %zu\n", f.prompt_tokens);
   std::fprintf(err, "answer tokens:    %d (%s)\n", f.answer_tokens,
-               f.hit_eos    ? "ended at EOS"
-               : f.hit_stop ? "ended at a --stop string"
-                            : "reached --n-tokens");
+               f.hit_eos            ? "ended at EOS"
+               : f.hit_document_end ? "ended with the JSON document"
+               : f.hit_stop         ? "ended at a --stop string"
+                                    : "reached --n-tokens");
   std::fprintf(err, "setup:            %.1f ms (untimed: load, pack, allocate; %d threads)\n",
                f.setup_ms, session.threads());
   std::fprintf(err, "arithmetic:       %s\n", describe_exec_config(session.exec_config()).c_str());
@@ -106,8 +130,10 @@ void print_figures(const Options& opt, const Figures& f, const Session& session,
   std::fprintf(err, "TTFT (prefill):   %.1f ms\n", f.ttft_ms);
   std::fprintf(err, "TPS (decode):     %.2f tokens/s over %d decode steps (%.2f ms/token)\n",
                f.tps(), f.decode_steps, f.decode_steps > 0 ? f.decode_ms / f.decode_steps : 0.0);
-  const char* where = f.hit_eos ? "EOS" : "the stop string";
-  if ((f.hit_eos || f.hit_stop) && opt.ignore_eos)
+  const char* where = f.hit_eos            ? "EOS"
+                      : f.hit_document_end ? "the JSON document's end"
+                                           : "the stop string";
+  if ((f.hit_eos || f.hit_stop || f.hit_document_end) && opt.ignore_eos)
     std::fprintf(err, "                  (decoding went on past %s, unprinted, for the timing)\n",
                  where);
   else if (f.decode_steps + 1 < opt.n_tokens)
@@ -127,6 +153,7 @@ void print_json(const Options& opt, const Figures& f, const Session& session,
       {"answer_tokens", f.answer_tokens},
       {"stopped_at_eos", f.hit_eos},
       {"stopped_at_stop_string", f.hit_stop},
+      {"stopped_at_document_end", f.hit_document_end},
       {"setup_ms", f.setup_ms},
       {"ttft_ms", f.ttft_ms},
       {"decode_steps", f.decode_steps},
@@ -147,6 +174,15 @@ void print_json(const Options& opt, const Figures& f, const Session& session,
 
 int run_inference(const Deployment& deployment, Options opt, InferenceMode mode) {
   if (opt.chat) mode = InferenceMode::chat;
+  std::shared_ptr<const JsonGrammar> grammar;
+  try {
+    grammar = output_grammar(opt);  // before setup: a refused schema costs no model load
+  } catch (const JsonSchemaError& e) {
+    std::string message = e.what();
+    if (message.starts_with("response_format: ")) message.erase(0, 17);
+    std::fprintf(stderr, "error: --json-schema: %s\n", message.c_str());
+    return 2;
+  }
   if (mode == InferenceMode::bench) opt.ignore_eos = true;  // TPS over all --n-tokens
   if (!opt.prompt_file.empty()) opt.prompt = read_prompt_file(opt.prompt_file);
   check(mode == InferenceMode::chat || !opt.prompt.empty(),
@@ -182,6 +218,7 @@ int run_inference(const Deployment& deployment, Options opt, InferenceMode mode)
     GenerateOptions chat;
     chat.sampling = opt.sampling;
     chat.stop_strings = opt.stop;
+    chat.grammar = grammar;  // every reply
     LineReader reader(std::cin, std::cout);
     run_chat(session, chat, opt.n_tokens, format == PromptFormat::chat, opt.system, reader,
              std::cout);
@@ -207,6 +244,7 @@ int run_inference(const Deployment& deployment, Options opt, InferenceMode mode)
   // on, unseen, so TPS is timed over all --n-tokens.
   go.decode_past_stop = opt.ignore_eos;
   go.lookup = !opt.no_lookup;
+  go.grammar = grammar;
   std::string answer;
   // The note's thread starts before the clock; the first token's callback
   // (after TTFT is taken, before the decode clock starts) joins it.
@@ -228,7 +266,11 @@ int run_inference(const Deployment& deployment, Options opt, InferenceMode mode)
   f.decode_ms = r.decode_ms;
   f.decode_steps = r.decode_steps;
   f.answer_tokens = static_cast<int>(r.tokens.size());
-  f.hit_stop = r.finish == FinishReason::stop && !f.hit_eos;
+  // Under a grammar a complete document that nothing may extend ends the answer
+  // too ("stop" without EOS); a --stop string cuts it short of one.
+  f.hit_document_end =
+      grammar && r.finish == FinishReason::stop && !f.hit_eos && nlohmann::json::accept(answer);
+  f.hit_stop = r.finish == FinishReason::stop && !f.hit_eos && !f.hit_document_end;
 
   if (opt.json) {
     print_json(opt, f, session, deployment.name, answer);
@@ -299,6 +341,16 @@ void add_inference_options(CLI::App& cmd, Options& opt, const Deployment& deploy
                  "end the answer before this text (repeatable; also each chat reply)")
       ->take_all()
       ->allow_extra_args(false);
+  if (mode != InferenceMode::bench) {
+    // llama.cpp's -j / --json-schema; --json is taken (the figures as JSON).
+    CLI::Option* schema = cmd.add_option(
+        "-j,--json-schema", opt.json_schema,
+        "structured output: the answer is a document of this JSON schema (JSON text, or a file "
+        "holding it); what cannot be enforced is refused");
+    cmd.add_flag("--json-object", opt.json_object,
+                 "structured output: the answer is a JSON object (OpenAI's json_object)")
+        ->excludes(schema);
+  }
   if (mode == InferenceMode::chat) return;
   cmd.add_flag("--json", opt.json, "print the answer and the figures as one JSON object");
   cmd.add_flag("--profile", opt.profile, "print the per-phase and per-kernel time breakdown");

@@ -48,6 +48,10 @@ struct InferenceOptions {
   std::optional<uint64_t> seed;
   SamplerOptions sampling;
   std::vector<std::string> stop;  // stop strings: the answer ends before the first one
+  // Structured output: the answer is a document of this JSON schema (its text,
+  // or a file holding it), or with json_object any JSON object.
+  std::string json_schema;
+  bool json_object = false;
 };
 
 // --kv-cache and --exact, the arithmetic flags `serve` shares.
@@ -58,7 +62,8 @@ void add_arithmetic_options(CLI::App& cmd, std::string& kv_cache, bool& exact);
 void add_inference_options(CLI::App& cmd, InferenceOptions& opt, const Deployment& deployment,
                            InferenceMode mode);
 
-// Runs a parsed command; errors are thrown as edgellm::Error.
+// Runs a parsed command; errors are thrown as edgellm::Error. A --json-schema
+// that cannot be read or enforced is one error line and exit 2, before setup.
 int run_inference(const Deployment& deployment, InferenceOptions opt, InferenceMode mode);
 
 }  // namespace edgellm

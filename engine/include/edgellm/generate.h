@@ -41,6 +41,8 @@ struct GenerateOptions {
   std::function<void(std::span<const float> logits, int32_t token)> on_sample;
   // >= 0: each output token's Step carries its log-probability and this many
   // most likely alternatives (OpenAI's logprobs / top_logprobs); -1 = off.
+  // Under a grammar they are those of the masked distribution (what was
+  // sampled from): every alternative is a token the grammar allowed.
   int logprobs = -1;
   // Diagnosis: the prefill's per-layer outputs (Generator only).
   PrefillCapture* capture = nullptr;

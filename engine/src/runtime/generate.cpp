@@ -122,9 +122,15 @@ Generation::Step Generation::next(std::span<const float> logits) {
     return s;
   }
   std::optional<TokenLogprobs> logprobs;
-  if (options_.logprobs >= 0)
-    logprobs = TokenLogprobs{{token, token_logprob(logits, token)},
-                             top_logprobs(logits, static_cast<size_t>(options_.logprobs))};
+  if (options_.logprobs >= 0) {
+    // Under a grammar, of the masked distribution the token was sampled from:
+    // the alternatives are tokens it allowed (fewer than asked when it allows fewer).
+    logprobs = TokenLogprobs{{token, token_logprob(sampled_logits, token)},
+                             top_logprobs(sampled_logits, static_cast<size_t>(options_.logprobs))};
+    std::erase_if(logprobs->top, [](const TokenLogprob& t) {
+      return t.logprob == -std::numeric_limits<float>::infinity();
+    });
+  }
   tokens_.push_back(token);
   pending_ += stream_.push(token);
   bool document_ended = false;

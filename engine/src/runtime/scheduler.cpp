@@ -61,6 +61,9 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
   check(options.max_queue >= 0, "--queue must be >= 0");
   check(options.prefill_chunk >= 1, "--prefill-chunk must be >= 1");
   if (options.cache_mb > 0) cache_ = std::make_unique<PrefixCache>(model, options.cache_mb << 20);
+  // Now, not inside the scheduler thread on the first constrained request,
+  // where building it would stall every stream decoding beside it.
+  warm_grammar_index(model.tokenizer());
   thread_ = std::thread([this] { loop(); });
 }
 

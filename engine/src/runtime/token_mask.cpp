@@ -1,6 +1,7 @@
 #include "runtime/token_mask.h"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <numeric>
 
@@ -89,9 +90,20 @@ TokenIndex::Trie build_trie(std::vector<int32_t> ids, const std::vector<std::str
   return t;
 }
 
+std::atomic<size_t> g_builds{0};
+
 }  // namespace
 
+void warm_grammar_index(const Tokenizer& tokenizer) {
+  TokenIndex::of(tokenizer);
+}
+
+size_t grammar_index_builds() {
+  return g_builds.load();
+}
+
 TokenIndex::TokenIndex(const Tokenizer& tokenizer) {
+  ++g_builds;
   const size_t vocab = tokenizer.vocab_size();
   bytes_.resize(vocab);
   std::vector<int32_t> all, rest;
