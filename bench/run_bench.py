@@ -91,9 +91,15 @@ def time_ours(
         tps = []
         for _ in range(reps):
             # The programs' generate() loop and decode clock: greedy, DECODE_STEPS steps after
-            # the prefill's token, past EOS unseen (--ignore-eos), timed in the engine.
+            # the prefill's token, past EOS unseen (--ignore-eos), timed in the engine. Plain
+            # decoding: prompt lookup would draft from the synthetic prompt and time fewer
+            # forwards than the peers run (bench/lookup_bench.py measures lookup).
             run = edgellm_py.generate_timed(
-                session.context, ids, max_tokens=DECODE_STEPS + 1, decode_past_stop=True
+                session.context,
+                ids,
+                max_tokens=DECODE_STEPS + 1,
+                decode_past_stop=True,
+                lookup=False,
             )
             assert run.decode_steps == DECODE_STEPS, run.decode_steps
             tps.append(run.decode_steps / (run.decode_ms / 1e3))
