@@ -123,7 +123,8 @@ def main() -> int:
     args, lock = parse_and_lock(ap)
     proc, client = start_server(
         ["--model", args.model, "--threads", str(args.threads), "--max-context", "512"]
-        + ["--parallel", "8"]
+        # Batching alone: a lone greedy stream would otherwise draft by prompt lookup.
+        + ["--parallel", "8", "--no-lookup"]
     )
     try:
         name = client.models.list().data[0].id
