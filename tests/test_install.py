@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -50,8 +52,12 @@ def test_make_install_puts_edgellm_on_the_path(tmp_path: Path, smollm2_checkpoin
     version = run("edgellm", "--version", env=env)
     assert version.stdout.startswith("edgellm ") and version.stdout.split()[1][0].isdigit()
     gguf = smollm2_checkpoint / "model.gguf"
-    out = run(
-        "edgellm", "run", "-m", str(gguf), "-p", "What is the capital of France?", "-n", "8",
-        "-t", "2", "-c", "256", env={**env, "EDGELLM_MODELS": str(smollm2_checkpoint.parent)},
-    )  # fmt: skip
-    assert "Paris" in out.stdout, out.stdout + out.stderr
+    args = ["run", "-m", str(gguf), "-p", "What is the capital of France?", "-n", "8", "-t", "2"]
+    args += ["-c", "256", "--json"]
+    store = {"EDGELLM_MODELS": str(smollm2_checkpoint.parent)}
+    installed = json.loads(run("edgellm", *args, env={**env, **store}).stdout)
+    built = json.loads(
+        run(str(REPO / "build" / "edgellm"), *args, env={**os.environ, **store}).stdout
+    )
+    # The installed program is the built one: the same answer, token for token.
+    assert installed["answer"] and installed["answer"] == built["answer"], (installed, built)
