@@ -116,6 +116,13 @@ def scenario(client: openai.OpenAI, name: str, streams: int, tokens: int) -> dic
     }
 
 
+def model_label(model: str) -> str:
+    """The model as the store names it: smollm2-135m-instruct, or .../gguf/model.gguf."""
+    path = Path(model).resolve()
+    store = (REPO / "models").resolve()
+    return str(path.relative_to(store)) if path.is_relative_to(store) else str(path)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=64)
@@ -158,7 +165,7 @@ def main() -> int:
             BEGIN,
             "## Serving: continuous batching (bench/serve_bench.py)",
             "",
-            f"{datetime.date.today()}, SmolLM2-135M-Instruct bf16, edgellm serve "
+            f"{datetime.date.today()}, {model_label(args.model)}, edgellm serve "
             f"--threads {args.threads} --parallel 8, chat requests of {args.tokens} greedy tokens "
             f"(ignore_eos), streaming through the openai client; medians of {args.reps} "
             "repetitions, run under the shared CPU lock (the 2-core machine was shared, so "
