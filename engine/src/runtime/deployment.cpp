@@ -145,10 +145,12 @@ std::filesystem::path Deployment::resolve_model(const std::string& choice) const
   std::filesystem::path dir;
   if (auto it = models.find(choice); it != models.end()) {
     dir = model_store() / it->second;
-    check(is_model(dir), "--model " + choice + ": checkpoint not found at " + dir.string() +
-                             " (no model hub is reachable offline: run `make -C llms/" + name +
-                             " fetch`, set EDGELLM_MODELS to a store holding it, or pass --model "
-                             "/path/to/checkpoint)");
+    check(
+        is_model(dir),
+        "--model " + choice + ": checkpoint not found at " + dir.string() +
+            " (no model hub is reachable offline: run the " + name +
+            " deployment's `make fetch`, set EDGELLM_MODELS to a store holding it, or pass --model "
+            "/path/to/checkpoint)");
   } else {
     dir = choice;
     if (!is_model(dir)) {
