@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -15,11 +16,22 @@
 
 namespace edgellm::testing {
 
+// A fresh directory under the system temp dir. Every one is removed when the
+// test binary exits, so thousands of test runs leave nothing behind.
 inline std::filesystem::path make_temp_dir(const std::string& tag) {
+  struct Created {
+    std::vector<std::filesystem::path> dirs;
+    ~Created() {
+      std::error_code ignored;
+      for (const auto& d : dirs) std::filesystem::remove_all(d, ignored);
+    }
+  };
+  static Created created;
   static std::mt19937_64 rng{std::random_device{}()};
   auto dir =
       std::filesystem::temp_directory_path() / ("edgellm_" + tag + "_" + std::to_string(rng()));
   std::filesystem::create_directories(dir);
+  created.dirs.push_back(dir);
   return dir;
 }
 
