@@ -8,9 +8,11 @@ skipping the gate.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,52 @@ def edgellm_package(smollm2_checkpoint: Path) -> Any:
             f"package edgellm not importable ({e}): cmake --build build --target edgellm_package"
         )
     return edgellm
+
+
+# `make verify` for each deployment the suite gates on real weights: (checkpoint, --model).
+GATE_JOBS = {
+    "smollm2_135m": ("smollm2-135m-instruct", "instruct"),
+    "gemma3_270m": ("gemma3-270m", "base"),
+}
+
+
+@dataclass
+class GateRun:
+    """One `make verify`-equivalent run: its process (stdout, exit code) and its JSON report."""
+
+    proc: subprocess.CompletedProcess[str]
+    report: dict[str, Any]
+    report_dir: Path
+
+
+@pytest.fixture(scope="session")
+def gate_run(engine_binding: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """gate_run(deployment) -> GateRun: the gate at make verify's settings (2 prompts x 32 tokens,
+    both stages, 2 threads), run once per session and shared by the gate's own tests and the Ray
+    sweep's comparison. SmolLM2's run recomputes its HF references (--fresh-reference), so HF
+    really runs in every session however warm the capture cache is."""
+    runs: dict[str, GateRun] = {}
+
+    def get(deployment: str) -> GateRun:
+        if deployment not in runs:
+            checkpoint, model = GATE_JOBS[deployment]
+            if not (STORE / checkpoint / "config.json").is_file():
+                missing_model(f"no checkpoint {STORE / checkpoint}: run `make fetch`")
+            out = tmp_path_factory.mktemp(f"gate-{deployment}")
+            fresh = ["--fresh-reference"] if deployment == "smollm2_135m" else []
+            proc = subprocess.run(
+                [PYTHON, str(VERIFY_RUNNER), f"--runner={deployment}.verify_adapter",
+                 "--prompts", "topk_token", "--model", model, "--max-prompts", "2",
+                 "--threads", "2", "--report-dir", str(out), *fresh],
+                capture_output=True, text=True, timeout=900, env=verify_env(), cwd=REPO,
+                check=False,
+            )  # fmt: skip
+            reports = list(out.glob("*.json"))
+            assert len(reports) == 1, proc.stdout + proc.stderr
+            runs[deployment] = GateRun(proc, json.loads(reports[0].read_text()), out)
+        return runs[deployment]
+
+    return get
 
 
 @pytest.fixture(scope="session")

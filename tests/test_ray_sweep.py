@@ -48,25 +48,26 @@ def run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def checkpoints() -> None:
-    from conftest import STORE
+    from conftest import STORE, missing_model
 
     for d in ("smollm2-135m-instruct", "gemma3-270m"):
         if not (STORE / d / "config.json").is_file():
-            pytest.skip(f"no checkpoint {STORE / d}: run `make fetch`")
+            missing_model(f"no checkpoint {STORE / d}: run `make fetch`")
 
 
-def test_sweep_reports_equal_the_local_runs(checkpoints: None, tmp_path: Path) -> None:
-    local, remote = tmp_path / "local", tmp_path / "ray"
+def test_sweep_reports_equal_the_local_runs(
+    checkpoints: None, gate_run: Any, tmp_path: Path
+) -> None:
+    remote = tmp_path / "ray"
     jobs = [a for d, m, s in JOBS for a in ("--job", f"{d}:{m}:{s}")]
-    # The local runs first: the sweep's HF phases then judge the same captures from
-    # verify/hf_cache.py (HF runs once per job), while every engine phase runs on Ray.
-    for deployment, model, _ in JOBS:
-        p = run(
-            ["--runner", f"{deployment}.verify_adapter", "--model", model,
-             "--max-prompts", "2", "--threads", "2", "--report-dir", str(local)],
-            timeout=600,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stdout + p.stderr
+    # The local runs (the session's make-verify runs, shared with test_verify_gate) come first:
+    # the sweep's HF phases then judge the same captures from verify/hf_cache.py (HF runs once
+    # per job), while every engine phase runs on Ray.
+    theirs = {}
+    for deployment, _, _ in JOBS:
+        local = gate_run(deployment)
+        assert local.proc.returncode == 0, local.proc.stdout + local.proc.stderr
+        theirs[deployment] = judged(local.report)
     sweep = run(
         ["--ray", *jobs, "--max-prompts", "2", "--threads", "2", "--ray-cpus", "2",
          "--report-dir", str(remote)],
@@ -75,7 +76,7 @@ def test_sweep_reports_equal_the_local_runs(checkpoints: None, tmp_path: Path) -
     out, err = sweep.stdout, sweep.stderr
     assert sweep.returncode == 0, out + err
     assert "sweep: 2/2 jobs passed" in out, out
-    ours, theirs = reports(remote), reports(local)
+    ours = reports(remote)
     assert sorted(ours) == ["gemma3_270m", "smollm2_135m"]
     for deployment in ours:
         assert ours[deployment]["verdict"] == "pass"

@@ -1,6 +1,6 @@
 """The deployments pass the verify gate, end to end through the CLI.
 
-Runs what `make -C llms/smollm2_135m verify` runs (32 tokens, every default lens: first
+Runs what `make -C llms/smollm2_135m verify` runs (2 prompts x 32 tokens, every default lens: first
 divergence, teacher-forced top-5, the calibrated KL lens), in the default auto phase mode:
 HF bf16, HF fp32 and our engine each in a process of their own. Then --spec-gate (the seed's
 gate alone), the held-out prompts, and diagnosis: informational, exit 0, with its plot.
@@ -13,11 +13,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-from conftest import PYTHON, REPO, SMOLLM2_DIR, VERIFY_RUNNER, verify_env
+from conftest import PYTHON, REPO, VERIFY_RUNNER, verify_env
 
 ADAPTER = "smollm2_135m.verify_adapter"
-GEMMA_DIR = SMOLLM2_DIR.parent / "gemma3-270m"
 
 
 def run_verify(
@@ -38,44 +36,32 @@ def report_of(proc: subprocess.CompletedProcess[str], report_dir: Path) -> dict[
     return json.loads(path.read_text())
 
 
-def test_smollm2_passes_the_gate(
-    smollm2_checkpoint: Path, engine_binding: Any, tmp_path: Path
-) -> None:
-    proc = run_verify(
-        "--prompts",
-        "topk_token",
-        "--model",
-        "instruct",
-        "--max-prompts",
-        "3",
-        "--report-dir",
-        str(tmp_path),
-        "--fresh-reference",  # HF really runs here, however warm the capture cache is
-    )
+def test_smollm2_passes_the_gate(gate_run: Any) -> None:
+    run = gate_run("smollm2_135m")  # make verify's settings, HF really run (conftest)
+    proc, report = run.proc, run.report
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = proc.stdout.strip().splitlines()[-1]
-    assert "PASS" in summary and "first-divergence 3/3 (gating)" in summary, summary
-    assert "teacher-forced 3/3 (gating" in summary and "calibrated 3/3 (gating" in summary
+    assert "PASS" in summary and "first-divergence 2/2 (gating)" in summary, summary
+    assert "teacher-forced 2/2 (gating" in summary and "calibrated 2/2 (gating" in summary
     assert "bf16 floor mean" in summary, summary
-    report = report_of(proc, tmp_path)
     assert report["verdict"] == "pass" and report["meta"]["prompt_format"] == "chat"
     assert report["meta"]["truth_runner"] == "hf-transformers-fp32"
     assert "reference stored" in report["meta"]["hf_cache"], report["meta"]["hf_cache"]
     assert "truth stored" in report["meta"]["hf_cache"], report["meta"]["hf_cache"]
-    assert [p["failed"] for p in report["prompts"]] == [False, False, False]
+    assert [p["failed"] for p in report["prompts"]] == [False, False]
     for p in report["prompts"]:
         assert p["teacher_forced"]["steps"] == p["calibrated"]["steps"] == 32
         assert p["gating"] == ["tokenizer", "non-finite", "first-divergence", "teacher-forced",
                                "calibrated"]  # fmt: skip
         # The floor is real bf16 noise, and ours is below the tier's margin of it.
         assert p["calibrated"]["floor_mean"] > 0 and p["calibrated"]["passed"]
-    assert len(list(tmp_path.glob("*.md"))) == 1
+    assert len(list(run.report_dir.glob("*.md"))) == 1
     # Stage 2: the deployed (fast) path against the exact one, within HF's own bf16 floor.
     assert "stage 1 (logic: exact path vs HF): PASS" in summary, summary
     assert "stage 2 (deployed arithmetic vs exact): PASS" in summary, summary
     s2 = report["stage2"]
     assert s2["passed"] and s2["deployed"].startswith("fast ("), s2
-    assert s2["corpus"]["n"] > 5000 and s2["prompts"]["n"] == 3 * 32, s2
+    assert s2["corpus"]["n"] > 5000 and s2["prompts"]["n"] == 2 * 32, s2
     for where, floor in (("corpus", "corpus_floor"), ("prompts", "prompts_floor")):
         assert 0 < s2[where]["mean"] <= s2[floor]["mean"], s2  # really rounded, within budget
         assert s2[where]["p99"] <= s2[floor]["p99"], s2
@@ -187,22 +173,11 @@ def test_diagnosis_prints_the_layer_table(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png.name})" in md
 
 
-def test_gemma3_base_passes_the_gate(engine_binding: Any, tmp_path: Path) -> None:
+def test_gemma3_base_passes_the_gate(gate_run: Any) -> None:
     """The second family on real weights: raw base prompts, the identical gate."""
-    if not (GEMMA_DIR / "config.json").is_file():
-        pytest.skip(f"no checkpoint at {GEMMA_DIR}: run `make fetch`")
-    proc = run_verify(
-        "--prompts",
-        "topk_token",
-        "--model",
-        "base",
-        "--max-prompts",
-        "2",
-        "--report-dir",
-        str(tmp_path),
-        adapter="gemma3_270m.verify_adapter",
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = report_of(proc, tmp_path)
+    run = gate_run("gemma3_270m")
+    assert run.proc.returncode == 0, run.proc.stdout + run.proc.stderr
+    report = run.report
     assert report["verdict"] == "pass" and report["meta"]["prompt_format"] == "raw"
+    assert [p["failed"] for p in report["prompts"]] == [False, False]
     assert report["stage2"]["passed"], report["stage2"]
