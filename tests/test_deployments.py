@@ -98,6 +98,7 @@ def test_smollm2_base_choice_is_one_fact(
         ({"models": {"x": "d/a/b/m.gguf"}}, "models.x must be a directory name"),
         ({"models": {"x": "d/sub"}}, "models.x must be a directory name"),
         ({"max_context": 0}, "max_context must be an integer"),
+        ({"hidden_act": "relu"}, "hidden_act must be silu or gelu_tanh"),
     ],
 )
 def test_bad_descriptor_is_one_clear_error(
@@ -135,6 +136,27 @@ def test_base_checkpoint_with_a_template_gets_raw_text_everywhere(
     config = adapter.build_config(ckpt, str(ckpt))
     assert (config.variant, config.prompt_format) == ("base", "raw")
     shutil.rmtree(ckpt)
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_descriptor_hidden_act_is_the_checkpoints(name: str, deployment_policy: Any) -> None:
+    """The descriptor's hidden_act (the kernel registry's "Used by") is what its checkpoints in
+    the store say, read as the engine reads config.json."""
+    d = deployment_policy.Deployment.load(REPO / "llms" / name / "deployment.json")
+    checked = 0
+    for entry in set(d.models.values()):
+        config = Path(deployment_policy.model_store()) / entry.split("/")[0] / "config.json"
+        if not config.is_file():
+            continue
+        c = json.loads(config.read_text())
+        c = c.get("text_config", c)
+        gemma = c.get("model_type", "").startswith("gemma3")
+        act = c.get("hidden_activation" if gemma else "hidden_act")
+        act = act or ("gelu_pytorch_tanh" if gemma else "silu")
+        assert {"gelu_pytorch_tanh": "gelu_tanh"}.get(act, act) == d.hidden_act, config
+        checked += 1
+    if not checked:
+        pytest.skip(f"no checkpoint of {name} in the store")
 
 
 def store_of(module: str, env: dict[str, str], setup: str = "") -> str:

@@ -195,7 +195,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           row["paths"] = paths;
           row["dtypes"] = nb::str(k.dtypes.data(), k.dtypes.size());
           row["shapes"] = nb::str(k.shapes.data(), k.shapes.size());
-          row["used_by"] = nb::str(k.used_by.data(), k.used_by.size());
+          row["used_when"] = nb::str(k.used_when.data(), k.used_when.size());
           out.append(row);
         }
         return out;

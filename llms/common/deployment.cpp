@@ -82,8 +82,9 @@ bool is_store_entry(const std::string& entry) {
 Deployment Deployment::load(const std::filesystem::path& file) {
   const json j = read_json_object(file);
   const std::string f = file.string();
-  static const char* const kKeys[] = {
-      "name", "models", "fetch", "default_model", "default_prompt", "prompt_format", "max_context"};
+  static const char* const kKeys[] = {"name",          "models",         "fetch",
+                                      "default_model", "default_prompt", "prompt_format",
+                                      "max_context",   "hidden_act"};
   for (const auto& [key, value] : j.items())
     check(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
           f + ": unknown field '" + key + "'");
@@ -115,6 +116,10 @@ Deployment Deployment::load(const std::filesystem::path& file) {
   if (j.contains("prompt_format")) d.prompt_format = string_field(j, "prompt_format", f, true);
   check(d.prompt_format == "auto" || d.prompt_format == "chat" || d.prompt_format == "raw",
         f + ": prompt_format must be auto, chat or raw, got '" + d.prompt_format + "'");
+  d.hidden_act = string_field(j, "hidden_act", f, true);
+  check(d.hidden_act == "silu" || d.hidden_act == "gelu_tanh",
+        f + ": hidden_act must be silu or gelu_tanh (the checkpoints' MLP activation), got '" +
+            d.hidden_act + "'");
   d.max_context = SessionOptions{}.max_context;
   if (j.contains("max_context")) {
     const json& m = j["max_context"];

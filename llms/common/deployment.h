@@ -27,6 +27,9 @@ struct Deployment {
   // "chat" or "raw" force one.
   std::string prompt_format = "auto";
   int max_context = 0;  // KV cache positions; 0 in the file: SessionOptions' default
+  // The MLP activation of its checkpoints ("silu" or "gelu_tanh", as the engine's
+  // config reads hidden_act): the kernel registry's "Used by" column comes from it.
+  std::string hidden_act;
 
   // Reads and validates a descriptor; errors name the file and the field.
   static Deployment load(const std::filesystem::path& file);

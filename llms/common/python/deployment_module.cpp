@@ -33,6 +33,7 @@ NB_MODULE(edgellm_deployment, m) {
       .def_ro("default_model", &edgellm::Deployment::default_model)
       .def_ro("default_prompt", &edgellm::Deployment::default_prompt)
       .def_ro("max_context", &edgellm::Deployment::max_context)
+      .def_ro("hidden_act", &edgellm::Deployment::hidden_act)
       .def("resolve_model", &edgellm::Deployment::resolve_model, "choice"_a)
       .def_static("variant", &edgellm::Deployment::variant, "model_dir"_a, "choice"_a)
       .def(
