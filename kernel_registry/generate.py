@@ -2,7 +2,10 @@
 
 The rows come from `registered_kernels()` (engine/kernels/dispatch.cpp) through the
 binding, so a kernel or ISA path added to the engine shows up here and nowhere else by
-hand. The prose and measured numbers around the table stay hand-written.
+hand. The engine says when a model runs a kernel in its own terms (`used_when`: every model,
+an MLP activation, quantized weights); the "Used by" column turns that into deployments from
+their descriptors (llms/<name>/deployment.json, read by edgellm_deployment), so the engine
+names none. The prose and measured numbers around the table stay hand-written.
 
     python kernel_registry/generate.py          # rewrite the table in place
     python kernel_registry/generate.py --check  # exit 1 if the file is stale
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 REGISTRY = REPO / "kernel_registry" / "supported_kernels.md"
@@ -23,27 +27,53 @@ BEGIN = (
 END = "<!-- END kernel table -->"
 
 
-def render(table: list[dict]) -> str:
-    """The Markdown table for `table` (edgellm_py.kernel_table())."""
+QUANTIZED = "quantized weights"
+INT8X = "quantized weights, int8 activations"
+
+
+def used_by(used_when: str, deployments: list[Any]) -> str:
+    """The deployments (edgellm_deployment.Deployment) that run a kernel used when `used_when`:
+    "every model", "hidden_act <act>", or quantized weights, which a deployment runs through
+    its .gguf --model choices."""
+    names = []
+    for d in deployments:
+        ggufs = sorted(key for key, entry in d.models.items() if entry.endswith(".gguf"))
+        if used_when == "every model" or used_when == f"hidden_act {d.hidden_act}":
+            names.append(d.name)
+        elif used_when == QUANTIZED:
+            names += [f"{d.name} (MODEL={key})" for key in ggufs]
+        elif used_when == INT8X:
+            names += [f"{d.name} (MODEL={key} with EDGELLM_QUANT_PRECISION=int8)" for key in ggufs]
+        elif not used_when.startswith("hidden_act "):
+            raise ValueError(f"unknown used_when {used_when!r}: teach kernel_registry/generate.py")
+    return ", ".join(names)
+
+
+def render(table: list[dict], deployments: list[Any]) -> str:
+    """The Markdown table for `table` (edgellm_py.kernel_table()) and `deployments`."""
     lines = [
         "| Kernel | Dtypes | Shapes supported | ISA paths | Used by |",
         "|---|---|---|---|---|",
     ]
     for k in table:
         paths = ", ".join(k["paths"])
-        lines.append(
-            f"| `{k['name']}` | {k['dtypes']} | {k['shapes']} | {paths} | {k['used_by']} |"
-        )
+        users = used_by(k["used_when"], deployments)
+        lines.append(f"| `{k['name']}` | {k['dtypes']} | {k['shapes']} | {paths} | {users} |")
     return "\n".join(lines)
 
 
-def updated(text: str, table: list[dict]) -> str:
+def updated(text: str, table: list[dict], deployments: list[Any]) -> str:
     """`text` with the part between the markers replaced by the rendered table."""
     if BEGIN not in text or END not in text:
         raise ValueError(f"{REGISTRY.name}: missing the generated-table markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{render(table)}\n{END}{tail}"
+    return f"{head}{BEGIN}\n{render(table, deployments)}\n{END}{tail}"
+
+
+def load_deployments(policy: Any) -> list[Any]:
+    """Every deployment of the source tree, by name (edgellm_deployment's own listing)."""
+    return [policy.Deployment.load_named(name) for name in policy.names()]
 
 
 def main() -> int:
@@ -52,12 +82,13 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "build" / "python"))
     try:
+        import edgellm_deployment
         import edgellm_py
     except ImportError as e:
-        print(f"error: engine binding not importable ({e}); run `make build`", file=sys.stderr)
+        print(f"error: a module is not importable ({e}); run `make build`", file=sys.stderr)
         return 1
     text = REGISTRY.read_text()
-    new = updated(text, edgellm_py.kernel_table())
+    new = updated(text, edgellm_py.kernel_table(), load_deployments(edgellm_deployment))
     if args.check:
         if new != text:
             print(f"error: {REGISTRY} is stale; run kernel_registry/generate.py", file=sys.stderr)

@@ -106,6 +106,19 @@ def engine_binding(smollm2_checkpoint: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
+def deployment_policy() -> Any:
+    """edgellm_deployment (llms/common/python), which `make build` builds: absent is a failure."""
+    try:
+        import edgellm_deployment
+    except ImportError as e:
+        pytest.fail(
+            f"deployment module edgellm_deployment not importable ({e}): "
+            "cmake --build build --target edgellm_deployment"
+        )
+    return edgellm_deployment
+
+
+@pytest.fixture(scope="session")
 def edgellm_package(smollm2_checkpoint: Path) -> Any:
     """The `edgellm` package (build/python/edgellm, laid out by the build): absent is a failure."""
     try:

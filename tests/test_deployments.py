@@ -1,8 +1,10 @@
 """One descriptor per deployment: make, the C++ program and the verify adapter agree.
 
-Each deployment's facts live only in llms/<name>/deployment.json and its policy (model
-store, --model resolution, chat template or raw text) only in the engine; these tests
-check that every front end reads the same answer from them.
+Each deployment's facts live only in llms/<name>/deployment.json and its policy (--model
+resolution, chat template or raw text) only in llms/common/deployment.cpp, which the edgellm
+command links and Python reaches as edgellm_deployment; the model store is the engine's rule
+with the source tree's models/ as the front ends' default. These tests check that every front
+end reads the same answer from them.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ def test_every_deployment_folder_has_a_descriptor() -> None:
 
 @pytest.mark.parametrize("name", DEPLOYMENTS)
 def test_make_cpp_and_python_read_the_same_descriptor(
-    name: str, engine_binding: Any, edgellm_bin: Path
+    name: str, deployment_policy: Any, edgellm_bin: Path
 ) -> None:
-    d = engine_binding.Deployment.load(REPO / "llms" / name / "deployment.json")
+    d = deployment_policy.Deployment.load(REPO / "llms" / name / "deployment.json")
     assert d.name == name
     # make: the default MODEL
     out = subprocess.run(
@@ -96,17 +98,18 @@ def test_smollm2_base_choice_is_one_fact(
         ({"models": {"x": "d/a/b/m.gguf"}}, "models.x must be a directory name"),
         ({"models": {"x": "d/sub"}}, "models.x must be a directory name"),
         ({"max_context": 0}, "max_context must be an integer"),
+        ({"hidden_act": "relu"}, "hidden_act must be silu or gelu_tanh"),
     ],
 )
 def test_bad_descriptor_is_one_clear_error(
-    tmp_path: Path, engine_binding: Any, edit: dict, message: str
+    tmp_path: Path, deployment_policy: Any, edit: dict, message: str
 ) -> None:
     d = json.loads((REPO / "llms" / "smollm2_135m" / "deployment.json").read_text())
     d.update(edit)
     path = tmp_path / "deployment.json"
     path.write_text(json.dumps(d))
-    with pytest.raises(engine_binding.Error, match=message.replace("(", r"\(")):
-        engine_binding.Deployment.load(path)
+    with pytest.raises(deployment_policy.Error, match=message.replace("(", r"\(")):
+        deployment_policy.Deployment.load(path)
 
 
 def test_base_checkpoint_with_a_template_gets_raw_text_everywhere(
@@ -133,3 +136,68 @@ def test_base_checkpoint_with_a_template_gets_raw_text_everywhere(
     config = adapter.build_config(ckpt, str(ckpt))
     assert (config.variant, config.prompt_format) == ("base", "raw")
     shutil.rmtree(ckpt)
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_descriptor_hidden_act_is_the_checkpoints(name: str, deployment_policy: Any) -> None:
+    """The descriptor's hidden_act (the kernel registry's "Used by") is what its checkpoints in
+    the store say, read as the engine reads config.json."""
+    d = deployment_policy.Deployment.load(REPO / "llms" / name / "deployment.json")
+    checked = 0
+    for entry in set(d.models.values()):
+        config = Path(deployment_policy.model_store()) / entry.split("/")[0] / "config.json"
+        if not config.is_file():
+            continue
+        c = json.loads(config.read_text())
+        c = c.get("text_config", c)
+        gemma = c.get("model_type", "").startswith("gemma3")
+        act = c.get("hidden_activation" if gemma else "hidden_act")
+        act = act or ("gelu_pytorch_tanh" if gemma else "silu")
+        assert {"gelu_pytorch_tanh": "gelu_tanh"}.get(act, act) == d.hidden_act, config
+        checked += 1
+    if not checked:
+        pytest.skip(f"no checkpoint of {name} in the store")
+
+
+def store_of(module: str, env: dict[str, str], setup: str = "") -> str:
+    """<module>.model_store() in a fresh process with exactly the given store variables."""
+    clean = {k: v for k, v in verify_env().items() if k not in ("EDGELLM_MODELS", "XDG_CACHE_HOME")}
+    code = f"import {module} as m\n{setup}\nprint(m.model_store())"
+    return subprocess.run(
+        [PYTHON, "-c", code],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+
+
+def test_model_store_rule(deployment_policy: Any, tmp_path: Path) -> None:
+    """The engine: $EDGELLM_MODELS, else the front end's default, else the user cache; no path
+    of the source tree. The front ends built from the tree default to its models/."""
+    home = {"HOME": str(tmp_path / "home")}
+    assert store_of("edgellm_py", home) == str(tmp_path / "home/.cache/edgellm/models")
+    xdg = {**home, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert store_of("edgellm_py", xdg) == str(tmp_path / "xdg/edgellm/models")
+    assert store_of("edgellm_py", {**xdg, "EDGELLM_MODELS": "/m"}) == "/m"
+    set_default = "m.set_default_model_store('/front')"
+    assert store_of("edgellm_py", xdg, set_default) == "/front"
+    assert store_of("edgellm_py", {**xdg, "EDGELLM_MODELS": "/m"}, set_default) == "/m"
+    assert store_of("edgellm_deployment", xdg) == str(REPO / "models")
+    assert store_of("edgellm_deployment", {**xdg, "EDGELLM_MODELS": "/m"}) == "/m"
+
+
+def test_the_command_defaults_to_the_source_tree_store(edgellm_bin: Path, tmp_path: Path) -> None:
+    if (REPO / "models" / "smollm2-135m").exists():
+        pytest.skip("models/smollm2-135m is present: the error this test reads does not happen")
+    env = {k: v for k, v in os.environ.items() if k != "EDGELLM_MODELS"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    proc = subprocess.run(
+        [*edgellm_cmd("run"), "--model", "base"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert f"checkpoint not found at {REPO / 'models' / 'smollm2-135m'}" in proc.stderr

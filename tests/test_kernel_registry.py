@@ -1,5 +1,5 @@
-"""kernel_registry/supported_kernels.md is generated from the engine's kernel table, and
-EDGELLM_ISA picks the tier the engine reports."""
+"""kernel_registry/supported_kernels.md is generated from the engine's kernel table and the
+deployments' descriptors, and EDGELLM_ISA picks the tier the engine reports."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import edgellm_deployment
 import edgellm_py  # a missing binding is a failure (conftest), never a skip
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,11 +16,12 @@ sys.path.insert(0, str(REPO / "kernel_registry"))
 import generate  # noqa: E402
 
 TIERS = ["scalar", "avx2", "avx512", "amx"]
+DEPLOYMENTS = generate.load_deployments(edgellm_deployment)
 
 
 def test_registry_table_is_generated_from_the_kernel_table() -> None:
     text = generate.REGISTRY.read_text()
-    assert generate.updated(text, edgellm_py.kernel_table()) == text, (
+    assert generate.updated(text, edgellm_py.kernel_table(), DEPLOYMENTS) == text, (
         "supported_kernels.md is stale: run .venv/bin/python kernel_registry/generate.py"
     )
 
@@ -28,19 +30,26 @@ def test_generated_table_follows_the_engine() -> None:
     # A kernel or path the engine gains appears in the table without a hand edit.
     table = edgellm_py.kernel_table()
     table.append({**table[0], "name": "new_kernel", "paths": ["scalar", "amx"]})
-    rendered = generate.render(table)
+    rendered = generate.render(table, DEPLOYMENTS)
     assert "| `new_kernel` |" in rendered and "scalar, amx" in rendered
     names = [k["name"] for k in edgellm_py.kernel_table()]
     assert names == [name for name, _ in edgellm_py.registered_kernels()]
 
 
-def test_used_by_names_real_deployments() -> None:
+def test_used_by_comes_from_the_descriptors() -> None:
+    """The engine names no deployment; "Used by" is each descriptor's answer to `used_when`."""
     deployments = {p.name for p in (REPO / "llms").iterdir() if (p / "Makefile").exists()}
+    assert {d.name for d in DEPLOYMENTS} == deployments
     for k in edgellm_py.kernel_table():
+        assert not any(name in k["used_when"] for name in deployments), k
         # "deployment" or "deployment (qualifier)", e.g. "smollm2_135m (MODEL=gguf)"
-        used = {u.split("(")[0].strip() for u in k["used_by"].split(",")}
+        users = generate.used_by(k["used_when"], DEPLOYMENTS)
+        used = {u.split("(")[0].strip() for u in users.split(",")}
         assert used and used <= deployments, f"{k['name']}: unknown deployment in {used}"
         assert set(k["paths"]) <= set(TIERS) and "scalar" in k["paths"], k
+    by_act = {a: generate.used_by(f"hidden_act {a}", DEPLOYMENTS) for a in ("silu", "gelu_tanh")}
+    assert "gemma3_270m" in by_act["gelu_tanh"] and "gemma3_270m" not in by_act["silu"]
+    assert "smollm2_135m (MODEL=gguf)" in generate.used_by(generate.QUANTIZED, DEPLOYMENTS)
 
 
 def binding_call_with(env_values: dict[str, str], call: str) -> tuple[str, str]:

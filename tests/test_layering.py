@@ -1,5 +1,7 @@
 """Arrows point one way: no import cycle among the Python modules under llms/, no C++ include
 from engine/ into llms/, and llms/ C++ sees only the engine's public headers (engine/include).
+The engine names no llms/ path and no deployment, and libedgellm is compiled with no path of
+the source tree (its model store is $EDGELLM_MODELS, the front end's default or the user cache).
 
 Every import counts, a function-local one too (a cycle closed at run time is still a cycle).
 verify_runner.py and sweep.py once imported each other, closing the circle by passing
@@ -9,9 +11,12 @@ sys.modules[__name__]; the phases and the command line now live below both.
 from __future__ import annotations
 
 import ast
+import json
 import re
+import shlex
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 LLMS = REPO / "llms"
@@ -128,3 +133,97 @@ def test_the_include_check_sees_a_wrong_arrow(tmp_path: Path) -> None:
 
 def test_engine_never_includes_llms_and_llms_only_public_headers() -> None:
     assert not layering_violations(ENGINE, LLMS), "\n".join(layering_violations(ENGINE, LLMS))
+
+
+# --- the engine names no application: no llms/ path, no deployment, no baked source tree ------
+
+LLMS_PATH = re.compile(r"\bllms/")
+
+
+def application_mentions(engine: Path, deployments: list[str]) -> list[str]:
+    """Files under engine/ that name an llms/ path, or a deployment outside engine/tests (whose
+    test data may borrow a name)."""
+    bad = []
+    names = re.compile(r"\b(" + "|".join(map(re.escape, deployments)) + r")\b")
+    for path in sorted(p for p in engine.rglob("*") if p.is_file()):
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue  # binary test data
+        rel = path.relative_to(engine.parent)
+        if LLMS_PATH.search(text):
+            bad.append(f"{rel}: names an llms/ path")
+        if deployments and "tests" not in path.relative_to(engine).parts[:1]:
+            if m := names.search(text):
+                bad.append(f"{rel}: names the deployment {m.group(0)}")
+    return bad
+
+
+def test_the_mention_check_sees_the_application(tmp_path: Path) -> None:
+    engine = tmp_path / "engine"
+    (engine / "src").mkdir(parents=True)
+    (engine / "tests").mkdir()
+    (engine / "src" / "ok.cpp").write_text("// SmolLM2's shapes\n")
+    (engine / "tests" / "data.cpp").write_text("// smollm2_135m's fixture\n")
+    assert application_mentions(engine, ["smollm2_135m"]) == []
+    (engine / "src" / "up.cpp").write_text("// see llms/verify/README.md\n")
+    (engine / "src" / "used.h").write_text('// used_by = "smollm2_135m"\n')
+    assert len(application_mentions(engine, ["smollm2_135m"])) == 2
+
+
+def test_engine_names_no_llms_path_nor_deployment() -> None:
+    deployments = sorted(p.parent.name for p in LLMS.glob("*/deployment.json"))
+    assert deployments
+    bad = application_mentions(ENGINE, deployments)
+    assert not bad, "\n".join(bad)
+
+
+def source_tree_definitions(commands: list[dict], repo: Path) -> list[str]:
+    """-D definitions naming a path inside `repo` in the compile commands of libedgellm's own
+    sources (engine/src, engine/kernels)."""
+    bad = []
+    library = [repo / "engine" / "src", repo / "engine" / "kernels"]
+    for c in commands:
+        source = Path(c["directory"], c["file"]).resolve()
+        if not any(d.resolve() in source.parents for d in library):
+            continue
+        args = c.get("arguments") or shlex.split(c["command"])
+        for i, a in enumerate(args):
+            value = (
+                args[i + 1]
+                if a == "-D" and i + 1 < len(args)
+                else a[2:]
+                if a.startswith("-D")
+                else None
+            )
+            if value is not None and str(repo.resolve()) in value:
+                bad.append(f"{source.relative_to(repo.resolve())}: -D{value}")
+    return bad
+
+
+def test_the_definition_check_sees_a_baked_path(tmp_path: Path) -> None:
+    src = tmp_path / "engine" / "src"
+    src.mkdir(parents=True)
+    cmd = {"directory": str(tmp_path), "file": str(src / "a.cpp")}
+    ok = [{**cmd, "command": "c++ -DNDEBUG -DEDGELLM_X=1 -c a.cpp"}]
+    assert source_tree_definitions(ok, tmp_path) == []
+    baked = f'c++ -DSTORE=\\"{tmp_path}/models\\" -c a.cpp'
+    assert len(source_tree_definitions([{**cmd, "command": baked}], tmp_path)) == 1
+    driver = {"directory": str(tmp_path), "file": str(tmp_path / "llms" / "common" / "d.cpp")}
+    assert source_tree_definitions([{**driver, "command": baked}], tmp_path) == []
+
+
+def test_libedgellm_bakes_in_no_source_tree_path() -> None:
+    """CMake gives libedgellm's sources no definition pointing into the tree (the deployment
+    policy, llms/common/deployment.cpp, may: it is the application)."""
+    cmake = (REPO / "CMakeLists.txt").read_text()
+    assert not re.search(r"set_source_files_properties\(\s*engine/[^)]*COMPILE_DEFINITIONS", cmake)
+    for block in re.findall(r"target_compile_definitions\(\s*edgellm\s[^)]*\)", cmake):
+        assert "PROJECT_SOURCE_DIR" not in block and "CMAKE_SOURCE_DIR" not in block, block
+    commands = REPO / "build" / "compile_commands.json"
+    if not commands.is_file():
+        pytest.skip(f"no {commands}: `make build` writes it")
+    entries = json.loads(commands.read_text())
+    assert any("engine/src/runtime/model_store.cpp" in e["file"] for e in entries)
+    bad = source_tree_definitions(entries, REPO)
+    assert not bad, "\n".join(bad)

@@ -157,7 +157,8 @@ Isa default_isa() {
 
 const std::vector<KernelInfo>& registered_kernels() {
   constexpr Isa S = Isa::scalar, A2 = Isa::avx2, A5 = Isa::avx512, AMX = Isa::amx;
-  constexpr std::string_view all = "smollm2_135m, gemma3_270m, llama32_1b";
+  constexpr std::string_view all = "every model", quantized = "quantized weights",
+                             int8x = "quantized weights, int8 activations";
   // The matmuls' paths are the tiers of their format's rows in the type-traits
   // table (matmul_traits.cpp), so a row added there shows up in the registry.
   const auto tiers = [](WeightFormat f) {
@@ -186,24 +187,22 @@ const std::vector<KernelInfo>& registered_kernels() {
        "unpacked to bf16 per call, x rounded to bf16 once, VDPBF16PS per group, scales and mins "
        "in fp32 (weights exact); amx (n >= 16): the same panels, x as 3 exact bf16 parts, C "
        "tiles per group scaled in fp32",
-       "rows any, cols % 32 == 0, any n", "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
+       "rows any, cols % 32 == 0, any n", quantized},
       {"matmul_u4", tiers(WeightFormat::quant),
        "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default); "
        "avx512 fast prefill and amx (n >= 16) as matmul_i8",
-       "rows any, cols % 32 == 0, any n", "smollm2_135m (MODEL=gguf), gemma3_270m (MODEL=gguf)"},
+       "rows any, cols % 32 == 0, any n", quantized},
       {"matmul_i8_int8x",
        {S, A2},
        "W as matmul_i8, x quantized to int8 per 32 (opt-in --quant-activations int8: 10x the "
        "bf16 floor in stage 2, so not the fast default)",
        "rows any, cols % 32 == 0; AVX-VNNI used where present (avx512 machines included)",
-       "smollm2_135m (MODEL=gguf with EDGELLM_QUANT_PRECISION=int8), gemma3_270m (MODEL=gguf with "
-       "EDGELLM_QUANT_PRECISION=int8)"},
+       int8x},
       {"matmul_u4_int8x",
        {S, A2},
        "W as matmul_u4, x quantized to int8 per 32 (opt-in --quant-activations int8)",
        "rows any, cols % 32 == 0; AVX-VNNI used where present (avx512 machines included)",
-       "smollm2_135m (MODEL=gguf with EDGELLM_QUANT_PRECISION=int8), gemma3_270m (MODEL=gguf with "
-       "EDGELLM_QUANT_PRECISION=int8)"},
+       int8x},
       {"attention",
        {S, A2, A5, AMX},
        "q, out fp32; K/V cache fp32, or bf16 (the fast default) / q8_0 (int8 + fp16 scale per "
@@ -218,8 +217,8 @@ const std::vector<KernelInfo>& registered_kernels() {
        all},
       {"rmsnorm", {S, A2, A5}, "fp32 (sum of squares in double)", "any dim; in place allowed", all},
       {"rope", {S, A2, A5}, "fp32", "any n_heads, even head_dim (HF rotate_half)", all},
-      {"silu_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "smollm2_135m, llama32_1b"},
-      {"gelu_tanh_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "gemma3_270m"},
+      {"silu_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "hidden_act silu"},
+      {"gelu_tanh_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "hidden_act gelu_tanh"},
       {"add", {S, A2, A5}, "fp32", "any n", all},
       {"top_k", {S, A2}, "fp32 in, int32 indices", "any n, k; NaN ranks last", all},
   };

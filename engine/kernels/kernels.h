@@ -28,7 +28,11 @@ struct KernelInfo {
   std::vector<Isa> paths;   // tiers with a path of their own; others run the best lower one
   std::string_view dtypes;  // what the registry documents
   std::string_view shapes;
-  std::string_view used_by;  // deployments, as llms/<name>
+  // Which models run it, in the engine's terms: "every model", "hidden_act silu",
+  // "hidden_act gelu_tanh", "quantized weights" or "quantized weights, int8
+  // activations". The registry's "Used by" column is derived from it and the
+  // deployments' descriptors (kernel_registry/generate.py), so no deployment is named here.
+  std::string_view used_when;
 };
 const std::vector<KernelInfo>& registered_kernels();
 // The one CPU-feature detector (cpu_features.cpp): cpuid, XCR0, AMX permission.

@@ -13,10 +13,10 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "edgellm/deployment.h"
 #include "edgellm/error.h"
 #include "edgellm/generate.h"
 #include "edgellm/json_grammar.h"
+#include "edgellm/model_store.h"
 #include "edgellm/roofline.h"
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
@@ -195,7 +195,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           row["paths"] = paths;
           row["dtypes"] = nb::str(k.dtypes.data(), k.dtypes.size());
           row["shapes"] = nb::str(k.shapes.data(), k.shapes.size());
-          row["used_by"] = nb::str(k.used_by.data(), k.used_by.size());
+          row["used_when"] = nb::str(k.used_when.data(), k.used_when.size());
           out.append(row);
         }
         return out;
@@ -372,31 +372,18 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def_prop_ro("eos_token_ids",
                    [](const edgellm::Session& s) { return s.config().eos_token_ids; });
 
-  // The deployment descriptor and the shared policy (engine/src/runtime/deployment.cpp),
-  // so the verify adapters resolve --model and pick the prompt format as the
-  // inference programs do.
+  // The model store and the engine's rules for model paths (edgellm/model_store.h).
+  // The deployment descriptors belong to the applications, which bind them
+  // themselves: the engine knows no deployment.
   m.attr("DEFAULT_MAX_CONTEXT") = edgellm::SessionOptions{}.max_context;
-  m.def("model_store", &edgellm::model_store, "$EDGELLM_MODELS, else <repo>/models");
+  m.def("model_store", &edgellm::model_store,
+        "$EDGELLM_MODELS, else the front end's default, else ~/.cache/edgellm/models");
+  m.def("set_default_model_store", &edgellm::set_default_model_store, "store"_a,
+        "a front end's default store (empty: none); $EDGELLM_MODELS still wins");
   m.def("checkpoint_dir", &edgellm::checkpoint_dir, "model"_a,
         "the HF-format directory of a model path: itself, or the one holding a .gguf file");
   m.def("model_id", &edgellm::model_id, "model"_a,
         "the id a server gives a model path it was not told a name for");
-  nb::class_<edgellm::Deployment>(m, "Deployment")
-      .def_static("load", &edgellm::Deployment::load, "file"_a)
-      .def_ro("name", &edgellm::Deployment::name)
-      .def_ro("models", &edgellm::Deployment::models)
-      .def_ro("default_model", &edgellm::Deployment::default_model)
-      .def_ro("default_prompt", &edgellm::Deployment::default_prompt)
-      .def_ro("max_context", &edgellm::Deployment::max_context)
-      .def("resolve_model", &edgellm::Deployment::resolve_model, "choice"_a)
-      .def_static("variant", &edgellm::Deployment::variant, "model_dir"_a, "choice"_a)
-      .def(
-          "prompt_format",
-          [](const edgellm::Deployment& d, const std::filesystem::path& dir,
-             const std::string& choice) {
-            return d.prompt_format_for(dir, choice) == edgellm::PromptFormat::chat ? "chat" : "raw";
-          },
-          "model_dir"_a, "choice"_a, "chat or raw: how prompts reach this checkpoint");
 
   // What chat and the server feed the model: each message's content as plain text.
   m.def(

@@ -1,5 +1,5 @@
 // The server's continuous-batching Scheduler in the Python binding, so that a
-// Python host (the Ray Serve replica, llms/serve_ray/) batches requests with the
+// Python host (the Ray Serve replica) batches requests with the
 // same C++ loop as edgellm_server instead of re-implementing it in Python.
 #include "serving.h"
 

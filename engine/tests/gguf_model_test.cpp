@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "edgellm/bf16.h"
-#include "edgellm/deployment.h"
 #include "edgellm/error.h"
+#include "edgellm/model_store.h"
 #include "edgellm/tokenizer.h"
 #include "gguf_writer.h"
 #include "models/gguf_config.h"

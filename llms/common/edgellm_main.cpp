@@ -11,7 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "edgellm/deployment.h"
+#include "deployment.h"
 #include "edgellm/error.h"
 #include "inference_driver.h"
 #include "serve_command.h"
@@ -39,14 +39,12 @@ std::string deployment_name(int argc, char** argv) {
 }
 
 Deployment load_deployment(const std::string& name) {
-  const std::filesystem::path llms(EDGELLM_LLMS_DIR);
-  if (!std::filesystem::is_regular_file(llms / name / "deployment.json")) {
+  const std::filesystem::path file = llms_dir() / name / "deployment.json";
+  if (!std::filesystem::is_regular_file(file)) {
     std::string known;
-    for (const auto& entry : std::filesystem::directory_iterator(llms))
-      if (std::filesystem::is_regular_file(entry.path() / "deployment.json"))
-        known += (known.empty() ? "" : ", ") + entry.path().filename().string();
-    throw Error("--deployment " + name + ": no " + (llms / name / "deployment.json").string() +
-                " (known: " + known + ")");
+    for (const std::string& entry : Deployment::names())
+      known += (known.empty() ? "" : ", ") + entry;
+    throw Error("--deployment " + name + ": no " + file.string() + " (known: " + known + ")");
   }
   return Deployment::load_named(name);
 }
@@ -60,6 +58,7 @@ void add_deployment_option(CLI::App& cmd, std::string& name) {
 }
 
 int cli_main(int argc, char** argv) {
+  use_source_model_store();  // <repo>/models, unless $EDGELLM_MODELS says otherwise
   std::string name = deployment_name(argc, argv);
   // A preset that cannot be read is reported only when a subcommand runs, so that
   // --version and --help still answer.

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat_repl.h"
-#include "edgellm/deployment.h"
+#include "deployment.h"
 #include "edgellm/error.h"
 #include "edgellm/generate.h"
 #include "edgellm/json_grammar.h"

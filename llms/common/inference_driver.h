@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "edgellm/deployment.h"
+#include "deployment.h"
 #include "edgellm/session.h"
 
 namespace CLI {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "edgellm/deployment.h"
+#include "deployment.h"
 
 namespace CLI {
 class App;

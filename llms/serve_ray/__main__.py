@@ -109,13 +109,19 @@ def resolve_model(model: str) -> Path:
     def is_model(p: Path) -> bool:
         return p.is_dir() or (p.suffix == ".gguf" and p.is_file())
 
+    try:  # a front end built from the source tree: its models/ is the default store
+        import edgellm_deployment
+
+        store = Path(edgellm_deployment.model_store())
+    except ImportError:  # the installed package alone: the engine's rule
+        store = Path(engine().model_store())
     path = Path(model)
     if not is_model(path):
-        path = Path(engine().model_store()) / model
+        path = store / model
     if not is_model(path):
         raise SystemExit(
             f"error: {model}: no such checkpoint directory or .gguf file (nor in the model "
-            f"store {engine().model_store()})"
+            f"store {store})"
         )
     return path.resolve()
 

@@ -1,20 +1,25 @@
 """What every verify adapter shares: the deployment descriptor, --model resolution, the config.
 
-A deployment's facts live in llms/<deployment>/deployment.json and its policy (model store,
---model resolution, chat template or raw prompts) in the engine (edgellm/deployment.h),
-reached through the binding; an adapter only points here, so nothing is written twice.
+A deployment's facts live in llms/<deployment>/deployment.json and its policy (--model
+resolution, chat template or raw prompts) in llms/common/deployment.h, reached through its
+module edgellm_deployment (the code the edgellm command runs); the model-path rules are the
+engine's (edgellm/model_store.h, through the binding). An adapter only points here, so nothing
+is written twice.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from verify.errors import VerifyError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+POLICY = "edgellm_deployment"  # llms/common/python/deployment_module.cpp, in build/python
 
 
 def _binding() -> Any:
@@ -23,24 +28,33 @@ def _binding() -> Any:
     return import_binding()
 
 
-def _engine(fn: Any, *args: Any) -> Any:
-    """Calls into the engine's policy; its errors become one-line VerifyErrors."""
-    py = _binding()
+def _policy() -> ModuleType:
+    """The deployment policy's module, or one line saying how to build it."""
+    try:
+        return importlib.import_module(POLICY)
+    except ImportError as e:
+        raise VerifyError(
+            f"cannot import the deployment module {POLICY} ({e}); build it with "
+            f"`cmake --build build --target {POLICY}` and put build/python on PYTHONPATH"
+        ) from None
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    """Calls into the deployment policy; its errors become one-line VerifyErrors."""
     try:
         return fn(*args)
-    except py.Error as e:
+    except _policy().Error as e:
         raise VerifyError(str(e)) from None
 
 
 def load_deployment(folder: Path) -> Any:
-    """llms/<deployment>/deployment.json, read by the engine (the file make and C++ read)."""
-    py = _binding()
-    return _engine(py.Deployment.load, Path(folder) / "deployment.json")
+    """llms/<deployment>/deployment.json, read by the policy (the file make and C++ read)."""
+    return _call(_policy().Deployment.load, Path(folder) / "deployment.json")
 
 
 def model_store() -> Path:
-    """$EDGELLM_MODELS, else <repo>/models: the engine's rule."""
-    return Path(_binding().model_store())
+    """$EDGELLM_MODELS, else the source tree's models/: the rule the edgellm command follows."""
+    return Path(_policy().model_store())
 
 
 def checkpoint_dir(model: Path) -> Path:
@@ -84,15 +98,14 @@ def load_verify_config(deployment: Any, model_dir: Path, choice: str) -> VerifyC
     """The gate's config from the descriptor and the checkpoint's own files.
 
     The variant (prompt set) and the prompt format (chat template or raw text) are the
-    engine's decision (Deployment.variant / prompt_format), so `make run` and `make verify`
+    policy's decision (Deployment.variant / prompt_format), so `make run` and `make verify`
     feed a checkpoint the same way.
     """
     hf_dir = checkpoint_dir(model_dir)
     cfg = _read_json(hf_dir / "config.json")
     text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    py = _binding()
-    variant = _engine(py.Deployment.variant, model_dir, choice)
-    prompt_format = _engine(deployment.prompt_format, model_dir, choice)
+    variant = _call(_policy().Deployment.variant, model_dir, choice)
+    prompt_format = _call(deployment.prompt_format, model_dir, choice)
     try:
         positions = int(text_cfg.get("max_position_embeddings") or deployment.max_context)
         num_layers = int(text_cfg["num_hidden_layers"])
@@ -125,7 +138,7 @@ class StandardAdapter:
 
     def resolve_model(self, choice: str) -> Path:
         """--model value -> checkpoint directory (store key or path); one-line error if absent."""
-        return Path(_engine(self.deployment.resolve_model, choice)).resolve()
+        return Path(_call(self.deployment.resolve_model, choice)).resolve()
 
     def hf_reference(self, model_dir: Path) -> str:
         """HF loads the very directory our engine loads (no hub is reachable here); for a

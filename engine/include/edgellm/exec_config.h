@@ -69,7 +69,7 @@ inline constexpr size_t kAttentionKeyBlock = 32;
 // (runtime/exec_config.cpp), kept with the model and its contexts and passed
 // with every call, so an exact and a fast model can live in one process. The
 // exact config is the gate's fp32 tier; the fast one is the deployed path,
-// judged against the exact one by the gate's stage 2 (llms/verify/README.md).
+// judged against the exact one by the verify gate's stage 2.
 struct ExecConfig {
   // The tier of every kernel: element-wise kernels and attention take it per
   // call; matrices take their type-traits row for it once, at packing.

@@ -1,6 +1,6 @@
 // Continuous batching over one Model: requests join and leave between steps.
-// The serving core below every front end: `edgellm serve` (llms/common/server),
-// the Python binding and the Ray Serve replicas.
+// The serving core below every front end: `edgellm serve`, the Python binding
+// and the Ray Serve replicas.
 //
 // One scheduler thread owns every Context. Each iteration it (1) admits
 // waiting requests into free sequence slots, (2) prefills at most

@@ -19,7 +19,7 @@ Underneath, the engine's own objects:
 
 Objects used before setup, bad arguments and unknown models raise edgellm.Error (one line).
 Scheduler is edgellm_server's continuous batching over one Model (the Ray Serve replicas use
-it, llms/serve_ray/).
+it).
 """
 
 from ._core import (

@@ -15,8 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "edgellm/deployment.h"
 #include "edgellm/error.h"
+#include "edgellm/model_store.h"
 #include "edgellm/thread_pool.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "edgellm/deployment.h"
+#include "deployment.h"
 #include "server.h"
 
 namespace CLI {

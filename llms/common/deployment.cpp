@@ -1,15 +1,14 @@
 // llms/<name>/deployment.json and the shared --model / prompt policy.
-#include "edgellm/deployment.h"
+#include "deployment.h"
 
 #include <algorithm>
-#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "edgellm/error.h"
 #include "edgellm/session.h"
-#include "edgellm/tokenizer.h"
-#include "io/json_file.h"
 
 namespace edgellm {
 
@@ -17,10 +16,26 @@ namespace {
 
 using nlohmann::json;
 
-// Through io/json_file like every JSON file the engine reads: parse errors name
-// the byte, and nesting is bounded (kMaxJsonDepth).
+// Small files (deployment.json, the converter's edgellm.json), bounded like the
+// engine's readers: parse errors name the byte, and nesting stops at kMaxDepth.
 json read_json_object(const std::filesystem::path& path) {
-  json j = read_json_file(path);
+  constexpr int kMaxDepth = 16;
+  std::ifstream in(path, std::ios::binary);
+  check(static_cast<bool>(in), path.string() + ": cannot open file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  const json::parser_callback_t bounded = [&](int depth, json::parse_event_t event, json&) {
+    const bool opens =
+        event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+    check(!opens || depth < kMaxDepth, path.string() + ": JSON nested too deep");
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text.str(), bounded);
+  } catch (const json::exception& e) {
+    throw Error(path.string() + ": not valid JSON (" + e.what() + ")");
+  }
   check(j.is_object(), path.string() + ": not a JSON object");
   return j;
 }
@@ -36,9 +51,16 @@ std::string string_field(const json& j, const char* key, const std::string& file
 
 }  // namespace
 
-std::filesystem::path model_store() {
-  if (const char* env = std::getenv("EDGELLM_MODELS"); env && *env) return env;
-  return EDGELLM_DEFAULT_STORE;
+std::filesystem::path llms_dir() {
+  return EDGELLM_LLMS_DIR;
+}
+
+std::filesystem::path source_model_store() {
+  return EDGELLM_SOURCE_MODELS;
+}
+
+void use_source_model_store() {
+  set_default_model_store(source_model_store());
 }
 
 namespace {
@@ -60,8 +82,9 @@ bool is_store_entry(const std::string& entry) {
 Deployment Deployment::load(const std::filesystem::path& file) {
   const json j = read_json_object(file);
   const std::string f = file.string();
-  static const char* const kKeys[] = {
-      "name", "models", "fetch", "default_model", "default_prompt", "prompt_format", "max_context"};
+  static const char* const kKeys[] = {"name",          "models",         "fetch",
+                                      "default_model", "default_prompt", "prompt_format",
+                                      "max_context",   "hidden_act"};
   for (const auto& [key, value] : j.items())
     check(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
           f + ": unknown field '" + key + "'");
@@ -93,6 +116,10 @@ Deployment Deployment::load(const std::filesystem::path& file) {
   if (j.contains("prompt_format")) d.prompt_format = string_field(j, "prompt_format", f, true);
   check(d.prompt_format == "auto" || d.prompt_format == "chat" || d.prompt_format == "raw",
         f + ": prompt_format must be auto, chat or raw, got '" + d.prompt_format + "'");
+  d.hidden_act = string_field(j, "hidden_act", f, true);
+  check(d.hidden_act == "silu" || d.hidden_act == "gelu_tanh",
+        f + ": hidden_act must be silu or gelu_tanh (the checkpoints' MLP activation), got '" +
+            d.hidden_act + "'");
   d.max_context = SessionOptions{}.max_context;
   if (j.contains("max_context")) {
     const json& m = j["max_context"];
@@ -104,31 +131,16 @@ Deployment Deployment::load(const std::filesystem::path& file) {
 }
 
 Deployment Deployment::load_named(const std::string& name) {
-  return load(std::filesystem::path(EDGELLM_LLMS_DIR) / name / "deployment.json");
+  return load(llms_dir() / name / "deployment.json");
 }
 
-std::filesystem::path checkpoint_dir(const std::filesystem::path& model) {
-  return model.extension() == ".gguf" ? model.parent_path() : model;
-}
-
-std::string model_id(const std::filesystem::path& model) {
-  std::filesystem::path path = std::filesystem::weakly_canonical(std::filesystem::absolute(model));
-  if (path.filename().empty()) path = path.parent_path();  // "dir/"
-  if (path.extension() != ".gguf") return path.filename().string();
-  if (path.stem() != "model") return path.stem().string();
-  std::filesystem::path dir = path.parent_path();
-  if (dir.filename() == "gguf") dir = dir.parent_path();
-  return dir.filename().string() + "-gguf";
-}
-
-bool is_bare_gguf(const std::filesystem::path& model) {
-  return model.extension() == ".gguf" &&
-         !std::filesystem::exists(checkpoint_dir(model) / "config.json");
-}
-
-ChatTemplate chat_template_of(const std::filesystem::path& model) {
-  return is_bare_gguf(model) ? ChatTemplate::from_gguf(model)
-                             : ChatTemplate::load(checkpoint_dir(model));
+std::vector<std::string> Deployment::names() {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator(llms_dir()))
+    if (std::filesystem::is_regular_file(entry.path() / "deployment.json"))
+      found.push_back(entry.path().filename().string());
+  std::sort(found.begin(), found.end());
+  return found;
 }
 
 namespace {

@@ -1,7 +1,9 @@
 // A deployment's descriptor (llms/<name>/deployment.json) and the policy every
-// front end shares: where checkpoints live, what --model means, and whether a
-// prompt goes through the chat template. make, the inference programs and the
-// verify adapters (through the binding) all read the same file and these rules.
+// front end shares: what --model means, and whether a prompt goes through the
+// chat template. make, the edgellm command and the verify adapters (through the
+// edgellm_deployment module, llms/common/python) all read the same file and
+// these rules. Application policy: the engine (edgellm/model_store.h) knows
+// where checkpoints live, not which deployments exist.
 #pragma once
 
 #include <filesystem>
@@ -9,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "edgellm/tokenizer.h"
+#include "edgellm/model_store.h"
 
 namespace edgellm {
 
@@ -25,11 +27,16 @@ struct Deployment {
   // "chat" or "raw" force one.
   std::string prompt_format = "auto";
   int max_context = 0;  // KV cache positions; 0 in the file: SessionOptions' default
+  // The MLP activation of its checkpoints ("silu" or "gelu_tanh", as the engine's
+  // config reads hidden_act): the kernel registry's "Used by" column comes from it.
+  std::string hidden_act;
 
   // Reads and validates a descriptor; errors name the file and the field.
   static Deployment load(const std::filesystem::path& file);
   // llms/<name>/deployment.json of the source tree this binary was built from.
   static Deployment load_named(const std::string& name);
+  // The deployments of that tree: the folders of llms_dir() holding a deployment.json.
+  static std::vector<std::string> names();
 
   // A --model value: a key of `models` (looked up in the store), a checkpoint
   // directory or a .gguf file inside one. Throws one line when the checkpoint
@@ -45,22 +52,13 @@ struct Deployment {
                                  bool raw = false) const;
 };
 
-// The model store: $EDGELLM_MODELS, else <repo>/models.
-std::filesystem::path model_store();
-
-// The HF-format directory of a model path: itself, or the one holding a .gguf
-// file (the converter writes the dequantized checkpoint beside the GGUF).
-std::filesystem::path checkpoint_dir(const std::filesystem::path& model);
-// A .gguf file with no converted checkpoint (config.json) beside it: it runs
-// from its own metadata (config, tokenizer, chat template).
-bool is_bare_gguf(const std::filesystem::path& model);
-// The model's chat template: the checkpoint's, or a bare GGUF's own.
-ChatTemplate chat_template_of(const std::filesystem::path& model);
-
-// The id a server gives a model path that was not named (clients send it as
-// "model"): a directory's name; a .gguf file's stem, or for the generic
-// "model.gguf" its checkpoint's name + "-gguf", skipping a folder called "gguf"
-// (models/smollm2-135m-instruct/gguf/model.gguf -> smollm2-135m-instruct-gguf).
-std::string model_id(const std::filesystem::path& model);
+// The source tree this front end was built from: its llms/ (the deployments)
+// and its models/ folder, the store `make fetch` fills (scripts/bootstrap.sh
+// links it to the engine's per-user cache when it is absent).
+std::filesystem::path llms_dir();
+std::filesystem::path source_model_store();
+// What every front end built from the tree does at start-up:
+// set_default_model_store(source_model_store()). $EDGELLM_MODELS still wins.
+void use_source_model_store();
 
 }  // namespace edgellm
