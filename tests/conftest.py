@@ -29,6 +29,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 STORE = Path(os.environ.get("EDGELLM_MODELS") or REPO / "models")
+# The store every engine front end in this session resolves names in: the clone's models/
+# (`make fetch` fills it), whatever the library's own default would be.
+os.environ["EDGELLM_MODELS"] = str(STORE)
 SMOLLM2_DIR = STORE / "smollm2-135m-instruct"
 VERIFY_RUNNER = REPO / "llms" / "verify" / "verify_runner.py"
 PYTHON = sys.executable

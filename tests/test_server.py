@@ -361,6 +361,14 @@ def test_typed_special_tokens_stay_text(server: Server, smollm2_checkpoint: Path
     [
         (b"{not json", 400, None),
         (b"[1, 2]", 400, None),
+        # Nested 50k deep: refused while parsing (a walk of it would overflow the stack).
+        (
+            b'{"model": "%s", "x": ' % NAME.encode() + b"[" * 50_000 + b"]" * 50_000 + b"}",
+            400,
+            None,
+        ),
+        # Past the shared bound of 64 levels, shallow enough for any parser: both refuse it.
+        (b'{"model": "%s", "x": ' % NAME.encode() + b"[" * 70 + b"]" * 70 + b"}", 400, None),
         (json.dumps({"model": NAME}).encode(), 400, "messages"),
         (json.dumps({"model": NAME, "messages": "hi"}).encode(), 400, "messages"),
         (json.dumps({"model": NAME, "messages": [{"role": "user"}]}).encode(), 400, None),

@@ -2,12 +2,10 @@
 #include "deployment.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
 
 #include "edgellm/error.h"
+#include "edgellm/json_file.h"
 #include "edgellm/session.h"
 
 namespace edgellm {
@@ -16,26 +14,9 @@ namespace {
 
 using nlohmann::json;
 
-// Small files (deployment.json, the converter's edgellm.json), bounded like the
-// engine's readers: parse errors name the byte, and nesting stops at kMaxDepth.
+// deployment.json and the converter's edgellm.json: the engine's bounded reader.
 json read_json_object(const std::filesystem::path& path) {
-  constexpr int kMaxDepth = 16;
-  std::ifstream in(path, std::ios::binary);
-  check(static_cast<bool>(in), path.string() + ": cannot open file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  const json::parser_callback_t bounded = [&](int depth, json::parse_event_t event, json&) {
-    const bool opens =
-        event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
-    check(!opens || depth < kMaxDepth, path.string() + ": JSON nested too deep");
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(text.str(), bounded);
-  } catch (const json::exception& e) {
-    throw Error(path.string() + ": not valid JSON (" + e.what() + ")");
-  }
+  json j = read_json_file(path);
   check(j.is_object(), path.string() + ": not a JSON object");
   return j;
 }

@@ -10,7 +10,7 @@
 #include "edgellm/bf16.h"
 #include "edgellm/config.h"
 #include "edgellm/error.h"
-#include "io/json_file.h"
+#include "edgellm/json_file.h"
 
 namespace edgellm {
 

@@ -1,4 +1,4 @@
-#include "io/json_file.h"
+#include "edgellm/json_file.h"
 
 #include <fstream>
 #include <sstream>

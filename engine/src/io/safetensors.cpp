@@ -9,7 +9,7 @@
 #include <set>
 
 #include "edgellm/error.h"
-#include "io/json_file.h"
+#include "edgellm/json_file.h"
 #include "io/mapped_file.h"
 
 namespace edgellm {

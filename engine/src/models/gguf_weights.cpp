@@ -8,7 +8,7 @@
 
 #include "edgellm/bf16.h"
 #include "edgellm/error.h"
-#include "io/json_file.h"
+#include "edgellm/json_file.h"
 #include "models/gguf_config.h"
 
 namespace edgellm {

@@ -18,7 +18,7 @@
 #include "edgellm/error.h"
 #include "edgellm/model_store.h"
 #include "edgellm/thread_pool.h"
-#include "io/json_file.h"
+#include "edgellm/json_file.h"
 #include "io/safetensors.h"
 #include "models/gguf_config.h"
 #include "models/gguf_weights.h"

@@ -9,7 +9,7 @@
 
 #include "edgellm/error.h"
 #include "edgellm/tokenizer.h"
-#include "io/json_file.h"
+#include "edgellm/json_file.h"
 #include "json_util.h"
 #include "unicode.h"
 

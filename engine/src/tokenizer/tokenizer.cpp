@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "edgellm/error.h"
-#include "io/json_file.h"
+#include "edgellm/json_file.h"
 #include "tokenizer_impl.h"
 #include "unicode.h"
 

@@ -193,6 +193,20 @@ class TokenizeRequest(ToolFields):
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # implemented on chat
 
 
+MAX_JSON_DEPTH = 64  # server.cpp's bound (edgellm/json_file.h kMaxJsonDepth)
+
+
+def _depth(value: Any) -> int:
+    """How deeply arrays and objects nest in a parsed value (iterative: no recursion limit)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d + 1)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def _load(body: bytes, model_name: str, keep: tuple[str, ...] = ()) -> dict[str, Any]:
     """The body as a dict, null fields and no-op values (but of the fields in `keep`, which
     the route implements) dropped, its model checked."""
@@ -200,10 +214,15 @@ def _load(body: bytes, model_name: str, keep: tuple[str, ...] = ()) -> dict[str,
         raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes")
     import json
 
+    too_deep = ApiError(400, f"the request body is JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         raw = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the request body is not valid JSON") from None
+    except RecursionError:  # deeper than Python's stack allows
+        raise too_deep from None
+    if _depth(raw) > MAX_JSON_DEPTH:
+        raise too_deep
     if not isinstance(raw, dict):
         raise ApiError(400, "the request body must be a JSON object")
     # Null means absent, as in server.cpp; so does a no-op value of an unimplemented field.

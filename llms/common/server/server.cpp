@@ -14,6 +14,7 @@
 
 #include "connections.h"
 #include "edgellm/error.h"
+#include "edgellm/json_file.h"
 #include "edgellm/json_grammar.h"
 #include "edgellm/metrics.h"
 #include "edgellm/tool_calls.h"
@@ -264,8 +265,12 @@ struct Api {
   }
 
   json parse_body(const std::string& text) const {
-    json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded()) bad("", "the request body is not valid JSON");
+    json body;
+    try {  // bounded depth: a body nested 100k deep is refused, not walked
+      body = parse_json(text, "the request body");
+    } catch (const Error& e) {
+      bad("", e.what());
+    }
     if (!body.is_object()) bad("", "the request body must be a JSON object");
     const json* m = optional_field(body, "model");
     if (!m) bad("model", "missing required field 'model'");

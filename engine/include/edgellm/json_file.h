@@ -1,4 +1,4 @@
-// Bounded JSON parsing for every JSON file the engine reads (config.json,
+// Bounded JSON parsing for every JSON file the engine and its front ends read (config.json,
 // generation_config.json, the safetensors header and index, tokenizer.json,
 // tokenizer_config.json). nlohmann's parser itself is iterative, but dump(),
 // copies and the engine's own walks recurse once per level, so a value nested
