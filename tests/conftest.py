@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -175,6 +176,31 @@ def gate_run(engine_binding: Any, tmp_path_factory: pytest.TempPathFactory) -> A
             assert len(reports) == 1, proc.stdout + proc.stderr
             runs[deployment] = GateRun(proc, json.loads(reports[0].read_text()), out)
         return runs[deployment]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def family_fixture(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """family_fixture(name) -> a directory holding scripts/make_fixture.py's tiny random
+    checkpoint `name` (seed 0). Written once per session, in this process (no interpreter and
+    torch start-up per module); every call returns a fresh copy, named after the fixture, that
+    the caller may edit."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            if str(REPO / "scripts") not in sys.path:
+                sys.path.insert(0, str(REPO / "scripts"))
+            from make_fixture import write_fixture
+
+            try:
+                made[name] = write_fixture(name, tmp_path_factory.mktemp("made") / name, seed=0)
+            except FileNotFoundError as e:  # the tokenizer it borrows is not fetched
+                missing_model(str(e))
+        copy = tmp_path_factory.mktemp(name)
+        shutil.copytree(made[name], copy, dirs_exist_ok=True)
+        return copy
 
     return get
 

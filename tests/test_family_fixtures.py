@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,15 +37,8 @@ TIERS = ["scalar", "avx2", "avx512", "amx"]
 
 
 @pytest.fixture(scope="module", params=FIXTURES)
-def fixture_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp(request.param)
-    subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_fixture.py"), request.param, "--out", out],
-        check=True,
-        capture_output=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    return out
+def fixture_dir(request: pytest.FixtureRequest, family_fixture: Any) -> Path:
+    return family_fixture(request.param)
 
 
 @functools.cache

@@ -380,16 +380,11 @@ def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
 
 @pytest.fixture(scope="module", params=sorted(ARCH))
 def fixture_pair(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, family_fixture: Any
 ) -> tuple[str, Path, Path]:
     """(name, the converted fixture checkpoint, its GGUF alone in a directory)."""
     name = request.param
-    fixture = tmp_path_factory.mktemp(name)
-    subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_fixture.py"), name, "--out", fixture],
-        check=True,
-        capture_output=True,
-    )
+    fixture = family_fixture(name)  # a copy of its own: edited below
     cfg = json.loads((fixture / "config.json").read_text())
     # What a GGUF cannot say, the reference checkpoint does not use either: llama.cpp
     # hard-codes Gemma 3's query scale as 1/sqrt(head_dim).

@@ -2,7 +2,7 @@
 
 Everything this deployment decides is in its deployment.json (checkpoint choices, default
 model and prompt, prompt format, context); the rules that apply it (--model resolution,
-chat template or raw text) are the engine's, so make run and make verify agree.
+chat template or raw text) are llms/common/deployment.h's, so make run and make verify agree.
 build_runner returns the shared EngineRunner over the production Session::setup /
 prefill / decode_step, as for every deployment.
 """
