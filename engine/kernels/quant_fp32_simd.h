@@ -94,7 +94,9 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
     for (int j = 0; j < T; ++j) acc[i][j] = V::zero();
   alignas(64) float sc[R][kChunk * kPer];
   constexpr size_t kBlock = layout_block_bytes(kL), kStep = R * kBlock;  // tile bytes per block
-  const uintptr_t tile_qs = reinterpret_cast<uintptr_t>(s.qs.data() + r * s.row_bytes());
+  const size_t row_bytes = nb * kBlock;  // s.row_bytes() without its run-time layout switch
+  const uint8_t* const tile_ptr = s.qs.data() + r * row_bytes;
+  const uintptr_t tile_qs = reinterpret_cast<uintptr_t>(tile_ptr);
   for (size_t b0 = 0; b0 < nb; b0 += kChunk) {
     const size_t b1 = std::min(nb, b0 + kChunk);
     for (int i = 0; i < R; ++i) load_scales(s, (r + i) * ng + b0 * kPer, (b1 - b0) * kPer, sc[i]);
@@ -107,9 +109,8 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
                      _MM_HINT_T0);
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
-        const size_t row = r + i;
         F w[kVecs];
-        const uint8_t* blk = s.qs.data() + row * s.row_bytes() + b * kBlock;
+        const uint8_t* blk = tile_ptr + i * row_bytes + b * kBlock;
         if constexpr (kL == QuantLayout::u4)
           V::unpack_u4(blk, w);
         else if constexpr (kL == QuantLayout::u5)

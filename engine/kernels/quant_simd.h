@@ -107,7 +107,7 @@ void tile_unsigned(const QuantSegment& s, const QuantizedActs& a, float* y, size
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
       const size_t row = r + i;
-      const uint8_t* blk = s.qs.data() + row * s.row_bytes() + b * kBlock;
+      const uint8_t* blk = s.qs.data() + row * (nb * kBlock) + b * kBlock;
       const __m256i w = kL == QuantLayout::u5 ? u5::load_bytes(blk) : load_u4(blk);
       const float ws = load_scale(s, row * nb + b);
 #pragma GCC unroll 4
