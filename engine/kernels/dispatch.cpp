@@ -178,11 +178,12 @@ const std::vector<KernelInfo>& registered_kernels() {
        "row bit-identical to the n == 1 GEMV of its "
        "layout, the weights read once for all n",
        "any rows x cols x n; avx512 / amx layouts: up to 8 tokens per pass over a panel; "
-       "quantized (i8 / u4): the GEMV's 4-row tiles over up to 4 tokens at once (a block unpacked "
+       "quantized (i8 / u4 / u5): the GEMV's 4-row tiles over up to 4 tokens at once (a block "
+       "unpacked "
        "once per tile, each token's decode arithmetic)",
        all},
       {"matmul_i8", tiers(WeightFormat::quant),
-       "W int8 + fp32 scale (+ min) per 32 or 16 (GGUF Q8_0/Q5_0/Q5_1/Q2_K/Q3_K/Q5_K/Q6_K/"
+       "W int8 + fp32 scale (+ min) per 32 or 16 (GGUF Q8_0/Q2_K/Q3_K/Q5_K/Q6_K/"
        "IQ4_NL/IQ4_XS repacked), x/y fp32; avx512 prefill (n >= 16) under the fast config: panels "
        "unpacked to bf16 per call, x rounded to bf16 once, VDPBF16PS per group, scales and mins "
        "in fp32 (weights exact); amx (n >= 16): the same panels, x as 3 exact bf16 parts, C "
@@ -191,6 +192,11 @@ const std::vector<KernelInfo>& registered_kernels() {
       {"matmul_u4", tiers(WeightFormat::quant),
        "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default); "
        "avx512 fast prefill and amx (n >= 16) as matmul_i8",
+       "rows any, cols % 32 == 0, any n", quantized},
+      {"matmul_u5", tiers(WeightFormat::quant),
+       "W uint5 (the uint4 block + a 32-bit plane of fifth bits) + fp32 scale (+ min) per 32 "
+       "(GGUF Q5_0/Q5_1 in their own 22 / 24 bytes per 32), x/y fp32 (default); avx512 fast "
+       "prefill and amx (n >= 16) as matmul_i8",
        "rows any, cols % 32 == 0, any n", quantized},
       {"matmul_i8_int8x",
        {S, A2},
@@ -201,6 +207,11 @@ const std::vector<KernelInfo>& registered_kernels() {
       {"matmul_u4_int8x",
        {S, A2},
        "W as matmul_u4, x quantized to int8 per 32 (opt-in --quant-activations int8)",
+       "rows any, cols % 32 == 0; AVX-VNNI used where present (avx512 machines included)",
+       int8x},
+      {"matmul_u5_int8x",
+       {S, A2},
+       "W as matmul_u5, x quantized to int8 per 32 (opt-in --quant-activations int8)",
        "rows any, cols % 32 == 0; AVX-VNNI used where present (avx512 machines included)",
        int8x},
       {"attention",

@@ -64,7 +64,7 @@ class Bias {
 // the type-traits table (matmul_traits.cpp).
 enum class WeightFormat {
   bf16,   // bf16 in the tier's layout (below)
-  quant,  // GGUF blocks repacked into i8 / u4 segments (kernels/quant.h)
+  quant,  // GGUF blocks repacked into i8 / u4 / u5 segments (kernels/quant.h)
 };
 std::string_view weight_format_name(WeightFormat f);
 

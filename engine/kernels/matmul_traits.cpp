@@ -91,7 +91,7 @@ size_t bf16_bytes_vnni(const PackedMatrix& w) {
   return vnni::panels(w.rows) * vnni::kPanelRows * vnni::padded_cols(w.cols) * sizeof(uint16_t);
 }
 
-// --- quantized (GGUF blocks as i8 / u4 segments) ---------------------------------
+// --- quantized (GGUF blocks as i8 / u4 / u5 segments) ----------------------------
 
 // The tier is the row's; the activation precision (cfg.quant) picks fp32 or
 // int8 activations inside quant_matmul (kernels/quant.h).

@@ -1,19 +1,25 @@
 // Quantized weight matrices: GGUF block formats kept exact, repacked at setup
-// into two internal layouts the kernels stream.
+// into three internal layouts the kernels stream.
 //
 //   i8  int8 values, one fp32 scale per `group` (32, or 16 for the K formats
 //       with 16-element sub-blocks), optional fp32 min per group:
-//       w = scale * q (+ min).   Q8_0, Q5_0 (q - 16), Q6_K (sc * d per 16),
+//       w = scale * q (+ min).   Q8_0, Q6_K (sc * d per 16),
 //                                Q3_K (d * (sc - 32) per 16), IQ4_NL / IQ4_XS
-//                                (q = the codebook value), Q5_1 (min m),
+//                                (q = the codebook value),
 //                                Q5_K (min -dmin * m), Q2_K (per 16, min -dmin * m)
 //   u4  4-bit values, fp32 scale per 32, optional fp32 min per 32:
 //       w = scale * (q - zero) + min  Q4_0 (zero 8), Q4_1, Q4_K (min = -dmin * m)
+//   u5  5-bit values, fp32 scale per 32, optional fp32 min per 32:
+//       w = scale * (q - zero) + min  Q5_0 (zero 16), Q5_1
 //
-// Both are exact: every scale and min is the fp32 value the GGUF's own
+// All are exact: every scale and min is the fp32 value the GGUF's own
 // dequantization computes (gguf-py quants.py, ggml-quants.c), so dequant_row()
 // reproduces it bit for bit. A u4 block of 32 is 16 bytes, byte j holding
-// element j (low nibble) and element j + 16 (high nibble), as in Q4_0.
+// element j (low nibble) and element j + 16 (high nibble), as in Q4_0. A u5
+// block is 20 bytes: the u4 block of the low four bits, then a little-endian
+// uint32 whose bit j is element j's fifth bit (Q5_0's qs and qh, reordered),
+// so Q5_0 streams its GGUF size (22 bytes per 32 with the half scale) instead
+// of the 34 an int8 copy took.
 //
 // The matmul has two activation precisions (EDGELLM_QUANT_PRECISION):
 //   fp32 (default): x stays fp32; the integers q are converted to fp32 in
@@ -55,25 +61,36 @@ std::string_view block_format_name(BlockFormat f);
 size_t block_elems(BlockFormat f);  // 32 or 256
 size_t block_bytes(BlockFormat f);  // bytes of one GGUF block
 
-enum class QuantLayout { i8, u4 };
+enum class QuantLayout { i8, u4, u5 };
+
+// Bytes of one block of 32 weights: i8 32, u4 16, u5 16 + 4.
+constexpr size_t layout_block_bytes(QuantLayout l) {
+  return l == QuantLayout::i8 ? 32 : l == QuantLayout::u4 ? 16 : 20;
+}
+// Element j (0..31) of a u4 or u5 block as its unsigned q, before the zero
+// point (the scalar paths' unpack).
+inline int packed_value(QuantLayout l, const uint8_t* blk, size_t j) {
+  const int lo = j < 16 ? blk[j] & 0xf : blk[j - 16] >> 4;
+  return l == QuantLayout::u5 ? lo | ((blk[16 + j / 8] >> (j % 8)) & 1) << 4 : lo;
+}
 
 // Rows of one layout; a QuantMatrix stacks segments (q, k and v may differ).
 struct QuantSegment {
   QuantLayout layout = QuantLayout::i8;
   size_t rows = 0, cols = 0;
-  size_t group = 32;  // elements per scale and min (i8: 32 or 16; u4: 32)
-  int zero = 0;       // u4 only
+  size_t group = 32;  // elements per scale and min (i8: 32 or 16; u4, u5: 32)
+  int zero = 0;       // u4, u5 only
   bool has_min = false;
-  std::vector<uint8_t> qs;    // i8: rows * cols int8; u4: rows * cols / 2
+  std::vector<uint8_t> qs;    // rows * row_bytes(): blocks of layout_block_bytes()
   std::vector<float> scales;  // rows * cols / group
   std::vector<float> mins;    // rows * cols / group when has_min
-  // When every scale and min is exactly an IEEE half (Q4_0, Q4_1, Q5_0, Q8_0
+  // When every scale and min is exactly an IEEE half (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
   // store them so) they are kept as halves instead: decode streams 2 bytes
   // less per block. Then `scales` and `mins` are empty.
   bool half_scales = false;
   std::vector<uint16_t> scales16, mins16;
 
-  size_t row_bytes() const { return layout == QuantLayout::i8 ? cols : cols / 2; }
+  size_t row_bytes() const { return cols / 32 * layout_block_bytes(layout); }
   // Mins per 16 (Q2_K) take the activations' sums per 16, the others per 32.
   bool mins_per_16() const { return has_min && group == 16; }
   float scale(size_t i) const;  // scales[i] whichever way it is stored

@@ -1,4 +1,4 @@
-// GGUF block formats -> the internal i8 / u4 layouts (kernels/quant.h), the
+// GGUF block formats -> the internal i8 / u4 / u5 layouts (kernels/quant.h), the
 // exact dequantization of a row, and ggml's reference quantizers for q8_0 and
 // q4_0 (quantizing a bf16 checkpoint at setup). Block layouts follow ggml's
 // block_q4_0 ... block_q6_K, block_iq4_nl, block_iq4_xs (ggml-common.h); the
@@ -41,14 +41,6 @@ void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
   }
 }
 
-// Element j of a Q5_0 / Q5_1 block: its low nibble (byte j % 16 of qs, low
-// nibble for j < 16) and bit j of the 32-bit qh, 0..31.
-int q5_value(const uint8_t* qh4, const uint8_t* qs, int j) {
-  uint32_t qh;
-  std::memcpy(&qh, qh4, 4);
-  return ((qs[j % 16] >> (4 * (j / 16))) & 0xf) | static_cast<int>((qh >> j) & 1) << 4;
-}
-
 // Element p of a Q2_K / Q3_K super-block's 2-bit field: 64 bytes, each half of
 // 128 elements in 32 bytes, four 2-bit planes of 32 elements.
 int q2_value(const uint8_t* qs, int p) {
@@ -82,14 +74,18 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
         scales[b] = load_f16(blk);
         std::memcpy(qs + b * 32, blk + 2, 32);
         break;
+      // Q5_0: d, qh[4], qs[16]; Q5_1: d, m, qh[4], qs[16]. The u5 block is qs
+      // (the u4 nibble order already), then qh (bit j: element j's fifth bit).
       case BlockFormat::q5_0:
         scales[b] = load_f16(blk);
-        for (int j = 0; j < 32; ++j) qs[b * 32 + j] = as_byte(q5_value(blk + 2, blk + 6, j) - 16);
+        std::memcpy(qs + b * 20, blk + 6, 16);
+        std::memcpy(qs + b * 20 + 16, blk + 2, 4);
         break;
       case BlockFormat::q5_1:
         scales[b] = load_f16(blk);
         mins[b] = load_f16(blk + 2);
-        for (int j = 0; j < 32; ++j) qs[b * 32 + j] = as_byte(q5_value(blk + 4, blk + 8, j));
+        std::memcpy(qs + b * 20, blk + 8, 16);
+        std::memcpy(qs + b * 20 + 16, blk + 4, 4);
         break;
       case BlockFormat::q2_k: {  // scales[16] (low nibble scale, high min), qs[64], d, dmin
         const float d = load_f16(blk + 80), dmin = load_f16(blk + 82);
@@ -200,7 +196,7 @@ const FormatInfo& info(BlockFormat f) {
   using L = QuantLayout;
   static const FormatInfo kInfo[] = {
       {"Q4_0", 32, 18, L::u4, 32, 8, false},   {"Q4_1", 32, 20, L::u4, 32, 0, true},
-      {"Q5_0", 32, 22, L::i8, 32, 0, false},   {"Q5_1", 32, 24, L::i8, 32, 0, true},
+      {"Q5_0", 32, 22, L::u5, 32, 16, false},  {"Q5_1", 32, 24, L::u5, 32, 0, true},
       {"Q8_0", 32, 34, L::i8, 32, 0, false},   {"Q2_K", 256, 84, L::i8, 16, 0, true},
       {"Q3_K", 256, 110, L::i8, 16, 0, false}, {"Q4_K", 256, 144, L::u4, 32, 0, true},
       {"Q5_K", 256, 176, L::i8, 32, 0, true},  {"Q6_K", 256, 210, L::i8, 16, 0, false},
@@ -355,10 +351,10 @@ void dequant_row(const QuantMatrix& m, size_t r, float* out) {
       }
       return;
     }
+    const size_t bb = layout_block_bytes(s.layout);
     for (size_t c = 0; c < s.cols; ++c) {
       const size_t b = c / 32, j = c % 32;
-      const uint8_t byte = qs[b * 16 + j % 16];
-      const int q = (j < 16 ? byte & 0xf : byte >> 4) - s.zero;
+      const int q = packed_value(s.layout, qs + b * bb, j) - s.zero;
       const float v = s.scale(g0 + b) * static_cast<float>(q);
       out[c] = s.has_min ? v + s.min(g0 + b) : v;
     }

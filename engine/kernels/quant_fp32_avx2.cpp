@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/quant_u5_avx2.h"
+
 namespace edgellm::kernels::avx2 {
 namespace {
 
@@ -39,6 +41,15 @@ struct V {
     w[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, m));
     w[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
     w[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+  }
+  // 20 bytes: the 32 values 0..31 as bytes, then widened 8 at a time.
+  static void unpack_u5(const uint8_t* p, F* w) {
+    const __m256i q = u5::load_bytes(p);
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
   }
   static void unpack_i8(const uint8_t* p, F* w) {
     for (int v = 0; v < 4; ++v)

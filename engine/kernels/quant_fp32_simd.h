@@ -27,8 +27,8 @@
 //
 // V provides: F (the vector), kLanes, kPrefillRows, kPrefillTokens, zero(), set1(), load(), add(),
 // mul(), fmadd(), hsum(), hsum4(F[4], float[4]), unpack_u4(block16, F[32 / kLanes]),
-// unpack_i8(block32, F[...]), and dot_lanes(w, w16, b, n) (lane-wise sum w[i] * b[i], w fp32 or
-// IEEE half).
+// unpack_u5(block20, F[...]), unpack_i8(block32, F[...]), and dot_lanes(w, w16, b, n) (lane-wise
+// sum w[i] * b[i], w fp32 or IEEE half).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -79,22 +79,24 @@ constexpr size_t kPrefetchBytes = 2048;
 
 // kPerToken: every token takes decode's arithmetic (the dot, then the scale)
 // whatever T, so that batched decode equals the GEMV bit for bit.
-template <bool kU4, bool kG16, int R, int T, bool kPerToken = false>
+template <QuantLayout kL, bool kG16, int R, int T, bool kPerToken = false>
 void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r, size_t t0) {
   using F = typename V::F;
   constexpr int L = V::kLanes;
 
   const size_t nb = s.cols / 32, ng = s.cols / s.group;
   constexpr size_t kPer = kG16 ? 2 : 1;  // scales per block
-  const bool zero = kU4 && s.zero != 0, mins = s.has_min;
+  const bool zero = kL != QuantLayout::i8 && s.zero != 0, mins = s.has_min;
   F acc[R][T];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < T; ++j) acc[i][j] = V::zero();
   alignas(64) float sc[R][kChunk * kPer];
-  constexpr size_t kStep = R * (kU4 ? 16 : 32);  // tile bytes per block
-  const uintptr_t tile_qs = reinterpret_cast<uintptr_t>(s.qs.data() + r * s.row_bytes());
+  constexpr size_t kBlock = layout_block_bytes(kL), kStep = R * kBlock;  // tile bytes per block
+  const size_t row_bytes = nb * kBlock;  // s.row_bytes() without its run-time layout switch
+  const uint8_t* const tile_ptr = s.qs.data() + r * row_bytes;
+  const uintptr_t tile_qs = reinterpret_cast<uintptr_t>(tile_ptr);
   for (size_t b0 = 0; b0 < nb; b0 += kChunk) {
     const size_t b1 = std::min(nb, b0 + kChunk);
     for (int i = 0; i < R; ++i) load_scales(s, (r + i) * ng + b0 * kPer, (b1 - b0) * kPer, sc[i]);
@@ -107,12 +109,14 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
                      _MM_HINT_T0);
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
-        const size_t row = r + i;
         F w[kVecs];
-        if constexpr (kU4)
-          V::unpack_u4(s.qs.data() + row * s.row_bytes() + b * 16, w);
+        const uint8_t* blk = tile_ptr + i * row_bytes + b * kBlock;
+        if constexpr (kL == QuantLayout::u4)
+          V::unpack_u4(blk, w);
+        else if constexpr (kL == QuantLayout::u5)
+          V::unpack_u5(blk, w);
         else
-          V::unpack_i8(s.qs.data() + row * s.cols + b * 32, w);
+          V::unpack_i8(blk, w);
         const float* bs = sc[i] + (b - b0) * kPer;
         if constexpr (T > 1 && !kPerToken) {
           // Prefill: scale the block once, then one FMA per vector and token.
@@ -176,45 +180,45 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
 }
 
 // Rows [r, r + R) for tokens [t, n): full T-token tiles, then 4 / 2 / 1.
-template <bool kU4, bool kG16, int R>
+template <QuantLayout kL, bool kG16, int R>
 void row_tiles(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r) {
   constexpr int T = V::kPrefillTokens;
   size_t t = 0;
-  for (; t + T <= a.n; t += T) tile<kU4, kG16, R, T>(s, a, y, ldy, r, t);
+  for (; t + T <= a.n; t += T) tile<kL, kG16, R, T>(s, a, y, ldy, r, t);
   if constexpr (T > 4)
-    for (; t + 4 <= a.n; t += 4) tile<kU4, kG16, R, 4>(s, a, y, ldy, r, t);
-  for (; t + 2 <= a.n; t += 2) tile<kU4, kG16, R, 2>(s, a, y, ldy, r, t);
-  for (; t < a.n; ++t) tile<kU4, kG16, R, 1>(s, a, y, ldy, r, t);
+    for (; t + 4 <= a.n; t += 4) tile<kL, kG16, R, 4>(s, a, y, ldy, r, t);
+  for (; t + 2 <= a.n; t += 2) tile<kL, kG16, R, 2>(s, a, y, ldy, r, t);
+  for (; t < a.n; ++t) tile<kL, kG16, R, 1>(s, a, y, ldy, r, t);
 }
 
 // Batched decode: the GEMV's row tiles (4 rows, then single rows), each for
 // up to 4 tokens at a time.
-template <bool kU4, bool kG16, int R>
+template <QuantLayout kL, bool kG16, int R>
 void per_token_tiles(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r) {
   size_t t = 0;
-  for (; t + 4 <= a.n; t += 4) tile<kU4, kG16, R, 4, true>(s, a, y, ldy, r, t);
-  for (; t + 2 <= a.n; t += 2) tile<kU4, kG16, R, 2, true>(s, a, y, ldy, r, t);
-  for (; t < a.n; ++t) tile<kU4, kG16, R, 1, true>(s, a, y, ldy, r, t);
+  for (; t + 4 <= a.n; t += 4) tile<kL, kG16, R, 4, true>(s, a, y, ldy, r, t);
+  for (; t + 2 <= a.n; t += 2) tile<kL, kG16, R, 2, true>(s, a, y, ldy, r, t);
+  for (; t < a.n; ++t) tile<kL, kG16, R, 1, true>(s, a, y, ldy, r, t);
 }
 
-template <bool kU4, bool kG16>
+template <QuantLayout kL, bool kG16>
 void rows(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r0, size_t r1) {
   if (a.per_token && a.n > 1) {
     size_t r = r0;
-    for (; r + 4 <= r1; r += 4) per_token_tiles<kU4, kG16, 4>(s, a, y, ldy, r);
-    for (; r < r1; ++r) per_token_tiles<kU4, kG16, 1>(s, a, y, ldy, r);
+    for (; r + 4 <= r1; r += 4) per_token_tiles<kL, kG16, 4>(s, a, y, ldy, r);
+    for (; r < r1; ++r) per_token_tiles<kL, kG16, 1>(s, a, y, ldy, r);
     return;
   }
   if (a.n == 1) {
     size_t r = r0;
-    for (; r + 4 <= r1; r += 4) tile<kU4, kG16, 4, 1>(s, a, y, ldy, r, 0);
-    for (; r < r1; ++r) tile<kU4, kG16, 1, 1>(s, a, y, ldy, r, 0);
+    for (; r + 4 <= r1; r += 4) tile<kL, kG16, 4, 1>(s, a, y, ldy, r, 0);
+    for (; r < r1; ++r) tile<kL, kG16, 1, 1>(s, a, y, ldy, r, 0);
     return;
   }
   constexpr int R = V::kPrefillRows;
   size_t r = r0;
-  for (; r + R <= r1; r += R) row_tiles<kU4, kG16, R>(s, a, y, ldy, r);
-  for (; r < r1; ++r) row_tiles<kU4, kG16, 1>(s, a, y, ldy, r);
+  for (; r + R <= r1; r += R) row_tiles<kL, kG16, R>(s, a, y, ldy, r);
+  for (; r < r1; ++r) row_tiles<kL, kG16, 1>(s, a, y, ldy, r);
 }
 
 }  // namespace
@@ -222,11 +226,13 @@ void rows(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
 void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t r0,
                      size_t r1) {
   if (s.layout == QuantLayout::u4)
-    rows<true, false>(s, a, y, ldy, r0, r1);
+    rows<QuantLayout::u4, false>(s, a, y, ldy, r0, r1);
+  else if (s.layout == QuantLayout::u5)
+    rows<QuantLayout::u5, false>(s, a, y, ldy, r0, r1);
   else if (s.group == 16)
-    rows<false, true>(s, a, y, ldy, r0, r1);
+    rows<QuantLayout::i8, true>(s, a, y, ldy, r0, r1);
   else
-    rows<false, false>(s, a, y, ldy, r0, r1);
+    rows<QuantLayout::i8, false>(s, a, y, ldy, r0, r1);
 }
 
 }  // namespace edgellm::kernels::QUANT_NS

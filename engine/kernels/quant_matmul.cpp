@@ -8,7 +8,7 @@
 //
 // int8 activations, per output y[t][r] and block b, with integer dot products
 //   i8:  scale_g * sx_b * sum(q * xq) + min_g * sum(x_g)  (per 16-group as above)
-//   u4:  scale_b * sx_b * (sum(q * xq) - zero * sum(xq)) + min_b * sum(x_b)
+//   u4, u5:  scale_b * sx_b * (sum(q * xq) - zero * sum(xq)) + min_b * sum(x_b)
 // The SIMD paths compute the same integer sums; only the fp32 accumulation
 // order differs.
 #include <algorithm>
@@ -107,7 +107,7 @@ void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t 
   const size_t nb = s.cols / 32;
   for (size_t r = r0; r < r1; ++r) {
     const uint8_t* wq = s.qs.data() + r * s.row_bytes();
-    const size_t g0 = r * (s.cols / s.group);  // first scale of the row (u4: group 32)
+    const size_t g0 = r * (s.cols / s.group);  // first scale of the row (u4, u5: group 32)
     for (size_t t = 0; t < a.n; ++t) {
       const float* x = a.x + t * s.cols;
       float acc = 0.0f;
@@ -128,13 +128,12 @@ void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t 
                    s.min(g0 + 2 * b + 1) * a.half_sum[t * 2 * nb + 2 * b + 1];
           else if (s.has_min)
             acc += s.min(g0 + b) * a.block_sum[t * nb + b];
-        } else {
+        } else {  // u4, u5: elements j and j + 16 side by side, as the nibbles pair them
+          const uint8_t* blk = wq + b * layout_block_bytes(s.layout);
           float dot = 0.0f;
-          for (int j = 0; j < 16; ++j) {
-            const uint8_t byte = wq[b * 16 + j];
-            dot += static_cast<float>((byte & 0xf) - s.zero) * xb[j] +
-                   static_cast<float>((byte >> 4) - s.zero) * xb[16 + j];
-          }
+          for (size_t j = 0; j < 16; ++j)
+            dot += static_cast<float>(packed_value(s.layout, blk, j) - s.zero) * xb[j] +
+                   static_cast<float>(packed_value(s.layout, blk, j + 16) - s.zero) * xb[16 + j];
           acc += s.scale(g0 + b) * dot;
           if (s.has_min) acc += s.min(g0 + b) * a.block_sum[t * nb + b];
         }
@@ -149,7 +148,7 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
   const size_t nb = s.cols / 32;
   for (size_t r = r0; r < r1; ++r) {
     const uint8_t* wq = s.qs.data() + r * s.row_bytes();
-    const size_t g0 = r * (s.cols / s.group);  // first scale of the row (u4: group 32)
+    const size_t g0 = r * (s.cols / s.group);  // first scale of the row (u4, u5: group 32)
     auto scales = [&](size_t i) { return s.scale(g0 + i); };
     for (size_t t = 0; t < a.n; ++t) {
       const int8_t* xq = a.q.data() + t * s.cols;
@@ -173,12 +172,10 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
                    s.min(g0 + 2 * b + 1) * a.half_sum[2 * ab + 1];
           else if (s.has_min)
             acc += s.min(g0 + b) * a.sum[ab];
-        } else {
+        } else {  // u4, u5
+          const uint8_t* blk = wq + b * layout_block_bytes(s.layout);
           int32_t dot = 0;
-          for (int j = 0; j < 16; ++j) {
-            const uint8_t byte = wq[b * 16 + j];
-            dot += (byte & 0xf) * xq[b * 32 + j] + (byte >> 4) * xq[b * 32 + 16 + j];
-          }
+          for (size_t j = 0; j < 32; ++j) dot += packed_value(s.layout, blk, j) * xq[b * 32 + j];
           dot -= s.zero * a.qsum[ab];
           acc += scales(b) * sx * static_cast<float>(dot);
           if (s.has_min) acc += s.min(g0 + b) * a.sum[ab];

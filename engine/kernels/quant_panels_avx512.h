@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kernels/quant.h"
@@ -31,11 +32,20 @@ inline __m512i unpack_block(const QuantSegment& s, size_t r, size_t b) {
     lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
   } else {  // byte j: element j (low nibble), element j + 16 (high nibble)
-    const uint8_t* p = s.qs.data() + r * (s.cols / 2) + b * 16;
+    const uint8_t* p = s.qs.data() + r * s.row_bytes() + b * layout_block_bytes(s.layout);
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm512_and_si512(v, _mm512_set1_epi32(0xf));
+    hi = _mm512_srli_epi32(v, 4);
+    if (s.layout == QuantLayout::u5) {  // u5: bit j of the uint32 after the nibbles adds 16
+      uint32_t qh;
+      std::memcpy(&qh, p + 16, 4);
+      const __m512i sixteen = _mm512_set1_epi32(16);
+      lo = _mm512_mask_or_epi32(lo, static_cast<__mmask16>(qh), lo, sixteen);
+      hi = _mm512_mask_or_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
+    }
     const __m512i zero = _mm512_set1_epi32(s.zero);
-    lo = _mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0xf)), zero);
-    hi = _mm512_sub_epi32(_mm512_srli_epi32(v, 4), zero);
+    lo = _mm512_sub_epi32(lo, zero);
+    hi = _mm512_sub_epi32(hi, zero);
   }
   return (__m512i)_mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo));
 }

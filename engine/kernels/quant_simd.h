@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include "kernels/quant.h"
+#include "kernels/quant_u5_avx2.h"
 
 namespace edgellm::kernels::QUANT_NS {
 
@@ -92,9 +93,12 @@ inline void load_acts(const QuantizedActs& a, size_t t0, size_t b, __m256i* xq) 
         reinterpret_cast<const __m256i*>(a.q.data() + (t0 + j) * a.cols + b * 32));
 }
 
-template <int R, int T>
-void tile_u4(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r,
-             size_t t0) {
+// u4 and u5 weights: unsigned q (0..15 / 0..31) times s8 activations, the zero
+// point taken out once per row and token.
+template <QuantLayout kL, int R, int T>
+void tile_unsigned(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r,
+                   size_t t0) {
+  constexpr size_t kBlock = layout_block_bytes(kL);
   const size_t nb = s.cols / 32;
   Tile<R, T> tile;
   for (size_t b = 0; b < nb; ++b) {
@@ -103,7 +107,8 @@ void tile_u4(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
       const size_t row = r + i;
-      const __m256i w = load_u4(s.qs.data() + row * s.row_bytes() + b * 16);
+      const uint8_t* blk = s.qs.data() + row * (nb * kBlock) + b * kBlock;
+      const __m256i w = kL == QuantLayout::u5 ? u5::load_bytes(blk) : load_u4(blk);
       const float ws = load_scale(s, row * nb + b);
 #pragma GCC unroll 4
       for (int j = 0; j < T; ++j) {
@@ -179,7 +184,9 @@ template <int R, int T>
 void run_tile(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r,
               size_t t0) {
   if (s.layout == QuantLayout::u4)
-    tile_u4<R, T>(s, a, y, ldy, r, t0);
+    tile_unsigned<QuantLayout::u4, R, T>(s, a, y, ldy, r, t0);
+  else if (s.layout == QuantLayout::u5)
+    tile_unsigned<QuantLayout::u5, R, T>(s, a, y, ldy, r, t0);
   else
     tile_i8<R, T>(s, a, y, ldy, r, t0);
 }

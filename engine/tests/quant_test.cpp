@@ -263,7 +263,7 @@ TEST(QuantTest, EveryIsaMatchesTheIntegerReference) {
           }
           // Each SIMD row kernel directly (the dispatch picks only one of them).
           std::vector<std::pair<const char*, QuantRowsFn>> kernels;
-          if (detect_isa() == Isa::avx2) kernels.push_back({"avx2", avx2::quant_rows});
+          if (detect_isa() >= Isa::avx2) kernels.push_back({"avx2", avx2::quant_rows});
           if (has_avx_vnni()) kernels.push_back({"avxvnni", avxvnni::quant_rows});
           for (const auto& [name, fn] : kernels) {
             std::vector<float> got(n * rows, NAN);
@@ -361,13 +361,14 @@ TEST(QuantTest, RowsBitIdenticalToGemvPerToken) {
         matrices.emplace_back(std::string(block_format_name(f)) + " " + std::to_string(rows) + "x" +
                                   std::to_string(cols),
                               random_matrix(f, rows, cols, rng));
-  QuantMatrix mixed;
-  for (BlockFormat f : {BlockFormat::q2_k, BlockFormat::q4_0, BlockFormat::q6_k}) {
+  QuantMatrix mixed;  // i8 per 16, u4, u5, i8 per 16
+  for (BlockFormat f :
+       {BlockFormat::q2_k, BlockFormat::q4_0, BlockFormat::q5_0, BlockFormat::q6_k}) {
     const size_t rows = mixed.segments.size() + 5;
     const auto blocks = random_blocks(f, rows, 256, rng);
     append_segment(mixed, repack_gguf(f, blocks.data(), rows, 256));
   }
-  matrices.emplace_back("mixed 18x256", std::move(mixed));
+  matrices.emplace_back("mixed 26x256", std::move(mixed));
   for (const auto& [name, w] : matrices)
     for (size_t n = 1; n <= 9; ++n) {
       const auto x = random_x(n * w.cols, rng);
@@ -397,6 +398,20 @@ TEST(QuantTest, ExactHalfScalesAreStoredAsHalves) {
   EXPECT_TRUE(random_matrix(BlockFormat::q4_1, 3, 64, rng).segments[0].half_scales);
   EXPECT_TRUE(random_matrix(BlockFormat::q8_0, 3, 64, rng).segments[0].half_scales);
   EXPECT_FALSE(random_matrix(BlockFormat::q4_k, 3, 256, rng).segments[0].half_scales);
+}
+
+// Q5_0 and Q5_1 repack into u5 and stream exactly their GGUF bytes: 16 bytes
+// of nibbles + 4 of fifth bits + the half scale (and min) per block of 32.
+TEST(QuantTest, Q5FormatsStreamTheirGgufSize) {
+  std::mt19937 rng(7);
+  for (BlockFormat f : {BlockFormat::q5_0, BlockFormat::q5_1}) {
+    const QuantMatrix w = random_matrix(f, 3, 96, rng);
+    const QuantSegment& s = w.segments[0];
+    EXPECT_EQ(s.layout, QuantLayout::u5) << block_format_name(f);
+    EXPECT_TRUE(s.half_scales) << block_format_name(f);
+    EXPECT_EQ(s.row_bytes(), 3u * 20u);
+    EXPECT_EQ(w.bytes(), 3u * 3u * block_bytes(f)) << block_format_name(f);
+  }
 }
 
 TEST(QuantTest, RowOrderPermutesRows) {
@@ -437,6 +452,22 @@ TEST(QuantTest, DecodesHandBuiltBlocks) {
   append_segment(m5, repack_gguf(BlockFormat::q5_0, q50.data(), 1, 32));
   dequant_row(m5, 0, out.data());
   for (int j = 0; j < 32; ++j) EXPECT_EQ(out[j], j % 2 ? 0.0f : -16.0f) << j;
+  // Q5_1: d = 0.5, m = -1, nibble j % 16 + 1 - 2 (j / 16) (both nibble halves),
+  // fifth bit set for j in {3, 9, 20, 31} (one in each qh byte): q = nibble + 16 * bit.
+  std::vector<uint8_t> q51(24, 0);
+  q51[1] = 0x38;
+  q51[3] = 0xbc;
+  const uint32_t qh = 1u << 3 | 1u << 9 | 1u << 20 | 1u << 31;
+  std::memcpy(q51.data() + 4, &qh, 4);
+  for (int j = 0; j < 16; ++j) q51[8 + j] = static_cast<uint8_t>((j + 1) % 16 | (15 - j) << 4);
+  QuantMatrix m51;
+  append_segment(m51, repack_gguf(BlockFormat::q5_1, q51.data(), 1, 32));
+  dequant_row(m51, 0, out.data());
+  for (int j = 0; j < 32; ++j) {
+    const int nibble = j < 16 ? (j + 1) % 16 : 15 - (j - 16);
+    const int q = nibble + 16 * static_cast<int>((qh >> j) & 1);
+    EXPECT_EQ(out[j], 0.5f * static_cast<float>(q) - 1.0f) << j;
+  }
 }
 
 TEST(QuantTest, QuantizeRowsRoundTrips) {
@@ -536,7 +567,8 @@ TEST(QuantTest, Bf16PrefillMatchesTheRoundedReference) {
   QuantMatrix mixed;
   for (auto [f, rows] :
        {std::pair{BlockFormat::q4_k, size_t{40}}, std::pair{BlockFormat::q6_k, size_t{7}},
-        std::pair{BlockFormat::q2_k, size_t{19}}}) {
+        std::pair{BlockFormat::q5_0, size_t{13}}, std::pair{BlockFormat::q2_k, size_t{19}},
+        std::pair{BlockFormat::q5_1, size_t{21}}}) {
     const auto blocks = random_blocks(f, rows, 256, rng);
     append_segment(mixed, repack_gguf(f, blocks.data(), rows, 256));
   }
@@ -597,7 +629,8 @@ TEST(QuantTest, AmxPrefillMatchesTheReference) {
                          {BlockFormat::q5_0, 7},
                          {BlockFormat::q2_k, 21},
                          {BlockFormat::q5_k, 9},
-                         {BlockFormat::q4_1, 33}}) {
+                         {BlockFormat::q4_1, 33},
+                         {BlockFormat::q5_1, 11}}) {
     const auto blocks = random_blocks(f, rows, 512, rng);
     append_segment(mixed, repack_gguf(f, blocks.data(), rows, 512));
   }
