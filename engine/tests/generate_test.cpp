@@ -281,6 +281,9 @@ TEST(Generator, StepsOneEngineStepAtATimeAndRefusesBadInput) {
   EXPECT_THROW(Generator(s.context(), {}, o), Error);
   EXPECT_THROW(Generator(s.context(), std::vector<int32_t>(17, 1), o), Error);
   EXPECT_THROW(Generator(s.context(), kPrompt, o, /*start_pos=*/13), Error);
+  // A start past the positions the context holds would attend to stale KV.
+  Context fresh(s.model());
+  EXPECT_THROW(Generator(fresh, kPrompt, o, /*start_pos=*/2), Error);
   Context empty;
   EXPECT_THROW(Generator(empty, kPrompt, o), Error);
 }
@@ -301,6 +304,11 @@ LookupRun run_lookup(Session& s, const std::vector<int32_t>& prompt, GenerateOpt
     const bool seen = g.next_seen();
     const Generation::Step st = g.step();
     if (seen) r.streamed.push_back(st.token);  // stop tokens too: the same in both
+    // Valid positions: the prompt and every sampled token but the latest (not
+    // run yet), never a rejected draft row; the Generator reads the same.
+    EXPECT_EQ(s.context().position(),
+              static_cast<int>(prompt.size()) + g.generation().sampled() - 1);
+    EXPECT_EQ(g.position(), s.context().position());
   }
   r.tokens = g.generation().tokens();
   r.text = g.generation().text();
@@ -353,6 +361,32 @@ TEST(Lookup, GreedyOutputIsPlainDecodingsAndDraftsGetAccepted) {
     }
   }
   EXPECT_GT(accepted, 0);
+}
+
+// A draft's rows past the accepted ones are discarded by rewind(): the context
+// goes on as if only the kept rows had run, bit for bit.
+TEST(Lookup, RewindDiscardsRejectedDraftRows) {
+  Session s = tiny_session(32);
+  Context& c = s.context();
+  const int p = static_cast<int>(kPrompt.size());
+  std::vector<float> logits;
+  c.prefill(kPrompt);
+  c.decode_rows(std::vector<int32_t>{5, 6, 7, 8}, p, logits);  // [last, draft...]
+  EXPECT_EQ(c.position(), p + 4);
+  c.rewind(p + 1);  // only the first row's token was kept
+  EXPECT_EQ(c.position(), p + 1);
+  EXPECT_THROW(c.rewind(p + 2), Error);  // past the valid end
+  EXPECT_THROW(c.rewind(-1), Error);
+  const std::span<const float> got = c.decode_step(9, c.position());
+  const std::vector<float> after_rows(got.begin(), got.end());
+  Session t = tiny_session(32);
+  t.prefill(kPrompt);
+  t.decode_step(5, p);
+  const std::span<const float> want = t.decode_step(9, p + 1);
+  EXPECT_EQ(after_rows, std::vector<float>(want.begin(), want.end()));
+  EXPECT_EQ(c.position(), t.context().position());
+  Context empty;
+  EXPECT_THROW(empty.rewind(0), Error);
 }
 
 TEST(Lookup, SampledGenerationNeverDrafts) {

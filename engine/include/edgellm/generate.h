@@ -129,11 +129,12 @@ class PromptLookup {
   std::vector<int32_t> draft(std::span<const int32_t> prompt, std::span<const int32_t> output,
                              int limit) const;
 
-  // Runs one forward over [last, draft...] at `pos` and feeds its rows to `gen`
-  // until one disagrees with the draft or the generation stops: the returned
-  // steps (at least one) are those plain decoding would have produced, and
-  // positions [pos, pos + steps) hold their KV.
-  std::vector<Generation::Step> verify(Context& context, Generation& gen, int32_t last, int pos,
+  // Runs one forward over [last, draft...] at the context's position and feeds
+  // its rows to `gen` until one disagrees with the draft or the generation
+  // stops: the returned steps (at least one) are those plain decoding would
+  // have produced. The context keeps the KV of the rows they ran (its position
+  // advances by steps.size()); the rejected rows are rewound.
+  std::vector<Generation::Step> verify(Context& context, Generation& gen, int32_t last,
                                        std::span<const int32_t> draft);
 
   // A plain decode step took `ms` (what a draft must beat); counts down a rest.
@@ -156,8 +157,9 @@ class PromptLookup {
 };
 
 // One generation over one Context, one engine step per step(): the first
-// prefills the prompt at start_pos (earlier positions must already be in the
-// context's cache), each later one runs one decode step.
+// prefills the prompt at start_pos, each later one runs one decode step at the
+// context's position. Positions [0, start_pos) must already be in the context's
+// cache (start_pos <= context.position()); the ones after are discarded.
 class Generator {
  public:
   Generator(Context& context, std::vector<int32_t> prompt, GenerateOptions options,
@@ -179,16 +181,15 @@ class Generator {
   // No step left: the generation finished (and no unseen decoding is due).
   bool done() const;
   const Generation& generation() const { return gen_; }
-  int position() const { return pos_; }  // the next position to run: [0, pos) are cached
-  int decode_steps() const { return decode_steps_; }   // tokens decoded after the prefill's
-  int drafted() const { return lookup_.drafted(); }    // lookup draft tokens verified
-  int accepted() const { return lookup_.accepted(); }  // of them, the ones kept
+  int position() const { return context_->position(); }  // the context's: [0, pos) are cached
+  int decode_steps() const { return decode_steps_; }     // tokens decoded after the prefill's
+  int drafted() const { return lookup_.drafted(); }      // lookup draft tokens verified
+  int accepted() const { return lookup_.accepted(); }    // of them, the ones kept
 
  private:
   Context* context_;
   std::vector<int32_t> prompt_;
   Generation gen_;
-  int pos_;
   int32_t last_ = -1;  // the token the next decode step runs
   bool started_ = false;
   int decode_steps_ = 0;
@@ -204,14 +205,14 @@ struct GenerateResult {
   double ttft_ms = 0;    // prefill + the first token
   double decode_ms = 0;  // the decode steps after it (unseen ones included)
   int decode_steps = 0;
-  int end_pos = 0;  // positions [0, end_pos) are in the context's cache afterwards
+  int end_pos = 0;  // the context's position afterwards: [0, end_pos) are in its cache
 };
 
 // Called with each step's token and its final text; return false to stop.
 using TokenCallback = std::function<bool(int32_t token, std::string_view text)>;
 
-// Prefills `prompt` at start_pos (earlier positions must already be in the
-// context's cache) and generates until a stop rule, max_tokens, the end of the
+// Prefills `prompt` at start_pos (positions [0, start_pos) must already be in
+// the context's cache) and generates until a stop rule, max_tokens, the end of the
 // context, a cancel or the callback says stop. `on_token` sees every token of
 // the output (not the unseen ones of decode_past_stop). The timing is the
 // seed's: ttft_ms is the prefill and the first token's sampling, decode_ms the

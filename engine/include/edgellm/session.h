@@ -118,6 +118,13 @@ class Model {
 
 // One sequence: its KV cache, activation scratch, logits and position. It keeps
 // the model's weights alive, so it may outlive the Model object it came from.
+//
+// position() is the one record of how many positions of the sequence are
+// valid: [0, position()) hold the KV of the tokens run so far. Every call that
+// writes positions [p, p + n) (prefill, decode_step, decode_rows,
+// decode_batch, load_kv) sets it to p + n, so what lies past it is discarded;
+// rewind() discards positions without running anything. Generator and the
+// server's scheduler read it rather than counting positions themselves.
 class Context {
  public:
   Context();  // empty: prefill/decode_step throw until assigned a Context(model)
@@ -139,6 +146,10 @@ class Context {
   // logits [n][vocab], row i bit-identical to decode_step(tokens[i], start_pos
   // + i) after the rows before it (prompt-lookup decoding's draft check).
   void decode_rows(std::span<const int32_t> tokens, int start_pos, std::vector<float>& logits);
+  // Keeps positions [0, pos) and discards the rest (0 <= pos <= position()),
+  // e.g. the rows of a rejected draft. Their KV is simply overwritten by the
+  // next forward: nothing moves.
+  void rewind(int pos);
 
   // The KV cache of positions [start, start + n) as bytes: every layer's keys
   // and values in the cache's element type. load_kv() writes such bytes into
@@ -149,7 +160,7 @@ class Context {
   void load_kv(int start, int n, std::span<const uint8_t> in);
 
   std::span<const float> logits() const;  // of the last prefill/decode_step
-  int position() const;                   // positions in the KV cache: next one to run
+  int position() const;                   // valid positions in the KV cache: next one to run
   const ModelConfig& config() const;
   const Tokenizer& tokenizer() const;
   int max_context() const;

@@ -199,13 +199,16 @@ Generator::Generator(Context& context, std::vector<int32_t> prompt, GenerateOpti
                      int start_pos)
     : context_(&context),
       prompt_(std::move(prompt)),
-      gen_(context.tokenizer(), context.config(), std::move(options)),
-      pos_(start_pos) {
+      gen_(context.tokenizer(), context.config(), std::move(options)) {
   check(!prompt_.empty(), "generate needs at least one prompt token");
   check(start_pos >= 0 && start_pos + prompt_.size() <= static_cast<size_t>(context.max_context()),
         "a prompt of " + std::to_string(prompt_.size()) + " tokens at position " +
             std::to_string(start_pos) + " does not fit the context of " +
             std::to_string(context.max_context()) + " positions");
+  check(start_pos <= context.position(),
+        "a prompt at position " + std::to_string(start_pos) + " continues past the " +
+            std::to_string(context.position()) + " positions in the context's cache");
+  context.rewind(start_pos);  // the prefill runs at the context's position
 }
 
 bool Generator::done() const {
@@ -216,15 +219,14 @@ bool Generator::done() const {
   // Unseen decoding goes on after a stop (not after length or a cancel) while
   // tokens and positions are left.
   return !(o.decode_past_stop && gen_.finish_reason() == FinishReason::stop && !cancelled &&
-           gen_.sampled() < o.max_tokens && pos_ < context_->max_context());
+           gen_.sampled() < o.max_tokens && position() < context_->max_context());
 }
 
 Generation::Step Generator::step() {
   if (done()) throw Error("Generator::step called after the generation finished");
   if (!started_) {
     started_ = true;
-    Generation::Step s = gen_.next(context_->prefill(prompt_, pos_, gen_.options().capture));
-    pos_ += static_cast<int>(prompt_.size());
+    Generation::Step s = gen_.next(context_->prefill(prompt_, position(), gen_.options().capture));
     last_ = s.token;
     return s;
   }
@@ -234,30 +236,29 @@ Generation::Step Generator::step() {
     return s;
   }
   if (gen_.done()) {  // past a stop: decode on, unseen
-    const std::span<const float> logits = context_->decode_step(last_, pos_++);
+    const std::span<const float> logits = context_->decode_step(last_, position());
     ++decode_steps_;
     Generation::Step s;
     s.token = last_ = gen_.next_unseen(logits);
     s.done = true;
     return s;
   }
-  if (pos_ >= context_->max_context()) return gen_.finish(FinishReason::length);
+  if (position() >= context_->max_context()) return gen_.finish(FinishReason::length);
   // A draft never runs past the context nor past the tokens max_tokens leaves.
-  const int room = std::min(context_->max_context() - pos_ - 1,
+  const int room = std::min(context_->max_context() - position() - 1,
                             gen_.options().max_tokens - static_cast<int>(gen_.tokens().size()) - 1);
   const std::vector<int32_t> draft = PromptLookup::eligible(gen_.options())
                                          ? lookup_.draft(prompt_, gen_.tokens(), room)
                                          : std::vector<int32_t>{};
   if (!draft.empty()) {
-    std::vector<Generation::Step> steps = lookup_.verify(*context_, gen_, last_, pos_, draft);
-    pos_ += static_cast<int>(steps.size());
+    std::vector<Generation::Step> steps = lookup_.verify(*context_, gen_, last_, draft);
     decode_steps_ += static_cast<int>(steps.size());  // tokens decoded, as plain decoding counts
     last_ = steps.back().token;
     for (size_t i = 1; i < steps.size(); ++i) queued_.push_back(std::move(steps[i]));
     return std::move(steps.front());
   }
   const auto start = std::chrono::steady_clock::now();
-  const std::span<const float> logits = context_->decode_step(last_, pos_++);
+  const std::span<const float> logits = context_->decode_step(last_, position());
   lookup_.plain_step(ms_since(start));
   ++decode_steps_;
   Generation::Step s = gen_.next(logits);
@@ -301,7 +302,7 @@ GenerateResult generate(Context& context, std::span<const int32_t> prompt,
   r.text = g.text();
   r.finish = g.finish_reason();
   r.decode_steps = gen.decode_steps();
-  r.end_pos = gen.position();
+  r.end_pos = context.position();
   return r;
 }
 

@@ -37,7 +37,8 @@ std::vector<int32_t> PromptLookup::draft(std::span<const int32_t> prompt,
 }
 
 std::vector<Generation::Step> PromptLookup::verify(Context& context, Generation& gen, int32_t last,
-                                                   int pos, std::span<const int32_t> draft) {
+                                                   std::span<const int32_t> draft) {
+  const int pos = context.position();
   std::vector<int32_t> rows{last};
   rows.insert(rows.end(), draft.begin(), draft.end());
   const auto start = std::chrono::steady_clock::now();
@@ -48,13 +49,15 @@ std::vector<Generation::Step> PromptLookup::verify(Context& context, Generation&
   int kept = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     // Row i holds the logits after rows[i]; its KV (position pos + i) is the
-    // one plain decoding would have, whatever follows. Rejected rows' KV is
-    // overwritten by the next forward.
+    // one plain decoding would have, whatever follows.
     steps.push_back(gen.next({logits_.data() + i * vocab, vocab}));
     const Generation::Step& s = steps.back();
     if (s.done || i == draft.size() || s.token != draft[i]) break;
     ++kept;
   }
+  // The rows after the last step's ran tokens plain decoding never runs: not
+  // valid, and overwritten by the next forward.
+  context.rewind(pos + static_cast<int>(steps.size()));
   drafted_ += static_cast<int>(draft.size());
   accepted_ += kept;
   // Adapt: grow on full acceptance, shrink to what was kept otherwise.

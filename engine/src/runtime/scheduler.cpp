@@ -42,14 +42,13 @@ struct Scheduler::Job {
   std::vector<int32_t> prompt;
   GenerateOptions options;
   std::shared_ptr<RequestStream> stream;
-  std::unique_ptr<Context> context;
+  std::unique_ptr<Context> context;  // its position() is the next decode step's
   std::optional<Generation> gen;
   size_t prefilled = 0;
   bool looked_up = false;     // the prefix cache was asked (at the first prefill turn)
   PrefixCache::Chain cached;  // held from the lookup until the prompt's blocks are stored
   int32_t last_token = -1;
   PromptLookup lookup;
-  int pos = 0;  // the position of the next decode step
   Clock::time_point submitted = Clock::now(), last_token_at;
 
   bool prefilling() const { return prefilled < prompt.size(); }
@@ -202,7 +201,6 @@ void Scheduler::prefill_some() {
       if (!job->prefilling()) {
         const Generation::Step step = job->gen->next(logits);
         metrics_.observe_ttft(seconds_since(job->submitted));
-        job->pos = static_cast<int>(job->prompt.size());
         publish(*job, step);
         if (cache_) {  // after the first token, which need not wait for the copies
           cache_->store(job->cached, job->prompt, *job->context);
@@ -226,13 +224,13 @@ void Scheduler::decode_all() {
     if (job->prefilling() || job->gen->done()) continue;
     if (job->stream->cancelled_) {
       publish(*job, job->gen->finish(FinishReason::cancelled));
-    } else if (job->pos >= job->context->max_context()) {
+    } else if (job->context->position() >= job->context->max_context()) {
       publish(*job, job->gen->finish(FinishReason::length));
     } else {
       batch.push_back(job.get());
       contexts.push_back(job->context.get());
       tokens.push_back(job->last_token);
-      positions.push_back(job->pos);
+      positions.push_back(job->context->position());
     }
   }
   if (batch.empty()) return;
@@ -246,31 +244,27 @@ void Scheduler::decode_all() {
     for (Job* job : batch) fail(*job, e.what());
     return;
   }
-  for (Job* job : batch) {
-    ++job->pos;
-    publish(*job, job->gen->next(job->context->logits()));
-  }
+  for (Job* job : batch) publish(*job, job->gen->next(job->context->logits()));
 }
 
 // A greedy sequence decoding alone: a prompt-lookup draft verified in one
 // forward when the context offers one, else one plain decode step.
 void Scheduler::decode_alone(Job& job) {
   const int room =
-      std::min(job.context->max_context() - job.pos - 1,
+      std::min(job.context->max_context() - job.context->position() - 1,
                job.options.max_tokens - static_cast<int>(job.gen->tokens().size()) - 1);
   try {
     const std::vector<int32_t> draft = job.lookup.draft(job.prompt, job.gen->tokens(), room);
     if (draft.empty()) {
       const auto start = Clock::now();
-      const std::span<const float> logits = job.context->decode_step(job.last_token, job.pos);
+      const std::span<const float> logits =
+          job.context->decode_step(job.last_token, job.context->position());
       job.lookup.plain_step(seconds_since(start) * 1e3);
-      ++job.pos;
       publish(job, job.gen->next(logits));
       return;
     }
     const std::vector<Generation::Step> steps =
-        job.lookup.verify(*job.context, *job.gen, job.last_token, job.pos, draft);
-    job.pos += static_cast<int>(steps.size());
+        job.lookup.verify(*job.context, *job.gen, job.last_token, draft);
     metrics_.add_lookup(draft.size(), steps.size() - 1);
     for (const Generation::Step& step : steps) publish(job, step);
   } catch (const std::exception& e) {

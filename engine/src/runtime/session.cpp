@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "edgellm/error.h"
+#include "edgellm/json_file.h"
 #include "edgellm/model_store.h"
 #include "edgellm/thread_pool.h"
-#include "edgellm/json_file.h"
 #include "io/safetensors.h"
 #include "models/gguf_config.h"
 #include "models/gguf_weights.h"
@@ -388,6 +388,14 @@ void Context::load_kv(int start, int n, std::span<const uint8_t> in) {
   state_->model->model->load_kv(state_->kv, static_cast<size_t>(start), static_cast<size_t>(n),
                                 in.data());
   state_->position = start + n;
+}
+
+void Context::rewind(int pos) {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  if (pos < 0 || pos > state_->position)
+    throw Error("rewind to position " + std::to_string(pos) + ": the context holds " +
+                std::to_string(state_->position) + " positions");
+  state_->position = pos;
 }
 
 std::span<const float> Context::logits() const {
