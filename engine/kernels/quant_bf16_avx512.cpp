@@ -8,9 +8,9 @@
 // difference from the exact path, and stage 2 judges it.
 //
 // Each thread unpacks its 16-row panels once per call (quant_panels_avx512.h)
-// and sweeps every token over them, 8 tokens x 16 rows per register tile: a
-// group's products (16 or 32 columns) are summed by VDPBF16PS in fresh
-// registers, then FMA'd into the accumulators with the 16 rows' scales.
+// and sweeps every token over them, 7 tokens x 32 rows (two panels) per
+// register tile: a group's products (16 or 32 columns) are summed by VDPBF16PS
+// in fresh registers, then FMA'd into the accumulators with the rows' scales.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -32,6 +32,8 @@ using quant_panels::PanelView;
 using quant_panels::Scratch;
 
 constexpr size_t kTokenBlockBytes = 256 * 1024;  // bf16 x per token block (stays in L2)
+constexpr int kTokens = 7;                       // tokens of a register tile
+constexpr int kPanels = 2;                       // panels of a register tile
 
 struct Call {
   const uint16_t* xb;      // [n][cols] bf16(x)
@@ -40,72 +42,106 @@ struct Call {
   size_t n;
 };
 
-// Tokens [t, t + T) x the panel's 16 rows (`rows` of them real).
-template <int T, int KG, bool kMin>
-inline void tile(const PanelView& p, const uint16_t* xb, size_t cols, const float* gsum, float* y,
+// Tokens [t, t + T) x P adjacent panels' 16 rows each (`rows` of them real,
+// counted from the first panel's first row). T * P independent VDPBF16PS
+// chains: with 8 (8 tokens x 1 panel) the instruction's latency, not its
+// throughput, was the limit (~65% of the peak on Zen 5); 7 x 2 keeps 14 in
+// flight (28 accumulators and two weight vectors of the 32 zmm registers),
+// and each broadcast of x feeds P of them.
+template <int T, int P, int KG, bool kMin>
+inline void tile(const PanelView* p, const uint16_t* xb, size_t cols, const float* gsum, float* y,
                  size_t ldy, size_t rows) {
   const size_t ng = cols / KG;
-  __m512 acc[T];
+  __m512 acc[T][P];
 #pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 2
+    for (int k = 0; k < P; ++k) acc[t][k] = _mm512_setzero_ps();
   for (size_t g = 0; g < ng; ++g) {
-    __m512 part[T];
+    __m512 part[T][P];
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) part[t] = _mm512_setzero_ps();
-    const uint16_t* w = p.w + g * KG * kPanel;  // the group's column pairs, 64 bytes each
+    for (int t = 0; t < T; ++t)
+#pragma GCC unroll 2
+      for (int k = 0; k < P; ++k) part[t][k] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int q = 0; q < KG / 2; ++q) {
-      const __m512bh wv = (__m512bh)_mm512_load_si512(w + q * 32);
+      __m512bh wv[P];  // the group's column pair q of each panel, 64 bytes
+#pragma GCC unroll 2
+      for (int k = 0; k < P; ++k)
+        wv[k] = (__m512bh)_mm512_load_si512(p[k].w + g * KG * kPanel + q * 32);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         uint32_t pair;
         std::memcpy(&pair, xb + t * cols + g * KG + 2 * q, sizeof(pair));
-        part[t] = _mm512_dpbf16_ps(part[t], wv, (__m512bh)_mm512_set1_epi32(pair));
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 2
+        for (int k = 0; k < P; ++k) part[t][k] = _mm512_dpbf16_ps(part[t][k], wv[k], xv);
       }
     }
-    const __m512 sc = _mm512_loadu_ps(p.scale + g * kPanel);
+#pragma GCC unroll 2
+    for (int k = 0; k < P; ++k) {
+      const __m512 sc = _mm512_loadu_ps(p[k].scale + g * kPanel);
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_fmadd_ps(part[t], sc, acc[t]);
+      for (int t = 0; t < T; ++t) acc[t][k] = _mm512_fmadd_ps(part[t][k], sc, acc[t][k]);
+    }
     if constexpr (kMin) {
-      const __m512 mn = _mm512_loadu_ps(p.min + g * kPanel);
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t)
-        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(gsum[t * ng + g]), mn, acc[t]);
+      for (int t = 0; t < T; ++t) {
+        const __m512 s = _mm512_set1_ps(gsum[t * ng + g]);
+#pragma GCC unroll 2
+        for (int k = 0; k < P; ++k)
+          acc[t][k] = _mm512_fmadd_ps(s, _mm512_loadu_ps(p[k].min + g * kPanel), acc[t][k]);
+      }
     }
   }
-  const __mmask16 real = rows >= kPanel ? 0xffff : static_cast<__mmask16>((1u << rows) - 1);
+#pragma GCC unroll 2
+  for (int k = 0; k < P; ++k) {
+    const size_t left = rows > k * kPanel ? rows - k * kPanel : 0;
+    const __mmask16 real = left >= kPanel ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
 #pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, real, acc[t]);
+    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy + k * kPanel, real, acc[t][k]);
+  }
+}
+
+// Tokens [t0, t1) x P panels in tiles of kTokens, the last tile narrower: a
+// 1-token tile has only P chains, so the tail gets a tile of its own width.
+template <int T, int P, int KG, bool kMin>
+inline void tiles(const PanelView* v, const uint16_t* xb, size_t cols, const float* gsum, float* y,
+                  size_t ldy, size_t rows, size_t t0, size_t t1) {
+  const size_t ng = cols / KG;
+  auto x = [&](size_t t) { return xb + t * cols; };
+  auto g = [&](size_t t) { return kMin ? gsum + t * ng : nullptr; };
+  size_t t = t0;
+  for (; t + T <= t1; t += T) tile<T, P, KG, kMin>(v, x(t), cols, g(t), y + t * ldy, ldy, rows);
+  if constexpr (T > 1)
+    if (t < t1) tiles<T - 1, P, KG, kMin>(v, xb, cols, gsum, y, ldy, rows, t, t1);
 }
 
 // Panels [p0, p1) of segment s for every token.
 template <int KG, bool kMin>
 void segment_panels(const QuantSegment& s, const Call& call, float* y, size_t ldy, size_t p0,
                     size_t p1, Scratch& scratch) {
-  const size_t cols = s.cols, ng = cols / KG;
+  const size_t cols = s.cols;
   const float* gsum = kMin ? (KG == 16 ? call.half_sum : call.block_sum) : nullptr;
   const size_t chunk = std::max<size_t>(1, kChunkBytes / (cols * kPanel * sizeof(uint16_t)));
-  const size_t tblock = std::max<size_t>(8, kTokenBlockBytes / (cols * sizeof(uint16_t)) / 8 * 8);
+  const size_t tblock =
+      std::max<size_t>(kTokens, kTokenBlockBytes / (cols * sizeof(uint16_t)) / kTokens * kTokens);
   for (size_t c0 = p0; c0 < p1; c0 += chunk) {
     const size_t c1 = std::min(p1, c0 + chunk);
     scratch.unpack(s, c0, c1 - c0);
     for (size_t t0 = 0; t0 < call.n; t0 += tblock) {
       const size_t t1 = std::min(call.n, t0 + tblock);
-      for (size_t p = c0; p < c1; ++p) {
-        const PanelView v = scratch.panel(p - c0);
-        const size_t r0 = p * kPanel, rows = std::min(kPanel, s.rows - r0);
-        auto at = [&](size_t t) {
-          return std::tuple{call.xb + t * cols, kMin ? gsum + t * ng : nullptr, y + t * ldy + r0};
-        };
-        size_t t = t0;
-        for (; t + 8 <= t1; t += 8) {
-          const auto [x, g, out] = at(t);
-          tile<8, KG, kMin>(v, x, cols, g, out, ldy, rows);
-        }
-        for (; t < t1; ++t) {
-          const auto [x, g, out] = at(t);
-          tile<1, KG, kMin>(v, x, cols, g, out, ldy, rows);
-        }
+      for (size_t p = c0; p < c1;) {
+        // kPanels panels at a time; an odd last one alone.
+        const size_t np = p + kPanels <= c1 ? kPanels : 1;
+        PanelView v[kPanels];
+        for (size_t k = 0; k < np; ++k) v[k] = scratch.panel(p + k - c0);
+        const size_t r0 = p * kPanel, rows = std::min(np * kPanel, s.rows - r0);
+        if (np == kPanels)
+          tiles<kTokens, kPanels, KG, kMin>(v, call.xb, cols, gsum, y + r0, ldy, rows, t0, t1);
+        else
+          tiles<kTokens, 1, KG, kMin>(v, call.xb, cols, gsum, y + r0, ldy, rows, t0, t1);
+        p += np;
       }
     }
   }
