@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "edgellm/error.h"
-#include "edgellm/tokenizer.h"
 #include "edgellm/json_file.h"
+#include "edgellm/tokenizer.h"
 #include "json_util.h"
 #include "unicode.h"
 
