@@ -57,18 +57,23 @@ def test_make_cpp_and_python_read_the_same_descriptor(
     assert f"--model TEXT={d.default_model} " in help_text
 
 
-def test_smollm2_base_choice_is_one_fact(
-    engine_binding: Any, edgellm_bin: Path, tmp_path: Path
-) -> None:
-    """`base` (the drift the descriptor fixed) resolves the same way in C++ and Python."""
-    env = {**os.environ, "EDGELLM_MODELS": str(tmp_path)}
-    proc = subprocess.run(
+def run_base_model(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`edgellm run --model base` on the smollm2 deployment (its checkpoint is not fetched)."""
+    return subprocess.run(
         [*edgellm_cmd("run"), "--model", "base"],
         capture_output=True,
         text=True,
         env=env,
         timeout=60,
     )
+
+
+def test_smollm2_base_choice_is_one_fact(
+    engine_binding: Any, edgellm_bin: Path, tmp_path: Path
+) -> None:
+    """`base` (the drift the descriptor fixed) resolves the same way in C++ and Python."""
+    env = {**os.environ, "EDGELLM_MODELS": str(tmp_path)}
+    proc = run_base_model(env)
     assert f"checkpoint not found at {tmp_path / 'smollm2-135m'}" in proc.stderr
     verify = subprocess.run(
         [
@@ -193,11 +198,5 @@ def test_the_command_defaults_to_the_source_tree_store(edgellm_bin: Path, tmp_pa
         pytest.skip("models/smollm2-135m is present: the error this test reads does not happen")
     env = {k: v for k, v in os.environ.items() if k != "EDGELLM_MODELS"}
     env["XDG_CACHE_HOME"] = str(tmp_path)
-    proc = subprocess.run(
-        [*edgellm_cmd("run"), "--model", "base"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    proc = run_base_model(env)
     assert f"checkpoint not found at {REPO / 'models' / 'smollm2-135m'}" in proc.stderr

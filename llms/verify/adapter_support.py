@@ -9,7 +9,6 @@ is written twice.
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,13 +29,9 @@ def _binding() -> Any:
 
 def _policy() -> ModuleType:
     """The deployment policy's module, or one line saying how to build it."""
-    try:
-        return importlib.import_module(POLICY)
-    except ImportError as e:
-        raise VerifyError(
-            f"cannot import the deployment module {POLICY} ({e}); build it with "
-            f"`cmake --build build --target {POLICY}` and put build/python on PYTHONPATH"
-        ) from None
+    from verify.runners.engine_runner import import_built
+
+    return import_built(POLICY, "the deployment module")
 
 
 def _call(fn: Any, *args: Any) -> Any:

@@ -33,15 +33,21 @@ FP32_NAMES = ("f32", "fp32", "float32")
 FULL_PRECISION_WEIGHTS = ("checkpoint", "bf16", "f16", "f32", "gguf-exact")
 
 
-def import_binding() -> ModuleType:
-    """The engine's binding module, or one line saying how to build it."""
+def import_built(module: str, what: str) -> ModuleType:
+    """A module the CMake build puts in build/python (its target has the module's name), or one
+    line saying how to build it."""
     try:
-        return importlib.import_module(BINDING)
+        return importlib.import_module(module)
     except ImportError as e:
         raise VerifyError(
-            f"cannot import the engine binding {BINDING} ({e}); build it with "
-            "`cmake --build build --target edgellm_py` and put build/python on PYTHONPATH"
+            f"cannot import {what} {module} ({e}); build it with "
+            f"`cmake --build build --target {module}` and put build/python on PYTHONPATH"
         ) from None
+
+
+def import_binding() -> ModuleType:
+    """The engine's binding module, or one line saying how to build it."""
+    return import_built(BINDING, "the engine binding")
 
 
 class EngineRunner:
