@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/quant_u5_avx2.h"
+#include "kernels/quant_unpack_avx2.h"
 
 namespace edgellm::kernels::avx2 {
 namespace {
@@ -44,7 +44,7 @@ struct V {
   }
   // 20 bytes: the 32 values 0..31 as bytes, then widened 8 at a time.
   static void unpack_u5(const uint8_t* p, F* w) {
-    const __m256i q = u5::load_bytes(p);
+    const __m256i q = unpack::u5_bytes(p);
     const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
     w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));

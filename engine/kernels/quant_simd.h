@@ -12,17 +12,11 @@
 #include <immintrin.h>
 
 #include "kernels/quant.h"
-#include "kernels/quant_u5_avx2.h"
+#include "kernels/quant_unpack_avx2.h"
 
 namespace edgellm::kernels::QUANT_NS {
 
 namespace {
-
-inline __m256i load_u4(const uint8_t* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i m = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-}
 
 // Sums of 4 adjacent u8 x s8 products as 8 fp32 lanes (lane k: elements 4k..4k+3).
 inline __m256 dot_lanes(__m256i u, __m256i s) {
@@ -108,7 +102,7 @@ void tile_unsigned(const QuantSegment& s, const QuantizedActs& a, float* y, size
     for (int i = 0; i < R; ++i) {
       const size_t row = r + i;
       const uint8_t* blk = s.qs.data() + row * (nb * kBlock) + b * kBlock;
-      const __m256i w = kL == QuantLayout::u5 ? u5::load_bytes(blk) : load_u4(blk);
+      const __m256i w = kL == QuantLayout::u5 ? unpack::u5_bytes(blk) : unpack::u4_bytes(blk);
       const float ws = load_scale(s, row * nb + b);
 #pragma GCC unroll 4
       for (int j = 0; j < T; ++j) {

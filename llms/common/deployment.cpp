@@ -2,6 +2,7 @@
 #include "deployment.h"
 
 #include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "edgellm/error.h"

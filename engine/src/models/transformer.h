@@ -140,8 +140,8 @@ class Transformer {
       for (size_t t = t0; t < t1; ++t) fn(t);
     });
   }
-  static constexpr size_t kParallelTokens =
-      32;  // a batched decode step (<= 32 streams) stays inline
+  // A batched decode step (<= 32 streams) stays inline.
+  static constexpr size_t kParallelTokens = 32;
 
   const ModelConfig& c_;
   ModelWeights weights_;

@@ -55,8 +55,8 @@ std::vector<Generation::Step> PromptLookup::verify(Context& context, Generation&
     if (s.done || i == draft.size() || s.token != draft[i]) break;
     ++kept;
   }
-  // The rows after the last step's ran tokens plain decoding never runs: not
-  // valid, and overwritten by the next forward.
+  // Rows past the returned steps hold draft tokens plain decoding never ran:
+  // drop them (the next forward overwrites their KV).
   context.rewind(pos + static_cast<int>(steps.size()));
   drafted_ += static_cast<int>(draft.size());
   accepted_ += kept;

@@ -1,5 +1,5 @@
-// A u5 block (kernels/quant.h: 16 bytes of nibbles, then a uint32 of fifth
-// bits) as 32 bytes q = 0..31 in element order, for the AVX2 kernels of both
+// u4 and u5 blocks (kernels/quant.h: 16 bytes of nibbles, u5 then a uint32 of
+// fifth bits) as 32 bytes q in element order, for the AVX2 kernels of both
 // activation precisions (quant_simd.h, quant_fp32_avx2.cpp). Internal linkage,
 // as each includer is built for its own ISA.
 #pragma once
@@ -9,13 +9,19 @@
 #include <cstdint>
 #include <cstring>
 
-namespace edgellm::kernels::u5 {
+namespace edgellm::kernels::unpack {
 namespace {
 
-inline __m256i load_bytes(const uint8_t* p) {
+// q = 0..15: byte j's low nibble is element j, its high nibble element j + 16.
+inline __m256i u4_bytes(const uint8_t* p) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m128i m = _mm_set1_epi8(0x0f);
-  const __m256i lo = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+// q = 0..31: the u4 bytes, plus 16 where bit j of the uint32 after them is set.
+inline __m256i u5_bytes(const uint8_t* p) {
+  const __m256i lo = u4_bytes(p);
   int32_t qh;
   std::memcpy(&qh, p + 16, 4);
   // Byte j of the result takes byte j / 8 of qh, then its bit j % 8: all ones
@@ -31,4 +37,4 @@ inline __m256i load_bytes(const uint8_t* p) {
 }
 
 }  // namespace
-}  // namespace edgellm::kernels::u5
+}  // namespace edgellm::kernels::unpack
