@@ -37,13 +37,21 @@ SMOLLM2_DIR = STORE / "smollm2-135m-instruct"
 VERIFY_RUNNER = REPO / "llms" / "verify" / "verify_runner.py"
 PYTHON = sys.executable
 
-MUTANT_TABLE = pytest.StashKey[list[tuple[str, str, str]]]()
-_REPORT: dict[str, list[str]] = {}  # section -> lines printed after the run (measured numbers)
+MUTANTS = "gate mutants: which lens caught each"
+# Figures measured in this process and not yet carried by a test report; the reports take them
+# to the process that prints the summary (a pytest-xdist worker prints nothing itself).
+_PENDING: list[tuple[str, Any]] = []
+_REPORT: dict[str, list[Any]] = {}  # section -> lines (or mutant rows) printed after the run
 
 
 def report_line(section: str, line: str) -> None:
     """A measured figure to print in the terminal summary, e.g. an error beside its tolerance."""
-    _REPORT.setdefault(section, []).append(line)
+    _PENDING.append((section, line))
+
+
+def mutant_row(name: str, kind: str, lenses: str) -> None:
+    """One row of the summary's table of gate mutants and the lenses that caught them."""
+    _PENDING.append((MUTANTS, [name, kind, lenses]))
 
 
 def verify_env() -> dict[str, str]:
@@ -205,24 +213,44 @@ def family_fixture(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return get
 
 
-@pytest.fixture(scope="session")
-def mutant_table(request: pytest.FixtureRequest) -> list[tuple[str, str, str]]:
-    """Rows (mutant, kind, lenses that caught it) printed after the run."""
-    return request.config.stash.setdefault(MUTANT_TABLE, [])
+# Files whose tests share one session fixture's run: under pytest-xdist they go to one worker.
+SHARED_RUNS = {"test_verify_gate.py": "gate", "test_ray_sweep.py": "gate"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs pytest-xdist with --dist loadgroup: each file is one group, so a
+    module's fixtures (servers, Ray clusters, HF captures) start once, on one worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            name = item.path.name
+            item.add_marker(pytest.mark.xdist_group(SHARED_RUNS.get(name, name)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
+    outcome = yield
+    if _PENDING:  # a new list: the report's own may be the item's, shared by its other phases
+        report = outcome.get_result()
+        report.user_properties = [*report.user_properties, ("edgellm_summary", list(_PENDING))]
+        _PENDING.clear()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in report.user_properties:
+        if name == "edgellm_summary":
+            for section, line in value:
+                _REPORT.setdefault(section, []).append(line)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     for section, lines in _REPORT.items():
         terminalreporter.section(section)
+        if section == MUTANTS:
+            width = max(len(row[0]) for row in lines)
+            lines = [f"{name:<{width}}  {kind:<9}  {lenses}" for name, kind, lenses in lines]
         for line in lines:
             terminalreporter.write_line(line)
-    rows = config.stash.get(MUTANT_TABLE, [])
-    if not rows:
-        return
-    terminalreporter.section("gate mutants: which lens caught each")
-    width = max(len(r[0]) for r in rows)
-    for name, kind, lenses in rows:
-        terminalreporter.write_line(f"{name:<{width}}  {kind:<9}  {lenses}")
 
 
 def assert_one_line_error(

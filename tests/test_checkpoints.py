@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import missing_model
+from reference_cache import array_digest, computed_once
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -215,6 +216,26 @@ def test_perplexity(name: str) -> None:
     assert abs(ppl - want) <= PPL_BAND * want, f"perplexity {ppl:.3f}, measured {want}"
 
 
+def transformers_gguf_reference(path: Path, ids: list[int]) -> dict[str, Any]:
+    """What transformers' GGUF path makes of the file: the digest of each weight rounded to
+    bf16 (the converter's output), and the last position's logits on ``ids`` in fp32 and
+    bf16. Kept by content (reference_cache.py): the loader dequantizes in Python."""
+
+    def compute() -> dict[str, Any]:
+        ref = transformers_gguf_model(path)
+        digests = {k: array_digest(v.to(torch.bfloat16)) for k, v in ref.state_dict().items()}
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            b32 = ref(x).logits[0, -1].float()
+            b16 = ref.to(torch.bfloat16)(x).logits[0, -1].float()
+        return {"weights": digests, "fp32": b32, "bf16": b16}
+
+    return computed_once(
+        "transformers-gguf", compute, files=[path], packages=("torch", "transformers", "gguf"),
+        code=(transformers_gguf_model,), ids=ids,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_matches_transformers_gguf_loader(name: str) -> None:
     """Same weights and same logits as transformers' GGUF path on the original file.
@@ -223,19 +244,15 @@ def test_matches_transformers_gguf_loader(name: str) -> None:
     independently of our converter, so exact equality checks both traps.
     """
     tok, model = converted(name)
-    ref = transformers_gguf_model(gguf_path(name))
-    ours, theirs = model.state_dict(), ref.state_dict()
-    assert set(ours) == set(theirs)
-    for key, value in ours.items():
-        # Converter output is the bf16 rounding of the dequantized fp32 value.
-        assert torch.equal(value, theirs[key].to(torch.bfloat16)), key
-    ids = tok(
-        "The quick brown fox jumps over the lazy dog. The capital of France is", return_tensors="pt"
-    )["input_ids"]
+    ids = tok("The quick brown fox jumps over the lazy dog. The capital of France is")["input_ids"]
+    ref = transformers_gguf_reference(gguf_path(name), ids)
+    # Converter output is the bf16 rounding of the dequantized fp32 value: equal bits.
+    ours = {k: array_digest(v) for k, v in model.state_dict().items()}
+    assert set(ours) == set(ref["weights"])
+    assert [k for k in ours if ours[k] != ref["weights"][k]] == []
     with torch.no_grad():
-        a = model(ids).logits[0, -1].float()
-        b32 = ref(ids).logits[0, -1].float()
-        b16 = ref.to(torch.bfloat16)(ids).logits[0, -1].float()
+        a = model(torch.tensor([ids])).logits[0, -1].float()
+    b32, b16 = ref["fp32"], ref["bf16"]
     assert cosine(a, b16) > 0.99 and int(a.argmax()) == int(b16.argmax())
     # Against the fp32 GGUF model only bf16 rounding differs (measured cos 0.9992 / 0.9999).
     assert cosine(a, b32) > 0.99, cosine(a, b32)
@@ -253,10 +270,18 @@ def test_smollm_tokenizer_matches_transformers_gguf() -> None:
     name = "smollm2-135m-instruct"
     tok, _ = converted(name)
     path = gguf_path(name)
-    ref = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    for text in PROBES:
+
+    def compute() -> list[list[int]]:  # transformers reads the GGUF's vocabulary in Python
+        ref = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        return [ref(text, add_special_tokens=False)["input_ids"] for text in PROBES]
+
+    want = computed_once(
+        "transformers-gguf-tokenizer", compute, files=[path],
+        packages=("transformers", "tokenizers", "gguf"), texts=PROBES,
+    )  # fmt: skip
+    for text, ref_ids in zip(PROBES, want, strict=True):
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        assert ids == ref(text, add_special_tokens=False)["input_ids"], text
+        assert ids == ref_ids, text
         assert tok.decode(ids) == text, text
 
 
@@ -332,8 +357,13 @@ def spm_reference(path: Path) -> Any:
 def test_gemma_tokenizer_matches_sentencepiece_bpe() -> None:
     name = "gemma3-270m"
     tok, _ = converted(name)
-    encode = spm_reference(gguf_path(name))
-    for text in PROBES + [PARAGRAPH]:
+    path, texts = gguf_path(name), [*PROBES, PARAGRAPH]
+    # The reference reads a 262k vocabulary through gguf-py and merges pair by pair in Python.
+    want = computed_once(
+        "spm-bpe", lambda: [spm_reference(path)(t) for t in texts], files=[path],
+        packages=("gguf",), code=(spm_reference,), texts=texts,
+    )  # fmt: skip
+    for text, ref_ids in zip(texts, want, strict=True):
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        assert ids == encode(text), text
+        assert ids == ref_ids, text
         assert tok.decode(ids) == text, text

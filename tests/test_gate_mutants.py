@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, SMOLLM2_DIR, missing_model
+from conftest import REPO, SMOLLM2_DIR, missing_model, mutant_row
 from verify import hf_cache
 from verify.adapter_support import VerifyConfig, load_deployment, load_verify_config
 from verify.comparators import GATE_N_TOKENS, topk_token_ids
@@ -296,20 +296,18 @@ def _cases(mutants: dict[str, Any]) -> list[Any]:
     ]
 
 
-def _run_and_record(name: str, model: str, kind: str, runner: Any, s: Subject, table: list,
+def _run_and_record(name: str, model: str, kind: str, runner: Any, s: Subject,
                     **kw: Any) -> None:  # fmt: skip
     try:
         results = judge(runner, s, **kw)
     finally:
         runner.close()
-    table.append((f"{model}: {name}", kind, lenses_of(results)))
+    mutant_row(f"{model}: {name}", kind, lenses_of(results))
     assert any(r.failed for r in results), f"the gate let '{name}' through: {lenses_of(results)}"
 
 
 @pytest.mark.parametrize(("model", "name"), _cases(WEIGHT_MUTANTS))
-def test_weight_mutant_fails(
-    model: str, name: str, subjects: Any, tmp_path: Path, mutant_table: list
-) -> None:
+def test_weight_mutant_fails(model: str, name: str, subjects: Any, tmp_path: Path) -> None:
     m = WEIGHT_MUTANTS[name]
     s = subjects(model, m.reference_changes or None)
     src_cfg = json.loads((s.config.model_dir / "config.json").read_text())
@@ -321,7 +319,7 @@ def test_weight_mutant_fails(
             control = judge(clean, s)
             clean.close()
             assert not any(r.failed for r in control), f"control failed: {lenses_of(control)}"
-        _run_and_record(name, model, "weights", _engine(ckpt, s), s, mutant_table)
+        _run_and_record(name, model, "weights", _engine(ckpt, s), s)
     finally:
         (ckpt / "model.safetensors").unlink(missing_ok=True)  # hundreds of MB: do not keep
 
@@ -531,9 +529,7 @@ CALL_MUTANTS: dict[str, CallMutant] = {
 
 
 @pytest.mark.parametrize(("model", "name"), _cases(CALL_MUTANTS))
-def test_call_path_mutant_fails(
-    model: str, name: str, subjects: Any, tmp_path: Path, mutant_table: list
-) -> None:
+def test_call_path_mutant_fails(model: str, name: str, subjects: Any, tmp_path: Path) -> None:
     m = CALL_MUTANTS[name]
     s = subjects(model)
     runner = m.make(s, tmp_path)
@@ -543,7 +539,6 @@ def test_call_path_mutant_fails(
         "call path",
         runner,
         s,
-        mutant_table,
         n_prompts=m.n_prompts,
         n_tokens=m.n_tokens,
     )

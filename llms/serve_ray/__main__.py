@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         left = ingress.drain.remote(args.drain).result(timeout_s=args.drain + 30)
         if left:
             print(f"edgellm on Ray Serve: {left} requests cut at the drain limit", file=sys.stderr)
-        serve.shutdown()
+        if args.address:  # a cluster we own goes down whole with ray.shutdown(), Serve with it
+            serve.shutdown()
     finally:
         ray.shutdown()
     return 0

@@ -56,23 +56,27 @@ def _file_digest(path: Path, index: dict[str, str]) -> str:
     return index[stamp]
 
 
-def checkpoint_digest(checkpoint: Path, root: Path) -> dict[str, str]:
-    """{file name: sha256} of what HF reads from ``checkpoint`` (not its subfolders)."""
+def file_digests(paths: list[Path], root: Path) -> dict[str, str]:
+    """{file name: sha256} of ``paths``, through the index of digests kept in ``root``."""
     index_path = root / "digests.json"
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
         index = {}
-    digests = {
-        p.name: _file_digest(p, index)
-        for p in sorted(checkpoint.iterdir())
-        if p.is_file() and p.suffix in _CHECKPOINT_SUFFIXES
-    }
+    digests = {p.name: _file_digest(p, index) for p in paths}
     root.mkdir(parents=True, exist_ok=True)
     tmp = index_path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(index))
     tmp.replace(index_path)
     return digests
+
+
+def checkpoint_digest(checkpoint: Path, root: Path) -> dict[str, str]:
+    """{file name: sha256} of what HF reads from ``checkpoint`` (not its subfolders)."""
+    files = [
+        p for p in sorted(checkpoint.iterdir()) if p.is_file() and p.suffix in _CHECKPOINT_SUFFIXES
+    ]
+    return file_digests(files, root)
 
 
 def capture_key(side: str, checkpoint: Path, options: dict[str, Any]) -> str | None:
