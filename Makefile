@@ -90,8 +90,11 @@ test: build fetch test-cpp test-py
 test-cpp:
 	cd $(BUILD_DIR) && ctest --output-on-failure -j2
 
+# pytest-xdist workers: the suite idles half its time (servers, Ray, process start-up), so one
+# per core, at most 4 (each holds a model or two in memory). TEST_WORKERS=0 runs it in-process.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test-py:
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --no-loadscope-reorder
 
 build-sanitize: bootstrap
 	@if [ ! -f $(SAN_DIR)/build.ninja ]; then \

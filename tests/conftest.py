@@ -158,31 +158,52 @@ class GateRun:
     report_dir: Path
 
 
+def session_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every process of this pytest session sees: the root of the basetemp that
+    pytest-xdist gives each worker below it, or the basetemp itself in a plain run."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def gate_run(engine_binding: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """gate_run(deployment) -> GateRun: the gate at make verify's settings (2 prompts x 32 tokens,
     both stages, 2 threads), run once per session and shared by the gate's own tests and the Ray
-    sweep's comparison. SmolLM2's run recomputes its HF references (--fresh-reference), so HF
-    really runs in every session however warm the capture cache is."""
+    sweep's comparison, across pytest-xdist workers too (the first to ask runs it under a lock;
+    the others read its result). SmolLM2's run recomputes its HF references
+    (--fresh-reference), so HF really runs in every session however warm the capture cache is."""
+    import fcntl
+
     runs: dict[str, GateRun] = {}
+
+    def run(deployment: str, out: Path) -> None:
+        checkpoint, model = GATE_JOBS[deployment]
+        if not (STORE / checkpoint / "config.json").is_file():
+            missing_model(f"no checkpoint {STORE / checkpoint}: run `make fetch`")
+        fresh = ["--fresh-reference"] if deployment == "smollm2_135m" else []
+        proc = subprocess.run(
+            [PYTHON, str(VERIFY_RUNNER), f"--runner={deployment}.verify_adapter",
+             "--prompts", "topk_token", "--model", model, "--max-prompts", "2",
+             "--threads", "2", "--report-dir", str(out / "report"), *fresh],
+            capture_output=True, text=True, timeout=900, env=verify_env(), cwd=REPO, check=False,
+        )  # fmt: skip
+        done = {"args": proc.args, "returncode": proc.returncode}
+        (out / "process.json").write_text(
+            json.dumps({**done, "stdout": proc.stdout, "stderr": proc.stderr})
+        )
 
     def get(deployment: str) -> GateRun:
         if deployment not in runs:
-            checkpoint, model = GATE_JOBS[deployment]
-            if not (STORE / checkpoint / "config.json").is_file():
-                missing_model(f"no checkpoint {STORE / checkpoint}: run `make fetch`")
-            out = tmp_path_factory.mktemp(f"gate-{deployment}")
-            fresh = ["--fresh-reference"] if deployment == "smollm2_135m" else []
-            proc = subprocess.run(
-                [PYTHON, str(VERIFY_RUNNER), f"--runner={deployment}.verify_adapter",
-                 "--prompts", "topk_token", "--model", model, "--max-prompts", "2",
-                 "--threads", "2", "--report-dir", str(out), *fresh],
-                capture_output=True, text=True, timeout=900, env=verify_env(), cwd=REPO,
-                check=False,
-            )  # fmt: skip
-            reports = list(out.glob("*.json"))
+            out = session_shared_dir(tmp_path_factory) / f"gate-{deployment}"
+            out.mkdir(exist_ok=True)
+            with open(out / ".lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # held while another worker runs it
+                if not (out / "process.json").is_file():
+                    run(deployment, out)
+            proc = subprocess.CompletedProcess(**json.loads((out / "process.json").read_text()))
+            reports = list((out / "report").glob("*.json"))
             assert len(reports) == 1, proc.stdout + proc.stderr
-            runs[deployment] = GateRun(proc, json.loads(reports[0].read_text()), out)
+            runs[deployment] = GateRun(proc, json.loads(reports[0].read_text()), out / "report")
         return runs[deployment]
 
     return get
@@ -213,18 +234,39 @@ def family_fixture(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return get
 
 
-# Files whose tests share one session fixture's run: under pytest-xdist they go to one worker.
-SHARED_RUNS = {"test_verify_gate.py": "gate", "test_ray_sweep.py": "gate"}
+# How `make test` spreads the suite over pytest-xdist workers: a file is one unit of work, so
+# a module's fixtures (servers, Ray clusters) start once, on one worker; files of independent
+# tests on cheap or cached fixtures are spread test by test.
+SPREAD = {"test_gate_mutants.py", "test_cli.py"}
+# The longest units start first (measured: the Ray sweep with the two gate runs it compares
+# against, ~200 s; then the servers), so that no worker is left alone with one at the end.
+# The gate's own tests come after the servers: by then the sweep's worker has run the gates
+# they share (gate_run). Order alone changes nothing a test checks.
+LONGEST_FIRST = [
+    "test_ray_sweep.py", "test_server.py", "test_ray_serve.py", "test_verify_gate.py",
+    "test_tool_calls.py",
+]  # fmt: skip
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def work_unit(nodeid: str) -> str:
+    file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return nodeid if file in SPREAD else file
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs pytest-xdist with --dist loadgroup: each file is one group, so a
-    module's fixtures (servers, Ray clusters, HF captures) start once, on one worker."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            name = item.path.name
-            item.add_marker(pytest.mark.xdist_group(SHARED_RUNS.get(name, name)))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Units of work as work_unit() draws them, handed out in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
