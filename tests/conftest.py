@@ -259,7 +259,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Units of work as work_unit() draws them, handed out in collection order."""
+    """Units of work as work_unit() draws them, handed out in collection order. (xdist's own
+    --dist loadgroup groups nothing under pytest 9: it renames `item._nodeid`, which pytest 9
+    no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByWorkUnit(LoadScopeScheduling):
