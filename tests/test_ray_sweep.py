@@ -91,7 +91,7 @@ import signal
 from smollm2_135m.verify_adapter import *  # noqa: F403
 
 
-def hf_reference(model_dir):
+def build_runner(config, threads=0, weights="", precision="exact"):
     with open({counter!r}, "a") as f:
         f.write("attempt\\n")
     os.kill(os.getpid(), signal.SIGKILL)
@@ -107,7 +107,8 @@ def test_a_task_that_kills_its_worker_is_retried_once_then_reported(
     start = time.monotonic()
     p = subprocess.run(
         [PYTHON, str(VERIFY_RUNNER), "--ray", "--runner", "killer_adapter", "--max-prompts", "1",
-         "--ray-cpus", "2", "--sweep-timeout", "150", "--report-dir", str(tmp_path / "r")],
+         "--stage", "1", "--ray-cpus", "2", "--sweep-timeout", "150",
+         "--report-dir", str(tmp_path / "r")],
         env={**verify_env(), "PYTHONPATH": env_path + ":" + verify_env()["PYTHONPATH"]},
         capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip

@@ -6,10 +6,11 @@
 Each job is the gate `make verify` runs, split into the same phases: ``reference`` (HF bf16)
 first, then ``truth`` (HF fp32), ``capture`` (our exact engine) and ``deployed`` (stage 2: the
 fast engine and the corpus, plus the corpus floor where none is stored) in parallel, all fed
-the reference's tokens through Ray's object store. Every phase is a Ray task in a fresh worker
-process (``max_calls=1``: no two models share a process, as in the local run), calling the
-very functions the local phases call with the same options, so the verdicts and KL figures
-are the local ones. The driver judges each job (compare) as its captures arrive, writes its
+the reference's tokens through Ray's object store. An HF phase whose capture the cache holds
+is read by the driver instead, as the local run reads it. Every other phase is a Ray task in
+a fresh worker process (``max_calls=1``: no two models share a process, as in the local run),
+calling the very functions the local phases call with the same options, so the verdicts and
+KL figures are the local ones. The driver judges each job (compare) as its captures arrive, writes its
 report where the local run would, and prints one table.
 
 Faults: a task whose worker dies is retried once (``max_retries=1``); a second death, an
@@ -145,16 +146,24 @@ def start_ray(address: str | None, cpus: int | None) -> None:
         )
 
 
-def submit(job: Job, wants_truth: bool, wants_stage2: bool = False) -> None:
-    """The job's phases as tasks: truth, capture and deployed wait on the reference's object."""
+def submit(job: Job, ctx: Any) -> None:
+    """The job's phases as tasks: truth, capture and deployed wait on the reference's object.
+    An HF capture the cache holds (verify/hf_cache.py) goes straight into the object store, as
+    the local run reads it: no worker process starts (and imports torch) to read a file."""
     import ray
 
     task = ray.remote(num_cpus=1, max_calls=1, max_retries=1)(run_phase)
-    job.refs["reference"] = task.remote(job.argv, "reference")
-    if wants_truth:
-        job.refs["truth"] = task.remote(job.argv, "truth", job.refs["reference"])
+    hit = phases.cached_hf(ctx, "reference")
+    job.refs["reference"] = ray.put(hit) if hit is not None else task.remote(job.argv, "reference")
+    if ctx.wants_truth:
+        hit = phases.cached_hf(ctx, "truth")
+        job.refs["truth"] = (
+            ray.put(hit)
+            if hit is not None
+            else task.remote(job.argv, "truth", job.refs["reference"])
+        )
     job.refs["capture"] = task.remote(job.argv, "capture", job.refs["reference"])
-    if wants_stage2:
+    if ctx.wants_stage2:
         job.refs["deployed"] = task.remote(job.argv, "deployed", job.refs["reference"])
 
 
@@ -216,7 +225,7 @@ def run(args: Any, jobs: list[Job]) -> int:
     start_ray(args.ray, args.ray_cpus)
     try:
         for job in jobs:
-            submit(job, contexts[job.spec].wants_truth, contexts[job.spec].wants_stage2)
+            submit(job, contexts[job.spec])
         deadline = start + args.sweep_timeout
         open_jobs = list(jobs)
         while open_jobs:
