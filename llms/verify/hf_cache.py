@@ -63,11 +63,13 @@ def file_digests(paths: list[Path], root: Path) -> dict[str, str]:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
         index = {}
+    known = len(index)
     digests = {p.name: _file_digest(p, index) for p in paths}
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = index_path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(index))
-    tmp.replace(index_path)
+    if len(index) > known:  # a file read anew: remember it
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = index_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index))
+        tmp.replace(index_path)
     return digests
 
 

@@ -10,8 +10,8 @@ the reference's tokens through Ray's object store. An HF phase whose capture the
 is read by the driver instead, as the local run reads it. Every other phase is a Ray task in
 a fresh worker process (``max_calls=1``: no two models share a process, as in the local run),
 calling the very functions the local phases call with the same options, so the verdicts and
-KL figures are the local ones. The driver judges each job (compare) as its captures arrive, writes its
-report where the local run would, and prints one table.
+KL figures are the local ones. The driver judges each job (compare) as its captures arrive,
+writes its report where the local run would, and prints one table.
 
 Faults: a task whose worker dies is retried once (``max_retries=1``); a second death, an
 exception or the sweep's deadline marks that job failed with the reason, and the other jobs
