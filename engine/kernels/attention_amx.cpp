@@ -40,8 +40,10 @@
 #include "edgellm/bf16.h"
 #include "kernels/amx_tiles.h"
 #include "kernels/avx512.h"
+#include "kernels/fault_injection.h"
 #include "kernels/online_softmax_avx512.h"
 #include "kernels/transpose_avx512.h"
+#include "kernels/vec_avx512.h"
 
 namespace edgellm::kernels::amx {
 
@@ -57,10 +59,12 @@ inline __m512 widen(__m256i bf16) {
 }
 
 // Parts of 32 fp32 (x0: the first 16) as `parts` rows of 32 bf16, `stride`
-// elements apart; each part rounds (nearest even) what the previous left.
-inline void split32(__m512 x0, __m512 x1, size_t parts, uint16_t* out, size_t stride) {
+// elements apart; each part rounds (nearest even) what the previous left, or
+// truncates it under Fault::bf16_truncate.
+inline void split32(__m512 x0, __m512 x1, size_t parts, bool truncate, uint16_t* out,
+                    size_t stride) {
   for (size_t p = 0; p < parts; ++p) {
-    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    const __m512i v = avx512::to_bf16(x0, x1, truncate);
     _mm512_storeu_si512(out + p * stride, v);
     x0 = _mm512_sub_ps(x0, widen(_mm512_castsi512_si256(v)));
     x1 = _mm512_sub_ps(x1, widen(_mm512_extracti64x4_epi64(v, 1)));
@@ -70,11 +74,13 @@ inline void split32(__m512 x0, __m512 x1, size_t parts, uint16_t* out, size_t st
 // Parts of two rows' 16 values as VNNI pairs: out[p * stride + 2i + c] = part
 // p of (c ? odd : even)[i]. Three parts hold any fp32 exactly however each
 // rounds, so they truncate (a part is the value's top 16 bits: two logic ops
-// per pair, no conversions); fewer round to nearest even.
-inline void split_pairs(__m512 even, __m512 odd, size_t parts, uint16_t* out, size_t stride) {
-  if (parts == 3) {
+// per pair, no conversions); fewer round to nearest even, or truncate too
+// under Fault::bf16_truncate.
+inline void split_pairs(__m512 even, __m512 odd, size_t parts, bool truncate, uint16_t* out,
+                        size_t stride) {
+  if (parts == 3 || truncate) {
     const __m512i top = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-    for (size_t p = 0; p < 3; ++p) {
+    for (size_t p = 0; p < parts; ++p) {
       const __m512i e = _mm512_castps_si512(even), o = _mm512_castps_si512(odd);
       // (e >> 16) | (o & top): bit-select of o and the shifted e by `top`.
       _mm512_storeu_si512(out + p * stride,
@@ -99,21 +105,21 @@ inline void split_pairs(__m512 even, __m512 odd, size_t parts, uint16_t* out, si
 // 4 + h) times B column half c (tile 6 + c); a(i, h) and b(j, c) give the
 // tiles' addresses, strides in bytes. A is the streamed operand (K, V^T):
 // each of its tiles is loaded once; B (Q^T, P^T) stays in L1.
-template <typename A, typename B>
-inline void dot_parts(size_t parts, size_t a_parts, A a, size_t a_stride, size_t b_parts, B b,
-                      size_t b_stride) {
+template <class Tiles, typename A, typename B>
+inline void dot_parts(Tiles tiles, size_t parts, size_t a_parts, A a, size_t a_stride,
+                      size_t b_parts, B b, size_t b_stride) {
   for (size_t i = 0; i < a_parts && i < parts; ++i) {
-    _tile_loadd(4, a(i, 0), a_stride);
-    _tile_loadd(5, a(i, 1), a_stride);
+    tile_load<4>(tiles, a(i, 0), a_stride);
+    tile_load<5>(tiles, a(i, 1), a_stride);
     for (size_t j = 0; j < b_parts && i + j < parts; ++j) {
       // This order measured a third faster than pairing each B tile's two
       // uses (0, 2, 1, 3).
-      _tile_loadd(6, b(j, 0), b_stride);
-      _tile_loadd(7, b(j, 1), b_stride);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      tile_load<6>(tiles, b(j, 0), b_stride);
+      tile_load<7>(tiles, b(j, 1), b_stride);
+      tile_dpbf16ps<0, 4, 6>(tiles);
+      tile_dpbf16ps<1, 4, 7>(tiles);
+      tile_dpbf16ps<2, 5, 6>(tiles);
+      tile_dpbf16ps<3, 5, 7>(tiles);
     }
   }
 }
@@ -142,28 +148,29 @@ uint16_t* align64(std::vector<uint16_t>& buf, size_t count) {
 // One cache row of `hd` elements as parts, out[p * stride + d] (a bf16
 // cache's row is its own single part).
 template <typename T>
-void row_parts(const T* row, size_t hd, size_t parts, uint16_t* out, size_t stride) {
+void row_parts(const T* row, size_t hd, size_t parts, bool truncate, uint16_t* out, size_t stride) {
   if constexpr (std::is_same_v<T, uint16_t>) {
     std::copy(row, row + hd, out);
   } else {
     for (size_t d = 0; d < hd; d += 32)
-      split32(_mm512_loadu_ps(row + d), _mm512_loadu_ps(row + d + 16), parts, out + d, stride);
+      split32(_mm512_loadu_ps(row + d), _mm512_loadu_ps(row + d + 16), parts, truncate, out + d,
+              stride);
   }
 }
 
 // One 32-key block's `count` K and V rows (hd apart) as its K and V^T parts
 // (layouts above; keys past count zero).
 template <typename T>
-void lay_out_block(const T* k, const T* v, size_t count, size_t parts, const KvTiles& t,
-                   uint16_t* kdst, uint16_t* vdst) {
+void lay_out_block(const T* k, const T* v, size_t count, size_t parts, bool truncate,
+                   const KvTiles& t, uint16_t* kdst, uint16_t* vdst) {
   const size_t hd = t.hd, block_elems = parts * t.part_elems();
   std::fill(kdst, kdst + block_elems, uint16_t{0});
   for (size_t j = 0; j < count; ++j)
-    row_parts(k + j * hd, hd, parts, kdst + j * hd, t.part_elems());
+    row_parts(k + j * hd, hd, parts, truncate, kdst + j * hd, t.part_elems());
   thread_local std::vector<uint16_t> rows;  // V as [part][32 keys][hd], then transposed
   rows.assign(block_elems, 0);
   for (size_t j = 0; j < count; ++j)
-    row_parts(v + j * hd, hd, parts, rows.data() + j * hd, t.part_elems());
+    row_parts(v + j * hd, hd, parts, truncate, rows.data() + j * hd, t.part_elems());
   // V^T: keys (2i, 2i + 1) interleaved per head dim ([16 pairs][hd] of
   // uint32), then that transposed: [hd][16 pairs] is [hd][32 keys].
   thread_local std::vector<uint32_t> pairs;
@@ -185,8 +192,8 @@ void lay_out_block(const T* k, const T* v, size_t count, size_t parts, const KvT
 }
 
 template <typename T>
-KvTiles lay_out_kv(const AttentionArgs& a, size_t keys, size_t parts, std::vector<uint16_t>& kbuf,
-                   std::vector<uint16_t>& vbuf, ThreadPool& pool) {
+KvTiles lay_out_kv(const AttentionArgs& a, size_t keys, size_t parts, bool truncate,
+                   std::vector<uint16_t>& kbuf, std::vector<uint16_t>& vbuf, ThreadPool& pool) {
   KvTiles t;
   t.parts = parts;
   t.hd = a.head_dim;
@@ -210,9 +217,9 @@ KvTiles lay_out_kv(const AttentionArgs& a, size_t keys, size_t parts, std::vecto
       vw.resize(kKeys * hd);
       avx512::dequantize_q8_0(k, a.k_scale + first / kKvQ8Block, count, hd, kw.data(), hd);
       avx512::dequantize_q8_0(v, a.v_scale + first / kKvQ8Block, count, hd, vw.data(), hd);
-      lay_out_block(kw.data(), vw.data(), count, parts, t, kdst, vdst);
+      lay_out_block(kw.data(), vw.data(), count, parts, truncate, t, kdst, vdst);
     } else {
-      lay_out_block(k, v, count, parts, t, kdst, vdst);
+      lay_out_block(k, v, count, parts, truncate, t, kdst, vdst);
     }
   });
   t.k = kbase;
@@ -244,7 +251,7 @@ ItemScratch scratch(size_t parts, size_t hd) {
 // alpha per row. pos/first: each row's position and first visible key; `all`
 // when every key of the block is visible to every row.
 __m512 softmax_half(const AttentionArgs& a, size_t p0, bool all, __m512i pos, __m512i first,
-                    float* st, size_t parts, uint16_t* pt, __m512& m, __m512& l) {
+                    float* st, size_t parts, bool truncate, uint16_t* pt, __m512& m, __m512& l) {
   // Scores in log2 units (exp(s) = 2^(s log2 e)): m and the stored x too.
   constexpr float kLog2e = 1.44269504088896341f;
   const __m512 scale = _mm512_set1_ps(a.softcap > 0.0f ? a.scale : a.scale * kLog2e);
@@ -279,7 +286,7 @@ __m512 softmax_half(const AttentionArgs& a, size_t p0, bool all, __m512i pos, __
         keep[j + 1] & seen,
         avx512::exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(st + (j + 1) * kRows), m_new)));
     sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-    split_pairs(e0, e1, parts, pt + (j / 2) * 2 * kRows, kKeys * kRows);
+    split_pairs(e0, e1, parts, truncate, pt + (j / 2) * 2 * kRows, kKeys * kRows);
   }
   l = _mm512_fmadd_ps(l, alpha, sum);
   m = m_new;
@@ -287,8 +294,12 @@ __m512 softmax_half(const AttentionArgs& a, size_t p0, bool all, __m512i pos, __
 }
 
 // Query tokens [t0, t1) of kv head kvh: rows r = token x group + head.
-void attend_item(const AttentionArgs& a, const KvTiles& kv, size_t parts, size_t group, size_t kvh,
-                 size_t t0, size_t t1) {
+// skip_diagonal: Fault::skip_attention_block (the block with the last row's
+// causal diagonal left out).
+template <class Tiles>
+void attend_item(Tiles tiles, const AttentionArgs& a, const KvTiles& kv, size_t parts,
+                 bool truncate, bool skip_diagonal, size_t group, size_t kvh, size_t t0,
+                 size_t t1) {
   const size_t hd = a.head_dim, rows = (t1 - t0) * group;
   const ItemScratch sc = scratch(parts, hd);
   const size_t q_plane = hd / 2 * kRows * 2, p_plane = kKeys / 2 * kRows * 2;
@@ -309,7 +320,7 @@ void attend_item(const AttentionArgs& a, const KvTiles& kv, size_t parts, size_t
       continue;
     }
     const float* q = a.q + ((t0 + r / group) * a.n_heads + kvh * group + r % group) * hd;
-    row_parts(q, hd, parts, q_rows.data() + r * hd, kRows * hd);
+    row_parts(q, hd, parts, truncate, q_rows.data() + r * hd, kRows * hd);
   }
   for (size_t p = 0; p < parts; ++p) {
     const auto* src = reinterpret_cast<const uint32_t*>(q_rows.data() + p * kRows * hd);
@@ -329,29 +340,31 @@ void attend_item(const AttentionArgs& a, const KvTiles& kv, size_t parts, size_t
   const size_t min_pos = a.start + t0, max_first = avx512::first_key(a, a.start + t1 - 1);
   const size_t tile_row_bytes = kRows * 2 * sizeof(uint16_t);  // a B tile row: 32 rows' pairs
   const size_t lo = avx512::first_key(a, min_pos), hi = a.start + t1;
+  const size_t diagonal = (hi - 1) / kKeys * kKeys;
   for (size_t p0 = lo / kKeys * kKeys; p0 < hi; p0 += kKeys) {
+    if (skip_diagonal && p0 == diagonal) continue;
     const size_t block = p0 / kKeys;
     // S^T = K Q^T, 32 head dims per step.
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    tile_zero<0>(tiles);
+    tile_zero<1>(tiles);
+    tile_zero<2>(tiles);
+    tile_zero<3>(tiles);
     for (size_t d0 = 0; d0 < hd; d0 += 32) {
       dot_parts(
-          parts, kv.parts,
+          tiles, parts, kv.parts,
           [&](size_t i, size_t h) { return kv.k_part(kvh, block, i) + h * 16 * hd + d0; },
           hd * sizeof(uint16_t), parts,
           [&](size_t j, size_t c) { return sc.qt + j * q_plane + (d0 / 2) * kRows * 2 + 32 * c; },
           tile_row_bytes);
     }
-    _tile_stored(0, sc.st, kRows * sizeof(float));
-    _tile_stored(1, sc.st + 16, kRows * sizeof(float));
-    _tile_stored(2, sc.st + 16 * kRows, kRows * sizeof(float));
-    _tile_stored(3, sc.st + 16 * kRows + 16, kRows * sizeof(float));
+    tile_store<0>(tiles, sc.st, kRows * sizeof(float));
+    tile_store<1>(tiles, sc.st + 16, kRows * sizeof(float));
+    tile_store<2>(tiles, sc.st + 16 * kRows, kRows * sizeof(float));
+    tile_store<3>(tiles, sc.st + 16 * kRows + 16, kRows * sizeof(float));
     const bool all = p0 + kKeys - 1 <= min_pos && p0 >= max_first;
     for (int h = 0; h < 2; ++h) {
       const __m512 alpha = softmax_half(a, p0, all, pos_v[h], first_v[h], sc.st + 16 * h, parts,
-                                        sc.pt + 32 * h, m[h], l[h]);
+                                        truncate, sc.pt + 32 * h, m[h], l[h]);
       if (_mm512_cmp_ps_mask(alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0)
         for (size_t d = 0; d < hd; ++d) {
           float* o = sc.ot + d * kRows + 16 * h;
@@ -362,19 +375,19 @@ void attend_item(const AttentionArgs& a, const KvTiles& kv, size_t parts, size_t
     for (size_t d0 = 0; d0 < hd; d0 += 32) {
       float* o = sc.ot + d0 * kRows;
       const size_t o_bytes = kRows * sizeof(float);
-      _tile_loadd(0, o, o_bytes);
-      _tile_loadd(1, o + 16, o_bytes);
-      _tile_loadd(2, o + 16 * kRows, o_bytes);
-      _tile_loadd(3, o + 16 * kRows + 16, o_bytes);
+      tile_load<0>(tiles, o, o_bytes);
+      tile_load<1>(tiles, o + 16, o_bytes);
+      tile_load<2>(tiles, o + 16 * kRows, o_bytes);
+      tile_load<3>(tiles, o + 16 * kRows + 16, o_bytes);
       dot_parts(
-          parts, kv.parts,
+          tiles, parts, kv.parts,
           [&](size_t i, size_t h) { return kv.vt_part(kvh, block, i) + (d0 + 16 * h) * kKeys; },
           kKeys * sizeof(uint16_t), parts,
           [&](size_t j, size_t c) { return sc.pt + j * p_plane + 32 * c; }, tile_row_bytes);
-      _tile_stored(0, o, o_bytes);
-      _tile_stored(1, o + 16, o_bytes);
-      _tile_stored(2, o + 16 * kRows, o_bytes);
-      _tile_stored(3, o + 16 * kRows + 16, o_bytes);
+      tile_store<0>(tiles, o, o_bytes);
+      tile_store<1>(tiles, o + 16, o_bytes);
+      tile_store<2>(tiles, o + 16 * kRows, o_bytes);
+      tile_store<3>(tiles, o + 16 * kRows + 16, o_bytes);
     }
   }
   alignas(64) float inv_l[kRows];
@@ -400,13 +413,16 @@ void attend_item(const AttentionArgs& a, const KvTiles& kv, size_t parts, size_t
 void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
   if (a.n == 0 || a.n_heads == 0) return;
   const size_t parts = a.precision == AttnPrecision::bf16 ? 1 : 3;
+  const fault::Fault f = fault::active();
+  const bool truncate = f == fault::Fault::bf16_truncate;
+  const bool skip_diagonal = f == fault::Fault::skip_attention_block;
   const size_t keys = a.start + a.n, group = a.n_heads / a.n_kv_heads;
   // Buffers of the calling thread, read by the workers.
   thread_local std::vector<uint16_t> kbuf, vbuf;
   const KvTiles kv =
-      a.kv_dtype == KvDtype::bf16   ? lay_out_kv<uint16_t>(a, keys, 1, kbuf, vbuf, pool)
-      : a.kv_dtype == KvDtype::q8_0 ? lay_out_kv<int8_t>(a, keys, parts, kbuf, vbuf, pool)
-                                    : lay_out_kv<float>(a, keys, parts, kbuf, vbuf, pool);
+      a.kv_dtype == KvDtype::bf16   ? lay_out_kv<uint16_t>(a, keys, 1, truncate, kbuf, vbuf, pool)
+      : a.kv_dtype == KvDtype::q8_0 ? lay_out_kv<int8_t>(a, keys, parts, truncate, kbuf, vbuf, pool)
+                                    : lay_out_kv<float>(a, keys, parts, truncate, kbuf, vbuf, pool);
   const size_t tile_tokens = kRows / group;
   const size_t q_tiles = (a.n + tile_tokens - 1) / tile_tokens;
   static const TileConfig cfg = uniform_tile_config();
@@ -415,9 +431,11 @@ void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
     // latest tiles (most keys) first, for load balance.
     const size_t kvh = item / q_tiles, qt = q_tiles - 1 - item % q_tiles;
     const size_t t0 = qt * tile_tokens, t1 = std::min(a.n, t0 + tile_tokens);
-    _tile_loadconfig(&cfg);
-    attend_item(a, kv, parts, group, kvh, t0, t1);
-    _tile_release();
+    with_tiles([&](auto tiles) {
+      tile_config(tiles, &cfg);
+      attend_item(tiles, a, kv, parts, truncate, skip_diagonal, group, kvh, t0, t1);
+      tile_release(tiles);
+    });
   });
 }
 

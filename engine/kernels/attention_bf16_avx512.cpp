@@ -50,17 +50,6 @@ constexpr size_t kRows = 16 * kRowVecs;
 constexpr size_t kTileKeys = 8;  // keys per score register tile
 constexpr size_t kTileDims = 8;  // head dims per P.V register tile
 
-// 32 fp32 (x0: the first 16) as 32 bf16 in order, nearest even; truncated
-// under Fault::bf16_truncate.
-inline __m512i to_bf16(__m512 x0, __m512 x1, bool truncate) {
-  if (truncate) {
-    const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x0), 16));
-    const __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x1), 16));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-  }
-  return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-}
-
 // Dword i = (bf16(even[i]), bf16(odd[i])), the low half first: one
 // conversion of both and a word interleave.
 inline __m512i to_bf16_pairs(__m512 even, __m512 odd, __m512i interleave, bool truncate) {

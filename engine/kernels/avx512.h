@@ -53,6 +53,7 @@ uint16_t* bf16_scratch(size_t count);
 // every fp32 x exactly (3 x 8 significant bits; parts below bf16's normal
 // range, |x| < ~2^-110, read as zero on AMX), two keep ~16 bits. Columns
 // [cols, cols_pad) and rows [n, n_pad) are zeros. Split over the pool.
+// Fault::bf16_truncate truncates the parts (here and in to_bf16_tiles).
 void to_bf16_parts(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
                    size_t parts, uint16_t* out, ThreadPool& pool);
 // The same split of tokens [0, n_pad) and columns [c0, c0 + 32 * steps) of x

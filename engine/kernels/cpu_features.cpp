@@ -91,8 +91,15 @@ Isa detect() {
   return Isa::amx;
 }
 
+bool detect_amx_int8() {
+  return bit(cpuid(7, 0).edx, 25);
+}
+
 #else
 
+bool detect_amx_int8() {
+  return false;
+}
 Isa detect() {
   return Isa::scalar;
 }
@@ -107,6 +114,11 @@ bool detect_avx_vnni() {
 Isa detect_isa() {
   static const Isa best = detect();
   return best;
+}
+
+bool has_amx_int8() {
+  static const bool yes = detect_isa() == Isa::amx && detect_amx_int8();
+  return yes;
 }
 
 bool has_avx_vnni() {

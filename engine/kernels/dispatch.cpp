@@ -29,8 +29,11 @@ namespace edgellm::kernels {
 namespace {
 
 Isa clamp_to_cpu(Isa isa) {
-  return std::min(isa, detect_isa());
+  return std::min(isa, runnable_isa());
 }
+
+// -1 until a test sets a back end; else the TileBackend it set.
+std::atomic<int> g_tile_backend{-1};
 
 Isa initial_isa() {
   const char* env = std::getenv("EDGELLM_ISA");
@@ -234,6 +237,28 @@ const std::vector<KernelInfo>& registered_kernels() {
       {"top_k", {S, A2}, "fp32 in, int32 indices", "any n, k; NaN ranks last", all},
   };
   return kernels;
+}
+
+std::string_view tile_backend_name(TileBackend b) {
+  return b == TileBackend::silicon ? "silicon" : "tile model";
+}
+
+TileBackend tile_backend() {
+  const int set = g_tile_backend.load(std::memory_order_relaxed);
+  if (set >= 0) return static_cast<TileBackend>(set);
+  return detect_isa() == Isa::amx ? TileBackend::silicon : TileBackend::model;
+}
+
+void set_tile_backend(TileBackend b) {
+  if (b == TileBackend::silicon && detect_isa() != Isa::amx) return;
+  g_tile_backend.store(static_cast<int>(b), std::memory_order_relaxed);
+}
+
+Isa runnable_isa() {
+  const Isa best = detect_isa();
+  const bool model_on =
+      g_tile_backend.load(std::memory_order_relaxed) == static_cast<int>(TileBackend::model);
+  return best == Isa::avx512 && model_on ? Isa::amx : best;
 }
 
 Isa active_isa() {

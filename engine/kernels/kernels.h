@@ -38,10 +38,25 @@ const std::vector<KernelInfo>& registered_kernels();
 // The one CPU-feature detector (cpu_features.cpp): cpuid, XCR0, AMX permission.
 Isa detect_isa();     // best tier this CPU and OS support
 bool has_avx_vnni();  // AVX-VNNI beside the tier (int8-activation quantized kernels)
+bool has_amx_int8();  // AMX-INT8 (TDPBSSD family) beside the amx tier
 // The tier used when EDGELLM_ISA is unset: detect_isa().
 Isa default_isa();
 Isa active_isa();       // default_isa() unless overridden
-void set_isa(Isa isa);  // tests and EDGELLM_ISA; clamped to detect_isa()
+void set_isa(Isa isa);  // tests and EDGELLM_ISA; clamped to runnable_isa()
+
+// What runs the amx tier's tile instructions (kernels/amx_tiles.h): the CPU's
+// tiles, or the exact software model of them. Default: silicon where the CPU
+// has AMX, else the model, but there the amx tier stays out of reach (the
+// model is for tests: small shapes, ~1000x slower) until a test asks for it.
+enum class TileBackend { silicon, model };
+std::string_view tile_backend_name(TileBackend b);
+TileBackend tile_backend();
+// Tests: `model` runs the amx tier on the model on any CPU with avx512 (it
+// becomes runnable_isa()); `silicon` needs detect_isa() == amx (else ignored).
+void set_tile_backend(TileBackend b);
+// The best tier kernels may run: detect_isa(), or amx while a test has put
+// the tile model on an AVX-512 CPU.
+Isa runnable_isa();
 
 // An optional [rows] bias a matmul adds to every output row. Owned (a model's:
 // copies of the matrix share it, so nothing points into a sibling field) or
@@ -89,7 +104,7 @@ struct MatmulKernels {
   size_t (*bytes)(const PackedMatrix& w);  // what one pass over the weights streams
 };
 // The table's row for (format, tier); a tier without a row of its own takes
-// the best lower one. The tier is clamped to detect_isa().
+// the best lower one. The tier is clamped to runnable_isa().
 const MatmulKernels& matmul_kernels(WeightFormat format, Isa tier);
 // Every row of the table (tests, the kernel registry).
 const std::vector<MatmulKernels>& matmul_kernel_table();
@@ -118,9 +133,9 @@ struct PackedMatrix {
   size_t byte_size() const { return kernels ? kernels->bytes(*this) : 0; }
 };
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols);
-// Packs for a given ISA (tests, benchmarks); one the CPU lacks falls back to detect_isa().
+// Packs for a given ISA (tests, benchmarks); one the CPU lacks falls back to runnable_isa().
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols, Isa isa);
-// Quantized weights, run by the kernels of tier `isa` (clamped to detect_isa()).
+// Quantized weights, run by the kernels of tier `isa` (clamped to runnable_isa()).
 PackedMatrix pack_quant(std::shared_ptr<const QuantMatrix> q, Isa isa);
 // Row r of W as fp32, whatever the layout (tied embeddings, tests).
 void unpack_row(const PackedMatrix& w, size_t r, float* out);

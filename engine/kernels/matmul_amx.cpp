@@ -47,6 +47,7 @@
 
 #include "kernels/amx_tiles.h"
 #include "kernels/avx512.h"
+#include "kernels/fault_injection.h"
 
 namespace edgellm::kernels::amx {
 
@@ -79,38 +80,38 @@ constexpr size_t kMinBlocksPerThread = 2;
 // the bias row into every row; null: zeros) and goes to `out` (rows `ld_out`
 // apart).
 // `b1` may equal `b0` when the second panel does not exist (its C is dropped).
-template <int P>
-void block_32x32(const uint16_t* a, const uint16_t* b0, const uint16_t* b1, size_t steps,
-                 const float* in, size_t ld_in, float* out, size_t ld_out) {
+template <class Tiles, int P>
+void block_32x32(Tiles tiles, const uint16_t* a, const uint16_t* b0, const uint16_t* b1,
+                 size_t steps, const float* in, size_t ld_in, float* out, size_t ld_out) {
   if (in) {
-    _tile_loadd(0, in, ld_in * sizeof(float));
-    _tile_loadd(1, in + 16, ld_in * sizeof(float));
-    _tile_loadd(2, in + 16 * ld_in, ld_in * sizeof(float));
-    _tile_loadd(3, in + 16 * ld_in + 16, ld_in * sizeof(float));
+    tile_load<0>(tiles, in, ld_in * sizeof(float));
+    tile_load<1>(tiles, in + 16, ld_in * sizeof(float));
+    tile_load<2>(tiles, in + 16 * ld_in, ld_in * sizeof(float));
+    tile_load<3>(tiles, in + 16 * ld_in + 16, ld_in * sizeof(float));
   } else {  // no bias: zeroing needs no memory
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    tile_zero<0>(tiles);
+    tile_zero<1>(tiles);
+    tile_zero<2>(tiles);
+    tile_zero<3>(tiles);
   }
   for (size_t s = 0; s < steps; ++s) {
-    _tile_loadd(6, b0 + s * kTile, 64);
-    _tile_loadd(7, b1 + s * kTile, 64);
+    tile_load<6>(tiles, b0 + s * kTile, 64);
+    tile_load<7>(tiles, b1 + s * kTile, 64);
     const uint16_t* as = a + s * 2 * P * kTile;
 #pragma GCC unroll 3
     for (int p = 0; p < P; ++p) {
-      _tile_loadd(4, as + 2 * p * kTile, 64);
-      _tile_loadd(5, as + (2 * p + 1) * kTile, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      tile_load<4>(tiles, as + 2 * p * kTile, 64);
+      tile_load<5>(tiles, as + (2 * p + 1) * kTile, 64);
+      tile_dpbf16ps<0, 4, 6>(tiles);
+      tile_dpbf16ps<1, 4, 7>(tiles);
+      tile_dpbf16ps<2, 5, 6>(tiles);
+      tile_dpbf16ps<3, 5, 7>(tiles);
     }
   }
-  _tile_stored(0, out, ld_out * sizeof(float));
-  _tile_stored(1, out + 16, ld_out * sizeof(float));
-  _tile_stored(2, out + 16 * ld_out, ld_out * sizeof(float));
-  _tile_stored(3, out + 16 * ld_out + 16, ld_out * sizeof(float));
+  tile_store<0>(tiles, out, ld_out * sizeof(float));
+  tile_store<1>(tiles, out + 16, ld_out * sizeof(float));
+  tile_store<2>(tiles, out + 16 * ld_out, ld_out * sizeof(float));
+  tile_store<3>(tiles, out + 16 * ld_out + 16, ld_out * sizeof(float));
 }
 
 // Tokens [t_begin, t_end) x panels [p0, p1) (p0 even; t_begin a multiple of
@@ -118,11 +119,11 @@ void block_32x32(const uint16_t* a, const uint16_t* b0, const uint16_t* b1, size
 // thread's tile buffer (it stays in L2), then sweeps groups of panel pairs
 // over it, each group's B tiles reused from L2 by every 32-token block.
 // bias_pad holds panels * 16 + 16 floats.
-template <int P>
-void gemm_block(const PackedMatrix& w, const float* x, size_t n, const float* bias_pad, float* y,
-                size_t t_begin, size_t t_end, size_t p0, size_t p1) {
+template <class Tiles, int P>
+void gemm_block(Tiles tiles, const PackedMatrix& w, const float* x, size_t n, const float* bias_pad,
+                float* y, size_t t_begin, size_t t_end, size_t p0, size_t p1) {
   static const TileConfig cfg = uniform_tile_config();
-  _tile_loadconfig(&cfg);
+  tile_config(tiles, &cfg);
   const size_t kpad = vnni::padded_cols(w.cols), rows = w.rows, steps = kpad / kKBlock;
   const size_t pstride = kpad * kPanelRows;
   const uint16_t* base = w.data.data() + w.offset;
@@ -137,6 +138,7 @@ void gemm_block(const PackedMatrix& w, const float* x, size_t n, const float* bi
       kBlockTokens, kBlockBytes / (P * slice * kKBlock * 2) / kBlockTokens * kBlockTokens);
   const size_t group = std::max<size_t>(1, kGroupBytes / (2 * kPanelRows * slice * kKBlock * 2));
   uint16_t* xt = avx512::bf16_scratch(P * block * slice * kKBlock);
+  const bool drop_tail = fault::active() == fault::Fault::drop_k_tail;
   // Blocks cut by the last token or the last row live in `partial` between
   // slices: slot (p - p0) / 2 for the last token block, else pairs + t / 32.
   const size_t pairs = (p1 - p0 + 1) / 2;
@@ -150,6 +152,8 @@ void gemm_block(const PackedMatrix& w, const float* x, size_t n, const float* bi
       const bool first = s0 == 0, last = s0 + ns == steps;
       avx512::to_bf16_tiles(x + t0 * w.cols, n > t0 ? n - t0 : 0, w.cols, t1 - t0, s0 * kKBlock, ns,
                             P, xt);
+      // Fault::drop_k_tail leaves the last K step (32 columns) out of the sum.
+      const size_t used = last && drop_tail ? ns - 1 : ns;
       for (size_t g0 = p0; g0 < p1; g0 += 2 * group) {
         const size_t g1 = std::min(p1, g0 + 2 * group);
         for (size_t t = t0; t < t1; t += kBlockTokens) {
@@ -162,14 +166,16 @@ void gemm_block(const PackedMatrix& w, const float* x, size_t n, const float* bi
             const size_t valid_rows = std::min<size_t>(p + 1 < p1 ? 32 : 16, rows - r0);
             if (valid_tokens == 32 && valid_rows == 32) {
               float* c = y + t * rows + r0;
-              block_32x32<P>(a, b0, b1, ns, first ? (bias_pad ? bias_pad + r0 : nullptr) : c,
-                             first ? 0 : rows, c, rows);
+              block_32x32<Tiles, P>(tiles, a, b0, b1, used,
+                                    first ? (bias_pad ? bias_pad + r0 : nullptr) : c,
+                                    first ? 0 : rows, c, rows);
               continue;
             }
             const size_t slot = valid_tokens < 32 ? (p - p0) / 2 : pairs + (t - t0) / kBlockTokens;
             float* c = partial.data() + slot * 1024;
-            block_32x32<P>(a, b0, b1, ns, first ? (bias_pad ? bias_pad + r0 : nullptr) : c,
-                           first ? 0 : 32, c, 32);
+            block_32x32<Tiles, P>(tiles, a, b0, b1, used,
+                                  first ? (bias_pad ? bias_pad + r0 : nullptr) : c, first ? 0 : 32,
+                                  c, 32);
             if (!last) continue;
             for (size_t i = 0; i < valid_tokens; ++i)
               std::memcpy(y + (t + i) * rows + r0, c + i * 32, valid_rows * sizeof(float));
@@ -178,7 +184,7 @@ void gemm_block(const PackedMatrix& w, const float* x, size_t n, const float* bi
       }
     }
   }
-  _tile_release();
+  tile_release(tiles);
 }
 
 }  // namespace
@@ -198,16 +204,24 @@ void matmul(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPoo
   if (w.bias) std::copy(w.bias.get(), w.bias.get() + w.rows, bias_pad.begin());
   // This thread's buffer, read by the workers; none without a bias.
   const float* bias = w.bias ? bias_pad.data() : nullptr;
-  const auto run = parts == 3 ? gemm_block<3> : parts == 2 ? gemm_block<2> : gemm_block<1>;
+  const auto run = [&](size_t t_begin, size_t t_end, size_t p0, size_t p1) {
+    with_tiles([&](auto tiles) {
+      using Tiles = decltype(tiles);
+      const auto block = parts == 3   ? gemm_block<Tiles, 3>
+                         : parts == 2 ? gemm_block<Tiles, 2>
+                                      : gemm_block<Tiles, 1>;
+      block(tiles, w, x, n, bias, y, t_begin, t_end, p0, p1);
+    });
+  };
   // Threads split the tokens (each converts its own x into its own L2) when
   // each gets a few 32-token blocks; else the panels, each converting all x.
   if (n_blocks >= kMinBlocksPerThread * static_cast<size_t>(pool.size())) {
     pool.parallel_chunks(n_blocks, [&](size_t b0, size_t b1) {
-      run(w, x, n, bias, y, b0 * kBlockTokens, b1 * kBlockTokens, 0, panels);
+      run(b0 * kBlockTokens, b1 * kBlockTokens, 0, panels);
     });
   } else {
     pool.parallel_chunks((panels + 1) / 2, [&](size_t q0, size_t q1) {
-      run(w, x, n, bias, y, 0, n_pad, 2 * q0, std::min(panels, 2 * q1));
+      run(0, n_pad, 2 * q0, std::min(panels, 2 * q1));
     });
   }
 }

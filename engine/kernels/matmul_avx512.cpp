@@ -29,6 +29,7 @@
 #include "edgellm/bf16.h"
 #include "kernels/avx512.h"
 #include "kernels/fault_injection.h"
+#include "kernels/vec_avx512.h"
 
 namespace edgellm::kernels {
 
@@ -342,14 +343,7 @@ void pack_x_tiles(const float* x, size_t n, size_t cols, size_t kchunks, size_t 
         const size_t c = ch * kChunk, left = t < n && c < cols ? cols - c : 0;
         const __m512 lo = _mm512_maskz_loadu_ps(row_mask(std::min<size_t>(left, 16)), xr + c);
         const __m512 hi = _mm512_maskz_loadu_ps(row_mask(left > 16 ? left - 16 : 0), xr + c + 16);
-        __m512i v;
-        if (truncate) {
-          const __m256i l = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16));
-          const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16));
-          v = _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1);
-        } else {
-          v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // result order (lo, hi)
-        }
+        const __m512i v = to_bf16(lo, hi, truncate);
         _mm512_store_si512(o, v);
       }
     }
@@ -418,16 +412,16 @@ uint16_t* bf16_scratch(size_t count) {
 namespace {
 
 // The split of 32 columns of one x row, `left` of them valid (the rest read as
-// zero): part p goes to store(p, 32 bf16 as one __m512i).
+// zero): part p goes to store(p, 32 bf16 as one __m512i). Fault::bf16_truncate
+// (`truncate`) truncates each part instead of rounding it.
 template <typename Store>
-inline void split_32(const float* xr, size_t left, size_t parts, Store&& store) {
+inline void split_32(const float* xr, size_t left, size_t parts, bool truncate, Store&& store) {
   const __mmask16 m0 = row_mask(std::min<size_t>(left, 16));
   const __mmask16 m1 = row_mask(left > 16 ? left - 16 : 0);
   __m512 lo = _mm512_maskz_loadu_ps(m0, xr);
   __m512 hi = _mm512_maskz_loadu_ps(m1, xr + 16);
   for (size_t p = 0; p < parts; ++p) {
-    // Round to nearest even, as torch's .to(bfloat16); result order (lo, hi).
-    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    const __m512i v = to_bf16(lo, hi, truncate);
     store(p, v);
     // x - part is exact in fp32 (x's low-order bits): the next part rounds it.
     lo = _mm512_sub_ps(lo, bf16_even(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v))));
@@ -440,12 +434,13 @@ inline void split_32(const float* xr, size_t left, size_t parts, Store&& store) 
 void to_bf16_parts(const float* x, size_t n, size_t cols, size_t n_pad, size_t cols_pad,
                    size_t parts, uint16_t* out, ThreadPool& pool) {
   const size_t plane = n_pad * cols_pad;
+  const bool truncate = fault::active() == Fault::bf16_truncate;
   pool.parallel_chunks(n_pad, [&](size_t t0, size_t t1) {
     for (size_t t = t0; t < t1; ++t) {
       const size_t have = t < n ? cols : 0;
       for (size_t c = 0; c < cols_pad; c += 32) {
         uint16_t* o = out + t * cols_pad + c;
-        split_32(x + t * cols + c, c < have ? have - c : 0, parts,
+        split_32(x + t * cols + c, c < have ? have - c : 0, parts, truncate,
                  [&](size_t p, __m512i v) { _mm512_storeu_si512(o + p * plane, v); });
       }
     }
@@ -454,13 +449,14 @@ void to_bf16_parts(const float* x, size_t n, size_t cols, size_t n_pad, size_t c
 
 void to_bf16_tiles(const float* x, size_t n, size_t cols, size_t n_pad, size_t c0, size_t steps,
                    size_t parts, uint16_t* out) {
+  const bool truncate = fault::active() == Fault::bf16_truncate;
   for (size_t t = 0; t < n_pad; ++t) {
     const size_t have = t < n ? cols : 0;
     uint16_t* row = out + (t / 32) * steps * parts * 1024 + (t % 32 / 16) * 512 + t % 16 * 32;
     for (size_t s = 0; s < steps; ++s) {
       const size_t c = c0 + s * 32;
       uint16_t* o = row + s * parts * 1024;
-      split_32(x + t * cols + c, c < have ? have - c : 0, parts,
+      split_32(x + t * cols + c, c < have ? have - c : 0, parts, truncate,
                [&](size_t p, __m512i v) { _mm512_store_si512(o + p * 1024, v); });
     }
   }

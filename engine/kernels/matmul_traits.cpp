@@ -9,7 +9,7 @@
 // A tier without a row of its own runs the best lower one.
 //
 // Compiled without ISA flags, like dispatch.cpp: rows only name functions of
-// the ISA files, and matmul_kernels() never hands out a row above detect_isa().
+// the ISA files, and matmul_kernels() never hands out a row above runnable_isa().
 #include <algorithm>
 #include <stdexcept>
 
@@ -152,7 +152,7 @@ const std::vector<MatmulKernels>& matmul_kernel_table() {
 const MatmulKernels& matmul_kernels(WeightFormat format, Isa tier) {
   const MatmulKernels* best = nullptr;
   for (const MatmulKernels& k : matmul_kernel_table())
-    if (k.format == format && k.tier <= std::min(tier, detect_isa()) &&
+    if (k.format == format && k.tier <= std::min(tier, runnable_isa()) &&
         (!best || k.tier > best->tier))
       best = &k;
   if (!best) throw std::logic_error("matmul_kernels: no scalar row for a weight format");
@@ -169,7 +169,7 @@ Bias::Bias(std::vector<float> owned)
 
 PackedMatrix pack_matrix(const uint16_t* bf16_row_major, size_t rows, size_t cols, Isa isa) {
   PackedMatrix m;
-  const Isa tier = std::min(isa, detect_isa());
+  const Isa tier = std::min(isa, runnable_isa());
   switch (tier) {
     case Isa::amx:
     case Isa::avx512:
@@ -197,7 +197,7 @@ PackedMatrix pack_quant(std::shared_ptr<const QuantMatrix> q, Isa isa) {
   PackedMatrix m;
   m.rows = q->rows;
   m.cols = q->cols;
-  m.isa = std::min(isa, detect_isa());
+  m.isa = std::min(isa, runnable_isa());
   m.kernels = &matmul_kernels(WeightFormat::quant, m.isa);
   m.quant = std::move(q);
   return m;

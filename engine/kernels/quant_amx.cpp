@@ -44,7 +44,7 @@ constexpr size_t kParts = 3;                     // bf16 parts of fp32 x
 // C tiles 0..3 (16 x 16 fp32), A tiles 4..5 (16 tokens x KG bf16), B tiles
 // 6..7 (KG / 2 column pairs x 16 rows).
 template <int KG>
-const TileConfig& tile_config() {
+const TileConfig& group_config() {
   static const TileConfig cfg = [] {
     TileConfig c;
     for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 64;
@@ -89,8 +89,8 @@ inline void scale_into(float* acc, const float* c, const PanelView& p0, const Pa
 // One 32-token x 32-row block of y over all groups. `a` points at the block's
 // first token in part 0 (parts `plane` elements apart, rows `cols` apart);
 // bsum at the block's first token's group sums (ng per token).
-template <int KG, bool kMin>
-void block_32x32(const uint16_t* a, size_t cols, size_t plane, const PanelView& p0,
+template <class Tiles, int KG, bool kMin>
+void block_32x32(Tiles tiles, const uint16_t* a, size_t cols, size_t plane, const PanelView& p0,
                  const PanelView& p1, const float* bsum, float* y, size_t ldy, size_t tokens,
                  size_t rows) {
   constexpr size_t G = kGroupsPerPass;
@@ -102,27 +102,27 @@ void block_32x32(const uint16_t* a, size_t cols, size_t plane, const PanelView& 
     const size_t set = (g0 / G) & 1;
     for (size_t g = g0; g < std::min(ng, g0 + G); ++g) {
       const size_t k = g * KG;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      _tile_loadd(6, p0.w + k * kPanel, 64);  // pairs k/2.. of the panel, 64 bytes each
-      _tile_loadd(7, p1.w + k * kPanel, 64);
+      tile_zero<0>(tiles);
+      tile_zero<1>(tiles);
+      tile_zero<2>(tiles);
+      tile_zero<3>(tiles);
+      tile_load<6>(tiles, p0.w + k * kPanel, 64);  // pairs k/2.. of the panel, 64 bytes each
+      tile_load<7>(tiles, p1.w + k * kPanel, 64);
 #pragma GCC unroll 3
       for (size_t p = 0; p < kParts; ++p) {
         const uint16_t* ap = a + p * plane + k;
-        _tile_loadd(4, ap, lda);
-        _tile_loadd(5, ap + a_lower, lda);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        tile_load<4>(tiles, ap, lda);
+        tile_load<5>(tiles, ap + a_lower, lda);
+        tile_dpbf16ps<0, 4, 6>(tiles);
+        tile_dpbf16ps<1, 4, 7>(tiles);
+        tile_dpbf16ps<2, 5, 6>(tiles);
+        tile_dpbf16ps<3, 5, 7>(tiles);
       }
       float* cb = c[set][g - g0];
-      _tile_stored(0, cb, 32 * sizeof(float));
-      _tile_stored(1, cb + 16, 32 * sizeof(float));
-      _tile_stored(2, cb + 16 * 32, 32 * sizeof(float));
-      _tile_stored(3, cb + 16 * 32 + 16, 32 * sizeof(float));
+      tile_store<0>(tiles, cb, 32 * sizeof(float));
+      tile_store<1>(tiles, cb + 16, 32 * sizeof(float));
+      tile_store<2>(tiles, cb + 16 * 32, 32 * sizeof(float));
+      tile_store<3>(tiles, cb + 16 * 32 + 16, 32 * sizeof(float));
     }
     if (g0 > 0) {  // the previous set, while this set's tile products run
       const size_t h0 = g0 - G;
@@ -144,14 +144,14 @@ struct Call {
 };
 
 // Panels [p0, p1) of segment s (p0 even) for every token.
-template <int KG, bool kMin>
-void segment_panels(const QuantSegment& s, const Call& call, float* y, size_t ldy, size_t p0,
-                    size_t p1, Scratch& scratch) {
+template <class Tiles, int KG, bool kMin>
+void segment_panels(Tiles tiles, const QuantSegment& s, const Call& call, float* y, size_t ldy,
+                    size_t p0, size_t p1, Scratch& scratch) {
   // Every call loads the config of its own group shape (K = 16 for Q6_K, 32 for
   // the rest); the fault keeps the other shape's, as a cached config would.
   constexpr int kOther = KG == 16 ? 32 : 16;
-  _tile_loadconfig(fault::active() == fault::Fault::stale_tile_config ? &tile_config<kOther>()
-                                                                      : &tile_config<KG>());
+  tile_config(tiles, fault::active() == fault::Fault::stale_tile_config ? &group_config<kOther>()
+                                                                        : &group_config<KG>());
   const size_t cols = s.cols, ng = cols / KG, plane = call.n_pad * cols;
   const float* group_sum = KG == 16 ? call.half_sum : call.block_sum;
   const size_t panel_bytes = cols * kPanel * sizeof(uint16_t);
@@ -166,26 +166,25 @@ void segment_panels(const QuantSegment& s, const Call& call, float* y, size_t ld
         const PanelView v0 = scratch.panel(p - c0), v1 = scratch.panel(p - c0 + 1);
         const size_t r0 = p * kPanel, rows = std::min<size_t>(2 * kPanel, s.rows - r0);
         for (size_t t = t0; t < t1; t += 32)
-          block_32x32<KG, kMin>(call.xb + t * cols, cols, plane, v0, v1,
-                                kMin ? group_sum + t * ng : nullptr, y + t * ldy + r0, ldy,
-                                std::min<size_t>(32, call.n - t), rows);
+          block_32x32<Tiles, KG, kMin>(tiles, call.xb + t * cols, cols, plane, v0, v1,
+                                       kMin ? group_sum + t * ng : nullptr, y + t * ldy + r0, ldy,
+                                       std::min<size_t>(32, call.n - t), rows);
       }
     }
   }
-  _tile_release();
+  tile_release(tiles);
 }
 
 void run_segment(const QuantSegment& s, const Call& call, float* y, size_t ldy, size_t p0,
                  size_t p1) {
   thread_local Scratch scratch;
-  if (s.group == 16 && s.has_min)
-    segment_panels<16, true>(s, call, y, ldy, p0, p1, scratch);
-  else if (s.group == 16)
-    segment_panels<16, false>(s, call, y, ldy, p0, p1, scratch);
-  else if (s.has_min)
-    segment_panels<32, true>(s, call, y, ldy, p0, p1, scratch);
-  else
-    segment_panels<32, false>(s, call, y, ldy, p0, p1, scratch);
+  with_tiles([&](auto tiles) {
+    using T = decltype(tiles);
+    const auto run = s.group == 16
+                         ? (s.has_min ? segment_panels<T, 16, true> : segment_panels<T, 16, false>)
+                         : (s.has_min ? segment_panels<T, 32, true> : segment_panels<T, 32, false>);
+    run(tiles, s, call, y, ldy, p0, p1, scratch);
+  });
 }
 
 }  // namespace

@@ -8,6 +8,17 @@
 
 namespace edgellm::kernels::avx512 {
 
+// 32 fp32 (x0: the first 16) as 32 bf16 in order: nearest even, as torch's
+// .to(bfloat16); truncated (the top 16 bits) under Fault::bf16_truncate.
+inline __m512i to_bf16(__m512 x0, __m512 x1, bool truncate) {
+  if (truncate) {
+    const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x0), 16));
+    const __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x1), 16));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+}
+
 // exp(x): x = n ln2 + r, exp(r) by a degree-6 polynomial, times 2^n by
 // vscalefps (one rounding, as vec_avx2.h's two exact factors give), so
 // denormal results and +inf come out right. NaN passes.

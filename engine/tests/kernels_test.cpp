@@ -75,9 +75,9 @@ class IsaScope {
 class TierTest : public ::testing::TestWithParam<Isa> {
  protected:
   void SetUp() override {
-    if (GetParam() > detect_isa())
+    if (GetParam() > runnable_isa())
       GTEST_SKIP() << "this CPU/OS lacks the " << isa_name(GetParam()) << " tier (best is "
-                   << isa_name(detect_isa()) << ")";
+                   << isa_name(runnable_isa()) << ")";
   }
   Isa isa() const { return GetParam(); }
 };
@@ -334,22 +334,27 @@ TEST_P(KernelMatmul, Bf16GemmRoundingAware) {
 // The rounding-aware check fails on the real kernel with each fault on (and
 // passes on the same data without): truncating x instead of rounding it, and
 // leaving the last K chunk (32 columns) out of the sum.
-TEST_P(KernelMatmul, Bf16GemmFaultsAreCaught) {
-  PrecisionScope precision(GemmPrecision::bf16);
-  if (!runs_avx512_bf16_gemm(isa(), 2)) GTEST_SKIP() << isa_name(isa()) << " has no such path";
+// With each fault on, check_matmul fails on every shape; without, it passes
+// on the same data.
+void expect_gemm_faults_caught(Isa isa,
+                               std::initializer_list<std::tuple<size_t, size_t, size_t>> shapes) {
   ThreadPool two(2);
-  constexpr std::tuple<size_t, size_t, size_t> kShapes[] = {
-      {17, 40, 5}, {33, 577, 13}, {37, 4100, 30}, {5, 3, 2}};
   for (const fault::Fault f :
        {fault::Fault::none, fault::Fault::bf16_truncate, fault::Fault::drop_k_tail}) {
-    for (const auto& [rows, cols, n] : kShapes) {
+    for (const auto& [rows, cols, n] : shapes) {
       std::mt19937 rng(37);
       fault::Scoped scoped(f);
-      const bool passed = check_matmul(isa(), rows, cols, n, true, rng, two, false);
+      const bool passed = check_matmul(isa, rows, cols, n, true, rng, two, false);
       EXPECT_EQ(passed, f == fault::Fault::none)
           << fault::name(f) << " " << rows << "x" << cols << " n=" << n;
     }
   }
+}
+
+TEST_P(KernelMatmul, Bf16GemmFaultsAreCaught) {
+  PrecisionScope precision(GemmPrecision::bf16);
+  if (!runs_avx512_bf16_gemm(isa(), 2)) GTEST_SKIP() << isa_name(isa()) << " has no such path";
+  expect_gemm_faults_caught(isa(), {{17, 40, 5}, {33, 577, 13}, {37, 4100, 30}, {5, 3, 2}});
 }
 
 // EDGELLM_GEMM_PRECISION=bf16x2: two bf16 parts on amx, fp32 elsewhere.
@@ -489,8 +494,8 @@ INSTANTIATE_TEST_SUITE_P(Tiers, KernelMatmul, ::testing::ValuesIn(tiers_of("matm
 // sum|w x|). Two parts keep ~16 bits (2^-16 relative per term): at K = 64 the
 // dropped bits show above the sums' rounding; at K >= 576 they average out.
 TEST(KernelMatmulAmxSplit, ErrorAgainstFp32PerPartCount) {
-  if (detect_isa() < Isa::amx)
-    GTEST_SKIP() << "this CPU/OS lacks the amx tier (best is " << isa_name(detect_isa()) << ")";
+  if (runnable_isa() < Isa::amx)
+    GTEST_SKIP() << "this CPU/OS lacks the amx tier (best is " << isa_name(runnable_isa()) << ")";
   ThreadPool pool2(2);
   constexpr std::tuple<size_t, size_t, size_t> kSmallK{64, 64, 40};
   for (const auto& shape : {kSmallK, kErrorShapes[0], kErrorShapes[1], kErrorShapes[2]}) {
@@ -585,6 +590,65 @@ TEST(KernelMatmulAmxSplit, TilesMatchScalarSplit) {
             rest -= bf16_to_float(out[at]);
           }
         }
+    }
+  }
+}
+
+// The AMX GEMM's fault points, on the amx tier's own path (n >= kMinTokens,
+// one bf16 part, so the x rounding shows): truncating x instead of rounding
+// it, and leaving the last K step (32 columns) out, each fail check_matmul's
+// reference run on x rounded as the kernel rounds it; the same data passes
+// without a fault.
+TEST_P(KernelMatmul, AmxGemmFaultsAreCaught) {
+  if (isa() != Isa::amx) GTEST_SKIP() << isa_name(isa()) << " has no AMX GEMM";
+  PrecisionScope precision(GemmPrecision::bf16);
+  SCOPED_TRACE(std::string("on ") + std::string(tile_backend_name(tile_backend())));
+  expect_gemm_faults_caught(isa(), {{17, 40, 16}, {33, 577, 37}, {47, 1300, 70}, {5, 3, 33}});
+}
+
+// Sets the tile back end for a scope.
+class TileBackendScope {
+ public:
+  explicit TileBackendScope(TileBackend b) : saved_(tile_backend()) { set_tile_backend(b); }
+  ~TileBackendScope() { set_tile_backend(saved_); }
+
+ private:
+  TileBackend saved_;
+};
+
+constexpr const char* kNoAmxSilicon =
+    "no AMX on this CPU: nothing to hold the tile model to (the amx tier's tests run on it)";
+
+// The AMX GEMM on the tile model against the same GEMM on the silicon, bit for
+// bit: every part count, bias on and off, odd rows / columns / tokens, a lone
+// last panel, K in several slices (K > 640 with a large x), both thread splits.
+TEST(AmxTilesMatchSilicon, Matmul) {
+  if (detect_isa() != Isa::amx) GTEST_SKIP() << kNoAmxSilicon;
+  std::mt19937 rng(45);
+  ThreadPool two(2);
+  constexpr std::tuple<size_t, size_t, size_t> kShapes[] = {
+      {1, 1, 16}, {17, 33, 17}, {47, 577, 37}, {33, 700, 70}, {40, 2080, 160}, {16, 64, 200}};
+  for (GemmPrecision p : {GemmPrecision::bf16, GemmPrecision::bf16x2, GemmPrecision::fp32}) {
+    for (const auto& [rows, cols, n] : kShapes) {
+      const std::vector<uint16_t> w = random_bf16(rows * cols, rng);
+      const OddBuffer x = random_buffer(n * cols, rng);
+      const OddBuffer bias = random_buffer(rows, rng);
+      for (bool with_bias : {false, true}) {
+        PackedMatrix m = pack_matrix(w.data(), rows, cols, Isa::amx);
+        if (with_bias) m.bias = bias.data();
+        std::vector<float> silicon(n * rows), model(n * rows);
+        {
+          TileBackendScope on(TileBackend::silicon);
+          amx::matmul(m, x.data(), n, silicon.data(), two, p);
+        }
+        {
+          TileBackendScope on(TileBackend::model);
+          amx::matmul(m, x.data(), n, model.data(), two, p);
+        }
+        ASSERT_EQ(std::memcmp(silicon.data(), model.data(), silicon.size() * sizeof(float)), 0)
+            << gemm_precision_name(p) << " " << rows << "x" << cols << " n=" << n
+            << (with_bias ? " bias" : "");
+      }
     }
   }
 }
@@ -1295,6 +1359,40 @@ TEST_P(KernelAttentionBf16, FaultsAreCaught) {
   }
 }
 
+// The AMX prefill attention on the tile model against the same kernel on the
+// silicon, bit for bit: both precisions, every cache dtype, GQA groups of 1 to
+// 32 heads, a window, a softcap, a start inside a key block, odd token counts.
+TEST(AmxTilesMatchSilicon, Attention) {
+  if (detect_isa() != Isa::amx) GTEST_SKIP() << kNoAmxSilicon;
+  std::mt19937 rng(47);
+  const AttnCase cases[] = {{9, 3, 64, 40, 13, 0, 0.0f},  {4, 1, 256, 20, 0, 16, 0.0f},
+                            {8, 2, 64, 33, 50, 0, 30.0f}, {32, 8, 64, 17, 0, 0, 0.0f},
+                            {32, 1, 32, 16, 3, 0, 0.0f},  {2, 2, 96, 70, 31, 0, 0.0f}};
+  for (AttnCase c : cases) {
+    for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
+      c.kv = kv;
+      for (AttnPrecision p : {AttnPrecision::fp32, AttnPrecision::bf16}) {
+        AttnInputs in = attention_inputs(c, rng);
+        in.args.precision = p;
+        const size_t size = c.n * c.n_heads * c.head_dim;
+        std::vector<float> silicon(size), model(size);
+        {
+          TileBackendScope on(TileBackend::silicon);
+          in.args.out = silicon.data();
+          amx::attention_prefill(in.args, test_pool());
+        }
+        {
+          TileBackendScope on(TileBackend::model);
+          in.args.out = model.data();
+          amx::attention_prefill(in.args, test_pool());
+        }
+        ASSERT_EQ(std::memcmp(silicon.data(), model.data(), size * sizeof(float)), 0)
+            << attn_precision_name(p) << " " << describe(c);
+      }
+    }
+  }
+}
+
 // Against attention on the unrounded inputs in float64: the bf16 roundings
 // (q, K, V, P each by <= 2^-9 relative) move a score by at most
 // 2^-8 scale sum|q k| = 2^-8 a, a weight by e^(2 * 2^-8 a_max) - 1 plus P's
@@ -1370,7 +1468,7 @@ TEST(KernelAttentionBf16Fallback, ComputesFp32) {
                             {4, 1, 80, 17, 0, 6, 1.5f},
                             {64, 1, 64, 17, 5, 0, 0.0f}};
   for (Isa isa : tiers_of("attention")) {
-    if (isa > detect_isa()) continue;
+    if (isa > runnable_isa()) continue;
     for (AttnCase c : cases) {
       for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16}) {
         c.kv = kv;

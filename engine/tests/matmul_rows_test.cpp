@@ -24,7 +24,7 @@ namespace {
 std::vector<Isa> layouts() {
   std::vector<Isa> isas;
   for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx})
-    if (isa <= detect_isa()) isas.push_back(isa);
+    if (isa <= runnable_isa()) isas.push_back(isa);
   return isas;
 }
 

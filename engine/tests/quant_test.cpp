@@ -500,7 +500,7 @@ TEST(QuantTest, QuantizeRowsRoundTrips) {
 // Fast-path mutant: a tile config kept from the previous shape (Q8_0's K = 32
 // groups, then Q6_K's K = 16) must fail the same reference check.
 TEST(QuantTest, AmxStaleTileConfigIsCaught) {
-  if (detect_isa() != Isa::amx) GTEST_SKIP() << "amx tier not on this CPU: mutant not run";
+  if (runnable_isa() != Isa::amx) GTEST_SKIP() << "amx tier not on this CPU: mutant not run";
   std::mt19937 rng(29);
   ThreadPool pool(2);
   const size_t n = 33;
@@ -521,6 +521,32 @@ TEST(QuantTest, AmxStaleTileConfigIsCaught) {
     for (size_t i = 0; i < got.size(); ++i)
       off += !(std::fabs(got[i] - want[i]) <= fp32_tol(mag[i], w.cols));
     EXPECT_GT(off, 0u) << block_format_name(f) << ": the stale config went unseen";
+  }
+}
+
+// The AMX quantized prefill on the tile model against the same kernel on the
+// silicon, bit for bit: every format (K = 16 and 32 groups, with and without
+// mins), rows off the panel, token counts off the 32-token block.
+TEST(QuantTest, AmxTileModelMatchesSilicon) {
+  if (detect_isa() != Isa::amx)
+    GTEST_SKIP() << "no AMX on this CPU: nothing to hold the tile model to (the amx tier's "
+                    "tests run on it)";
+  std::mt19937 rng(31);
+  ThreadPool pool(2);
+  const TileBackend saved = tile_backend();
+  for (BlockFormat f : kFormats) {
+    const QuantMatrix w = random_matrix(f, 45, 2 * block_elems(f), rng);
+    for (size_t n : {16, 33, 70}) {
+      const auto x = random_x(n * w.cols, rng);
+      std::vector<float> silicon(n * w.rows), model(n * w.rows);
+      set_tile_backend(TileBackend::silicon);
+      amx::quant_matmul_fp32(w, x.data(), n, silicon.data(), pool);
+      set_tile_backend(TileBackend::model);
+      amx::quant_matmul_fp32(w, x.data(), n, model.data(), pool);
+      set_tile_backend(saved);
+      ASSERT_EQ(std::memcmp(silicon.data(), model.data(), silicon.size() * sizeof(float)), 0)
+          << block_format_name(f) << " n=" << n;
+    }
   }
 }
 
@@ -580,7 +606,7 @@ TEST(QuantTest, Bf16PrefillMatchesTheRoundedReference) {
 // 32-row block, token counts not a multiple of the 32-token block, and a
 // matrix of several segments (q, k and v in different formats).
 TEST(QuantTest, AmxPrefillMatchesTheReference) {
-  if (detect_isa() != Isa::amx) GTEST_SKIP() << "no AMX tile state on this CPU: not run";
+  if (runnable_isa() != Isa::amx) GTEST_SKIP() << "no amx tier (tiles or tile model): not run";
   std::mt19937 rng(23);
   ThreadPool pool(2);
   PrecisionScope precision(QuantPrecision::fp32);
