@@ -97,8 +97,9 @@ std::string_view gemm_activation_dtype(const ExecConfig& cfg) {
 }
 
 bool quant_prefill_in_bf16(const ExecConfig& cfg, size_t n) {
-  return cfg.isa == Isa::avx512 && cfg.gemm == GemmPrecision::bf16 &&
-         cfg.quant == QuantPrecision::fp32 && n >= avx512::kMinBf16QuantTokens;
+  if (cfg.gemm != GemmPrecision::bf16 || cfg.quant != QuantPrecision::fp32) return false;
+  if (cfg.isa == Isa::amx) return n >= amx::kMinQuantTokens;
+  return cfg.isa == Isa::avx512 && n >= avx512::kMinBf16QuantTokens;
 }
 
 std::string quant_activation_dtype(const ExecConfig& cfg) {

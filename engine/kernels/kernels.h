@@ -149,11 +149,12 @@ void set_gemm_precision(GemmPrecision p);  // tests, benchmarks
 // for the prefill GEMM's activations (the gate's precision tier reads it).
 std::string_view gemm_activation_dtype(const ExecConfig& cfg);
 // Whether a quantized GEMM over n tokens rounds x to bf16 once: the avx512
-// tier's prefill (quant_bf16_avx512.cpp) under the bf16 GEMM precision with
-// fp32 quantized activations, from 16 tokens. Decode keeps x fp32.
+// and amx tiers' prefill (quant_bf16_avx512.cpp, quant_amx.cpp) under the bf16
+// GEMM precision with fp32 quantized activations, from 16 tokens. Decode keeps
+// x fp32.
 bool quant_prefill_in_bf16(const ExecConfig& cfg, size_t n);
-// cfg.quant as the engine applies it: "int8", "fp32", or on the avx512 tier's
-// fast config "fp32 (prefill bf16)".
+// cfg.quant as the engine applies it: "int8", "fp32", or on the avx512 and
+// amx tiers' fast config "fp32 (prefill bf16)".
 std::string quant_activation_dtype(const ExecConfig& cfg);
 
 // How the n rows of a matmul's x relate.

@@ -199,13 +199,16 @@ inline constexpr size_t kMinBf16QuantTokens = 16;
 void quant_matmul_bf16(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 }  // namespace avx512
 
-// Prefill on AMX-BF16 tiles (quant_amx.cpp), fp32 activations split into 3
-// exact bf16 parts; only where detect_isa() == Isa::amx. The whole matrix, all
-// n tokens, no bias. quant_matmul takes it at n >= kMinQuantTokens on the amx
-// tier at fp32 precision.
+// Prefill on AMX-BF16 tiles (quant_amx.cpp) on the amx tier (the CPU's tiles
+// or the tile model, kernels.h tile_backend()). The whole matrix, all n
+// tokens, no bias. quant_matmul_fp32: fp32 activations as 3 exact bf16
+// parts (quant_matmul takes it at n >= kMinQuantTokens at fp32 precision);
+// quant_matmul_bf16: x rounded to bf16 once, one pass (the fast config, as
+// avx512::quant_matmul_bf16 on the avx512 tier).
 namespace amx {
 inline constexpr size_t kMinQuantTokens = 16;
 void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+void quant_matmul_bf16(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 }  // namespace amx
 
 // The AVX2 kernels with AVX-VNNI dot products; only where has_avx_vnni() (kernels.h).

@@ -1,10 +1,13 @@
-// Quantized prefill GEMM on AMX-BF16 tiles at fp32 activations (kernels/quant.h):
+// Quantized prefill GEMM on AMX-BF16 tiles (kernels/quant.h):
 //   y[t][r] = sum_g scale[r,g] * sum_{j in g} (q[r,j] - zero) x[t,j] + min[r,g] * groupsum[t,g]
 //
-// Exact like matmul_amx.cpp: the integers (q - zero) are exact in bf16 and x is
-// split into 3 bf16 parts (x = hi + mid + lo, avx512::to_bf16_parts), so every
-// product is exact and only the fp32 sums round; the scales and mins are
-// applied in fp32 (AVX-512 FMA), never folded into bf16 weights.
+// The integers (q - zero) are exact in bf16; x goes in P bf16 parts
+// (avx512::to_bf16_parts). P = 3 (quant_matmul_fp32) holds fp32 x exactly
+// (x = hi + mid + lo), so every product is exact and only the fp32 sums round,
+// as in matmul_amx.cpp. P = 1 (quant_matmul_bf16, the fast config) rounds x to
+// bf16 once, as the avx512 tier's quant_bf16_avx512.cpp does: one pass. Either
+// way the scales and mins are applied in fp32 (AVX-512 FMA), never folded
+// into bf16 weights, and the group sums are of x as the tiles see it.
 //
 // The scale changes every group (32 columns, 16 for Q6_K, Q3_K, Q2_K), so each group's
 // 32-token x 32-row block is summed in fresh C tiles (tmm0..3, one K-step of
@@ -39,7 +42,6 @@ using quant_panels::kPanel;
 using quant_panels::PanelView;
 using quant_panels::Scratch;
 constexpr size_t kTokenBlockBytes = 512 * 1024;  // x parts per token block
-constexpr size_t kParts = 3;                     // bf16 parts of fp32 x
 
 // C tiles 0..3 (16 x 16 fp32), A tiles 4..5 (16 tokens x KG bf16), B tiles
 // 6..7 (KG / 2 column pairs x 16 rows).
@@ -89,7 +91,7 @@ inline void scale_into(float* acc, const float* c, const PanelView& p0, const Pa
 // One 32-token x 32-row block of y over all groups. `a` points at the block's
 // first token in part 0 (parts `plane` elements apart, rows `cols` apart);
 // bsum at the block's first token's group sums (ng per token).
-template <class Tiles, int KG, bool kMin>
+template <class Tiles, int KG, bool kMin, int P>
 void block_32x32(Tiles tiles, const uint16_t* a, size_t cols, size_t plane, const PanelView& p0,
                  const PanelView& p1, const float* bsum, float* y, size_t ldy, size_t tokens,
                  size_t rows) {
@@ -109,7 +111,7 @@ void block_32x32(Tiles tiles, const uint16_t* a, size_t cols, size_t plane, cons
       tile_load<6>(tiles, p0.w + k * kPanel, 64);  // pairs k/2.. of the panel, 64 bytes each
       tile_load<7>(tiles, p1.w + k * kPanel, 64);
 #pragma GCC unroll 3
-      for (size_t p = 0; p < kParts; ++p) {
+      for (size_t p = 0; p < P; ++p) {
         const uint16_t* ap = a + p * plane + k;
         tile_load<4>(tiles, ap, lda);
         tile_load<5>(tiles, ap + a_lower, lda);
@@ -137,14 +139,14 @@ void block_32x32(Tiles tiles, const uint16_t* a, size_t cols, size_t plane, cons
 }
 
 struct Call {
-  const uint16_t* xb;      // kParts planes of n_pad x cols bf16
+  const uint16_t* xb;      // `parts` planes of n_pad x cols bf16
   const float* block_sum;  // [n][cols / 32] where a segment has mins per 32
   const float* half_sum;   // [n][cols / 16] where a segment has mins per 16 (Q2_K)
-  size_t n, n_pad;
+  size_t n, n_pad, parts;
 };
 
 // Panels [p0, p1) of segment s (p0 even) for every token.
-template <class Tiles, int KG, bool kMin>
+template <class Tiles, int KG, bool kMin, int P>
 void segment_panels(Tiles tiles, const QuantSegment& s, const Call& call, float* y, size_t ldy,
                     size_t p0, size_t p1, Scratch& scratch) {
   // Every call loads the config of its own group shape (K = 16 for Q6_K, 32 for
@@ -156,7 +158,7 @@ void segment_panels(Tiles tiles, const QuantSegment& s, const Call& call, float*
   const float* group_sum = KG == 16 ? call.half_sum : call.block_sum;
   const size_t panel_bytes = cols * kPanel * sizeof(uint16_t);
   const size_t chunk = std::max<size_t>(2, kChunkBytes / panel_bytes / 2 * 2);
-  const size_t tblock = std::max<size_t>(32, kTokenBlockBytes / (kParts * cols * 2) / 32 * 32);
+  const size_t tblock = std::max<size_t>(32, kTokenBlockBytes / (P * cols * 2) / 32 * 32);
   for (size_t c0 = p0; c0 < p1; c0 += chunk) {
     const size_t c1 = std::min(p1, c0 + chunk);
     scratch.unpack(s, c0, (c1 - c0 + 1) / 2 * 2);  // an odd last panel gets a zero partner
@@ -166,9 +168,9 @@ void segment_panels(Tiles tiles, const QuantSegment& s, const Call& call, float*
         const PanelView v0 = scratch.panel(p - c0), v1 = scratch.panel(p - c0 + 1);
         const size_t r0 = p * kPanel, rows = std::min<size_t>(2 * kPanel, s.rows - r0);
         for (size_t t = t0; t < t1; t += 32)
-          block_32x32<Tiles, KG, kMin>(tiles, call.xb + t * cols, cols, plane, v0, v1,
-                                       kMin ? group_sum + t * ng : nullptr, y + t * ldy + r0, ldy,
-                                       std::min<size_t>(32, call.n - t), rows);
+          block_32x32<Tiles, KG, kMin, P>(tiles, call.xb + t * cols, cols, plane, v0, v1,
+                                          kMin ? group_sum + t * ng : nullptr, y + t * ldy + r0,
+                                          ldy, std::min<size_t>(32, call.n - t), rows);
       }
     }
   }
@@ -180,31 +182,47 @@ void run_segment(const QuantSegment& s, const Call& call, float* y, size_t ldy, 
   thread_local Scratch scratch;
   with_tiles([&](auto tiles) {
     using T = decltype(tiles);
-    const auto run = s.group == 16
-                         ? (s.has_min ? segment_panels<T, 16, true> : segment_panels<T, 16, false>)
-                         : (s.has_min ? segment_panels<T, 32, true> : segment_panels<T, 32, false>);
+    if (call.parts == 1) {
+      const auto run =
+          s.group == 16
+              ? (s.has_min ? segment_panels<T, 16, true, 1> : segment_panels<T, 16, false, 1>)
+              : (s.has_min ? segment_panels<T, 32, true, 1> : segment_panels<T, 32, false, 1>);
+      return run(tiles, s, call, y, ldy, p0, p1, scratch);
+    }
+    const auto run =
+        s.group == 16
+            ? (s.has_min ? segment_panels<T, 16, true, 3> : segment_panels<T, 16, false, 3>)
+            : (s.has_min ? segment_panels<T, 32, true, 3> : segment_panels<T, 32, false, 3>);
     run(tiles, s, call, y, ldy, p0, p1, scratch);
   });
 }
 
 }  // namespace
 
-void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+// x in `parts` bf16 parts: 3 (exact) or 1 (x rounded once).
+void quant_matmul_parts(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
+                        size_t parts) {
   const size_t cols = w.cols, n_pad = (n + 31) / 32 * 32, nb = cols / 32;
-  uint16_t* xb = avx512::bf16_scratch(kParts * n_pad * cols);
-  avx512::to_bf16_parts(x, n, cols, n_pad, cols, kParts, xb, pool);
+  uint16_t* xb = avx512::bf16_scratch(parts * n_pad * cols);
+  avx512::to_bf16_parts(x, n, cols, n_pad, cols, parts, xb, pool);
   // Block sums only for mins, vectorised and split over the pool: the scalar
   // block_sums() is a serial add chain, ~0.5 ms at 512 x 576 (a fifth of a GEMM).
   thread_local std::vector<float> sums, halves;
   const bool mins = std::any_of(w.segments.begin(), w.segments.end(),
                                 [](const QuantSegment& s) { return s.has_min && s.group == 32; });
+  // The sums are of x as the tiles see it: with one part, of the rounded x
+  // (the plane's first row block), so the min term rounds x as the products do.
+  const auto load16 = [&](size_t i) {
+    if (parts == 3) return _mm512_loadu_ps(x + i);
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  };
   if (mins) {
     sums.resize(n * nb);
     float* out = sums.data();  // this thread's buffer, written by the workers
     pool.parallel_chunks(n, [&](size_t t0, size_t t1) {
       for (size_t i = t0 * nb; i < t1 * nb; ++i)
-        out[i] = _mm512_reduce_add_ps(
-            _mm512_add_ps(_mm512_loadu_ps(x + i * 32), _mm512_loadu_ps(x + i * 32 + 16)));
+        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(load16(i * 32), load16(i * 32 + 16)));
     });
   }
   const bool mins16 = std::any_of(w.segments.begin(), w.segments.end(),
@@ -214,14 +232,15 @@ void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y,
     float* out = halves.data();
     pool.parallel_chunks(n, [&](size_t t0, size_t t1) {
       for (size_t i = t0 * nb * 2; i < t1 * nb * 2; ++i)
-        out[i] = _mm512_reduce_add_ps(_mm512_loadu_ps(x + i * 16));
+        out[i] = _mm512_reduce_add_ps(load16(i * 16));
     });
   }
   const Call call{.xb = xb,
                   .block_sum = mins ? sums.data() : nullptr,
                   .half_sum = mins16 ? halves.data() : nullptr,
                   .n = n,
-                  .n_pad = n_pad};
+                  .n_pad = n_pad,
+                  .parts = parts};
   // Work items: pairs of panels over all segments (32 rows each, the block).
   std::vector<size_t> first_pair;  // per segment, then the total
   size_t pairs = 0;
@@ -241,6 +260,14 @@ void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y,
       base += s.rows;
     }
   });
+}
+
+void quant_matmul_fp32(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  quant_matmul_parts(w, x, n, y, pool, 3);
+}
+
+void quant_matmul_bf16(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool) {
+  quant_matmul_parts(w, x, n, y, pool, 1);
 }
 
 }  // namespace edgellm::kernels::amx

@@ -556,11 +556,15 @@ TEST(QuantTest, AmxTileModelMatchesSilicon) {
 // off the 16-row panel, token counts off the 8-token tile, several segments.
 // A kernel that rounds differently (truncation) or drops a group is far outside
 // that tolerance.
-TEST(QuantTest, Bf16PrefillMatchesTheRoundedReference) {
-  if (detect_isa() < Isa::avx512) GTEST_SKIP() << "no AVX-512 BF16 on this CPU: not run";
+using QuantBf16Fn = void (*)(const QuantMatrix&, const float*, size_t, float*, ThreadPool&);
+
+// The amx tier's one-pass prefill (quant_amx.cpp, one bf16 part) is held to
+// the same reference, n >= 16 (its A tiles), on silicon or on the tile model.
+void check_bf16_prefill(QuantBf16Fn kernel, size_t min_tokens) {
   std::mt19937 rng(29);
   ThreadPool pool(2);
   auto check = [&](const QuantMatrix& w, size_t n, const std::string& what) {
+    if (n < min_tokens) return;
     SCOPED_TRACE(what + " rows " + std::to_string(w.rows) + " cols " + std::to_string(w.cols) +
                  " n " + std::to_string(n));
     const auto x = random_x(n * w.cols, rng);
@@ -577,7 +581,7 @@ TEST(QuantTest, Bf16PrefillMatchesTheRoundedReference) {
     const auto mag = abs_products(w, xr, n);
     std::vector<float> got(n * w.rows + 1, NAN);
     got.back() = -7.0f;
-    avx512::quant_matmul_bf16(w, x.data(), n, got.data(), pool);
+    kernel(w, x.data(), n, got.data(), pool);
     ASSERT_EQ(got.back(), -7.0f) << "wrote past the output";
     for (size_t i = 0; i + 1 < got.size(); ++i)
       ASSERT_NEAR(got[i], want[i], fp32_tol(mag[i], w.cols)) << "at " << i;
@@ -587,7 +591,7 @@ TEST(QuantTest, Bf16PrefillMatchesTheRoundedReference) {
     for (size_t rows : {5, 17, 45})
       for (size_t cols : {unit, 3 * unit}) {
         const QuantMatrix w = random_matrix(f, rows, cols, rng);
-        for (size_t n : {1, 8, 17, 33}) check(w, n, std::string(block_format_name(f)));
+        for (size_t n : {1, 8, 17, 33, 70}) check(w, n, std::string(block_format_name(f)));
       }
   }
   QuantMatrix mixed;
@@ -598,7 +602,18 @@ TEST(QuantTest, Bf16PrefillMatchesTheRoundedReference) {
     const auto blocks = random_blocks(f, rows, 256, rng);
     append_segment(mixed, repack_gguf(f, blocks.data(), rows, 256));
   }
-  for (size_t n : {9, 40}) check(mixed, n, "mixed segments");
+  for (size_t n : {9, 16, 40}) check(mixed, n, "mixed segments");
+}
+
+TEST(QuantTest, Bf16PrefillMatchesTheRoundedReference) {
+  if (detect_isa() < Isa::avx512) GTEST_SKIP() << "no AVX-512 BF16 on this CPU: not run";
+  check_bf16_prefill(avx512::quant_matmul_bf16, 1);
+}
+
+TEST(QuantTest, AmxBf16PrefillMatchesTheRoundedReference) {
+  if (runnable_isa() != Isa::amx) GTEST_SKIP() << "no amx tier (tiles or tile model): not run";
+  SCOPED_TRACE(std::string("on ") + std::string(tile_backend_name(tile_backend())));
+  check_bf16_prefill(amx::quant_matmul_bf16, amx::kMinQuantTokens);
 }
 
 // The AMX prefill GEMM (n >= 16 on the amx tier) against the scalar fp32
