@@ -179,7 +179,7 @@ SCHEMAS: list[tuple[str, str, dict[str, Any] | None]] = [
     (
         "free_keys_map",
         "Give the ages of two people as a map from name to age.",
-        {"type": "object", "additionalProperties": INT},
+        {"type": "object", "propertyNames": {"maxLength": 40}, "additionalProperties": INT},
     ),
     (
         "type_list",

@@ -64,6 +64,11 @@ TEST(JsonGrammar, RefusesWhatItCannotEnforceNamingTheConstruct) {
   EXPECT_EQ(refused(R"({"$ref": "#/$defs/missing"})"), "$ref");
   EXPECT_EQ(refused(R"({"$ref": "#"})"), "$ref");  // a cycle that never reaches a value
   EXPECT_EQ(refused(R"({"$ref": "#/$defs/a", "minLength": 1, "$defs": {"a": {}}})"), "minLength");
+  EXPECT_EQ(refused(R"({"type": "object", "propertyNames": {"pattern": "^a"}})"), "propertyNames");
+  EXPECT_EQ(refused(R"({"type": "object", "propertyNames": {"enum": ["a"]}})"), "propertyNames");
+  EXPECT_EQ(refused(R"({"type": "object", "propertyNames": {"maxLength": 2},
+                        "properties": {"a": {}}})"),
+            "propertyNames");
   EXPECT_EQ(refused(R"({"frobnicate": 1})"), "frobnicate");  // unknown keywords fail closed
   EXPECT_EQ(refused(R"({"type": "object",)"), "json");
   EXPECT_EQ(refused("false"), "false");
@@ -174,6 +179,15 @@ TEST(JsonGrammar, ObjectsInDeclaredOrderWithOptionalOnesSkippable) {
                       R"({"a":1,"b":2})"));
   EXPECT_FALSE(accepts(R"({"type": "object", "additionalProperties": {"type": "integer"}})",
                        R"({"a":"x"})"));
+  // propertyNames bounds a free key as minLength / maxLength bound a string value.
+  const char* keys = R"({"type": "object", "propertyNames": {"minLength": 2, "maxLength": 3},
+                         "additionalProperties": {"type": "integer"}})";
+  EXPECT_TRUE(accepts(keys, R"({"ab":1,"xyz":2})"));
+  EXPECT_TRUE(accepts(keys, R"({"\u00e9\n":1})"));  // escapes count as one code point each
+  EXPECT_FALSE(prefix(keys, R"({"abcd)"));          // a key past maxLength is cut off at once
+  EXPECT_FALSE(accepts(keys, R"({"a":1})"));        // shorter than minLength
+  EXPECT_TRUE(accepts(R"({"type": "object", "propertyNames": true})", R"({"anything":1})"));
+  EXPECT_TRUE(accepts(R"({"propertyNames": {"type": "string", "maxLength": 1}})", R"({"k":[]})"));
   // Keys are JSON-escaped as the schema spells them.
   EXPECT_TRUE(accepts(R"({"type": "object", "properties": {"a\"b": {"type": "null"}},
                           "required": ["a\"b"]})",

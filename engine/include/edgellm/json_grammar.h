@@ -4,7 +4,8 @@
 // parses and validates.
 //
 // What compiles (anything else is refused, naming the keyword: fail closed):
-// type (one or a list), properties / required / additionalProperties, items /
+// type (one or a list), properties / required / additionalProperties,
+// propertyNames (a free key's minLength / maxLength), items /
 // minItems / maxItems, enum, const, anyOf, $ref to #/$defs/... or
 // #/definitions/... (recursion included), minLength / maxLength, an integer's
 // minimum / maximum / exclusiveMinimum / exclusiveMaximum, and the

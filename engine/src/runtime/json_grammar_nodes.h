@@ -35,6 +35,7 @@ struct GrammarNode {
   std::vector<int32_t> alternatives;        // any_of
   std::vector<GrammarProperty> properties;  // object, declared order
   int32_t additional = -1;                  // object without properties: any key, this value
+  int32_t keys = -1;                        // free keys: their string node (-1: any key)
   int32_t items = -1;                       // array
   int32_t min_items = 0, max_items = -1;    // array; -1 = unbounded
   int32_t min_length = 0, max_length = -1;  // string; -1 = unbounded

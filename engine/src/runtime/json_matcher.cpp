@@ -369,7 +369,7 @@ void JsonMatcher::step_stack(std::vector<MatchFrame>& s, uint8_t c, MatchState& 
         const auto begin_key = [&] {
           if (n.free_keys()) {
             f.state = kObjAfterKey;
-            s.push_back(frame(kString, -1, kStrChar));
+            s.push_back(frame(kString, n.keys, kStrChar));
             push(s, out);
             return;
           }

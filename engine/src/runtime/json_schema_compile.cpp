@@ -31,7 +31,8 @@ GrammarNode node(GrammarKind kind) {
 const std::set<std::string> kAnnotations = {
     "title",      "description", "default",   "examples", "$schema",     "$id",    "$comment",
     "deprecated", "readOnly",    "writeOnly", "$defs",    "definitions", "strict", "discriminator"};
-const std::set<std::string> kObjectKeys = {"properties", "required", "additionalProperties"};
+const std::set<std::string> kObjectKeys = {"properties", "required", "additionalProperties",
+                                           "propertyNames"};
 const std::set<std::string> kArrayKeys = {"items", "minItems", "maxItems", "uniqueItems"};
 const std::set<std::string> kStringKeys = {"minLength", "maxLength"};
 const std::set<std::string> kIntegerKeys = {"minimum", "maximum", "exclusiveMinimum",
@@ -273,16 +274,35 @@ class Compiler {
     // absent, true or a schema) are allowed by the schema but never emitted.
     if (!required.empty())
       refuse("required", "'" + *required.begin() + "' is not among the declared properties");
-    int32_t additional = -1;
+    int32_t additional = -1, keys = -1;
     if (props.empty()) {
       const Json ap =
           s.contains("additionalProperties") ? s.at("additionalProperties") : Json(true);
       if (ap != Json(false)) additional = compile(ap);
+      if (s.contains("propertyNames")) keys = key_schema(s.at("propertyNames"));
+    } else if (s.contains("propertyNames")) {
+      refuse("propertyNames", "alongside 'properties' (declared names are the only keys)");
     }
     GrammarNode& n = g_.nodes[static_cast<size_t>(id)];
     n.properties = std::move(props);
     n.additional = additional;
+    n.keys = keys;
     return id;
+  }
+
+  // The string node free keys must match (propertyNames); -1 for any key. A key
+  // is always a string, so only a string's own bounds can constrain it here.
+  int32_t key_schema(const Json& s) {
+    if (s == Json(true)) return -1;
+    if (!s.is_object()) refuse("propertyNames", "expected a string schema");
+    for (const auto& [key, value] : s.items())
+      if (!kAnnotations.count(key) && !kStringKeys.count(key) &&
+          !(key == "type" && value == Json("string")))
+        refuse("propertyNames",
+               "only 'minLength' and 'maxLength' are enforced on keys, not '" + key + "'");
+    Json string_schema = s;
+    string_schema["type"] = "string";
+    return compile(string_schema);
   }
 
   // An integer within its bounds (each clipped to the 15 digits an integer may have).
