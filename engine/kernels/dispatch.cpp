@@ -190,8 +190,9 @@ const std::vector<KernelInfo>& registered_kernels() {
        "W int8 + fp32 scale (+ min) per 32 or 16 (GGUF Q8_0/Q2_K/Q3_K/Q5_K/Q6_K/"
        "IQ4_NL/IQ4_XS repacked), x/y fp32; avx512 prefill (n >= 16) under the fast config: panels "
        "unpacked to bf16 per call, x rounded to bf16 once, VDPBF16PS per group, scales and mins "
-       "in fp32 (weights exact); amx (n >= 16): the same panels, x as 3 exact bf16 parts, C "
-       "tiles per group scaled in fp32",
+       "in fp32 (weights exact); amx (n >= 16): the same panels, x as 3 exact bf16 parts (exact) "
+       "or rounded to bf16 once (fast config, one TDPBF16PS pass), C tiles per group scaled in "
+       "fp32",
        "rows any, cols % 32 == 0, any n", quantized},
       {"matmul_u4", tiers(WeightFormat::quant),
        "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default); "
