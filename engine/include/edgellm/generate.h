@@ -89,6 +89,8 @@ class Generation {
 
   bool done() const { return finish_ != FinishReason::none; }
   FinishReason finish_reason() const { return finish_; }
+  // The stop string that ended it (the earliest in the text); empty otherwise.
+  const std::string& stop_string() const { return stop_string_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }  // generated, stops excluded
   const std::string& text() const { return text_; }               // all text returned so far
   int sampled() const { return sampled_; }  // tokens sampled: output, stop and unseen ones
@@ -110,6 +112,7 @@ class Generation {
   std::string text_;
   int sampled_ = 0;
   FinishReason finish_ = FinishReason::none;
+  std::string stop_string_;
 };
 
 // Prompt-lookup decoding for one greedy sequence: n-gram drafts copied from

@@ -49,7 +49,8 @@ class RequestStream {
   void cancel() { cancelled_.store(true); }
 
   FinishReason finish = FinishReason::none;
-  std::string error;  // set when the engine failed the request
+  std::string error;        // set when the engine failed the request
+  std::string stop_string;  // the stop string that ended it (FinishReason::stop); else empty
   size_t prompt_tokens = 0, completion_tokens = 0;
   size_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
 

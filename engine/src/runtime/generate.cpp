@@ -141,7 +141,11 @@ Generation::Step Generation::next(std::span<const float> logits) {
   }
   // The earliest stop string in the held-back text ends the generation there.
   size_t cut = std::string::npos;
-  for (const std::string& stop : options_.stop_strings) cut = std::min(cut, pending_.find(stop));
+  for (const std::string& stop : options_.stop_strings)
+    if (const size_t at = pending_.find(stop); at < cut) {
+      cut = at;
+      stop_string_ = stop;
+    }
   if (cut != std::string::npos) {
     pending_.resize(cut);
     finish_ = FinishReason::stop;

@@ -283,6 +283,7 @@ void Scheduler::publish(Job& job, const Generation::Step& step) {
   }
   if (step.done) {
     job.stream->finish = job.gen->finish_reason();
+    job.stream->stop_string = job.gen->stop_string();
     job.stream->completion_tokens = job.gen->tokens().size();
     metrics_.add_tokens(job.prefilled, job.gen->tokens().size());
   }

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "anthropic_messages.h"
 #include "connections.h"
 #include "edgellm/error.h"
 #include "edgellm/json_file.h"
@@ -475,14 +476,7 @@ struct Api {
     GenerationRequest r =
         parse(body, chat ? chat_prompt(body, tools) : completion_prompt(body), chat, text);
     r.tools = tools;
-    // A forced call's grammar takes the place of a response_format one (which, as in
-    // OpenAI's API, shapes content replies, not calls).
-    if (r.tools.forced()) constrain_to_call(r);
-    std::shared_ptr<RequestStream> stream = scheduler.submit(r.prompt, r.options);
-    if (!stream) {
-      if (scheduler.stopping()) throw ApiError{503, "the server is shutting down", "", ""};
-      throw ApiError{429, "the request queue is full; retry later", "", "queue_full"};
-    }
+    std::shared_ptr<RequestStream> stream = submit(r);
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     const json head = {{"id", id},
                        {"object", chat ? (r.stream ? "chat.completion.chunk" : "chat.completion")
@@ -494,6 +488,40 @@ struct Api {
       stream_response(res, stream, head, chat, r.include_usage, r.logprobs, held_tools);
     else
       complete_response(res, stream, head, chat, r.logprobs, *held_tools);
+  }
+
+  // Anthropic's Messages API: the chat request it means, served as chat is.
+  void messages(const httplib::Request& req, httplib::Response& res,
+                const httplib::ContentReader& reader) {
+    const std::string raw = read_body(req, res, reader);
+    parse_body(raw);  // JSON within the depth bound, and the model
+    std::string text;
+    try {
+      text = anthropic::to_chat_request(nlohmann::ordered_json::parse(raw)).dump();
+    } catch (const anthropic::RequestError& e) {
+      bad(e.param(), e.what());
+    }
+    const json body = json::parse(text);
+    check_fields(body, kChatFields);
+    const Tools tools = request_tools(body, text);
+    GenerationRequest r = parse(body, chat_prompt(body, tools), /*chat=*/true, text);
+    r.tools = tools;
+    std::shared_ptr<RequestStream> stream = submit(r);
+    anthropic::write_reply(res, stream, "msg_" + std::to_string(next_id++), options.model_name,
+                           std::make_shared<const Tools>(std::move(r.tools)), r.stream);
+  }
+
+  // Queues a parsed request, or refuses it (429 queue full, 503 shutting down).
+  // A forced call's grammar takes the place of a response_format one (which, as
+  // in OpenAI's API, shapes content replies, not calls).
+  std::shared_ptr<RequestStream> submit(GenerationRequest& r) {
+    if (r.tools.forced()) constrain_to_call(r);
+    std::shared_ptr<RequestStream> stream = scheduler.submit(r.prompt, r.options);
+    if (!stream) {
+      if (scheduler.stopping()) throw ApiError{503, "the server is shutting down", "", ""};
+      throw ApiError{429, "the request queue is full; retry later", "", "queue_full"};
+    }
+    return stream;
   }
 
   // A forced call (tool_choice "required" or a named function) is generated
@@ -751,16 +779,23 @@ struct Server::Impl {
     };
   }
   // A POST route that reads its own body (bounded while it arrives, chunked or not).
+  // `anthropic`: errors in the Messages API's shape.
   template <typename Fn>
-  httplib::Server::HandlerWithContentReader wrap_post(Fn fn) {
-    return [fn](const httplib::Request& req, httplib::Response& res,
-                const httplib::ContentReader& reader) {
+  httplib::Server::HandlerWithContentReader wrap_post(Fn fn, bool anthropic = false) {
+    return [fn, anthropic](const httplib::Request& req, httplib::Response& res,
+                           const httplib::ContentReader& reader) {
+      const auto fail = [&](const ApiError& e) {
+        if (!anthropic) return send_error(res, e);
+        res.status = e.status;
+        if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
+        res.set_content(anthropic::error_body(e.status, e.message), "application/json");
+      };
       try {
         fn(req, res, reader);
       } catch (const ApiError& e) {
-        send_error(res, e);
+        fail(e);
       } catch (const Error& e) {
-        send_error(res, {400, e.what(), "", ""});
+        fail({400, e.what(), "", ""});
       }
     };
   }
@@ -791,6 +826,11 @@ Server::Server(const Model& model, const ServerOptions& options)
                                                 const httplib::ContentReader& reader) {
     s.api.generate(req, res, reader, /*chat=*/false);
   }));
+  http.Post(
+      "/v1/messages",
+      s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
+                       const httplib::ContentReader& reader) { s.api.messages(req, res, reader); },
+                  /*anthropic=*/true));
   http.Post("/tokenize", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
                                           const httplib::ContentReader& reader) {
     s.api.tokenize(req, res, reader);

@@ -1,5 +1,6 @@
 // The OpenAI-compatible HTTP server (cpp-httplib): GET /v1/models,
-// POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics.
+// POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics,
+// and Anthropic's POST /v1/messages (anthropic_messages.h) over the same chat route.
 // Requests are validated here and answered with OpenAI-style JSON errors;
 // generation runs on the Scheduler's continuous batch.
 #pragma once

@@ -1,0 +1,393 @@
+#include "anthropic_messages.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <set>
+
+namespace edgellm::anthropic {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw RequestError(param, message);
+}
+
+const ojson* field(const ojson& object, const char* name) {
+  auto it = object.find(name);
+  return it == object.end() || it->is_null() ? nullptr : &*it;
+}
+
+// Refuses a key of `object` outside `known`: an ignored key could change what
+// the client expects back.
+void check_keys(const ojson& object, const std::set<std::string>& known, const std::string& where) {
+  for (const auto& [key, value] : object.items())
+    if (!value.is_null() && !known.contains(key))
+      bad(where.empty() ? key : where + "." + key, "unsupported field '" +
+                                                       (where.empty() ? key : where + "." + key) +
+                                                       "': this server does not implement it");
+}
+
+// `cache_control` marks a prefix for caching; this server caches every prefix
+// anyway, so the mark asks for nothing more.
+const std::set<std::string> kTextBlock = {"type", "text", "cache_control"};
+
+// A string, or an array of text blocks, as one text.
+std::string text_of(const ojson& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) bad(where, where + " must be a string or an array of text blocks");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const ojson& block = content[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    if (!block.is_object() || block.value("type", ojson()) != "text")
+      bad(at, at + ": only text blocks are supported here");
+    check_keys(block, kTextBlock, at);
+    const ojson* t = field(block, "text");
+    if (!t || !t->is_string()) bad(at + ".text", at + ".text must be a string");
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+// One Messages turn as chat messages: an assistant turn is one message (its
+// text and tool_use blocks as tool_calls); a user turn is one tool message per
+// tool_result block, then its text, if any, as a user message.
+void add_turn(const ojson& m, const std::string& where, ojson& out) {
+  if (!m.is_object()) bad(where, where + " must be an object");
+  check_keys(m, {"role", "content"}, where);
+  const ojson* role = field(m, "role");
+  if (!role || (*role != "user" && *role != "assistant"))
+    bad(where + ".role", where + ".role must be user or assistant");
+  const bool assistant = *role == "assistant";
+  const ojson* content = field(m, "content");
+  if (!content) bad(where + ".content", "missing " + where + ".content");
+  if (content->is_string()) {
+    out.push_back({{"role", *role}, {"content", *content}});
+    return;
+  }
+  if (!content->is_array()) bad(where + ".content", where + ".content must be a string or blocks");
+  std::string text;
+  ojson calls = ojson::array();
+  for (size_t i = 0; i < content->size(); ++i) {
+    const ojson& block = (*content)[i];
+    const std::string at = where + ".content[" + std::to_string(i) + "]";
+    if (!block.is_object() || !block.contains("type") || !block["type"].is_string())
+      bad(at, at + " must be a content block with a type");
+    const std::string type = block["type"].get<std::string>();
+    if (type == "text") {
+      text += text_of(ojson::array({block}), where + ".content");
+    } else if (type == "tool_use" && assistant) {
+      check_keys(block, {"type", "id", "name", "input", "cache_control"}, at);
+      const ojson *id = field(block, "id"), *name = field(block, "name"),
+                  *input = field(block, "input");
+      if (!id || !id->is_string() || !name || !name->is_string())
+        bad(at, at + ": a tool_use block needs string 'id' and 'name'");
+      if (!input || !input->is_object()) bad(at + ".input", at + ".input must be an object");
+      calls.push_back({{"id", *id},
+                       {"type", "function"},
+                       {"function", {{"name", *name}, {"arguments", input->dump()}}}});
+    } else if (type == "tool_result" && !assistant) {
+      check_keys(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, at);
+      const ojson* id = field(block, "tool_use_id");
+      if (!id || !id->is_string()) bad(at + ".tool_use_id", at + ".tool_use_id must be a string");
+      if (const ojson* e = field(block, "is_error"); e && *e != false)
+        bad(at + ".is_error",
+            at + ".is_error: an error result has no form in the model's template; send the "
+                 "error as the result's text");
+      if (!text.empty()) bad(at, at + ": tool_result blocks must come before the turn's text");
+      const ojson* result = field(block, "content");
+      out.push_back({{"role", "tool"},
+                     {"tool_call_id", *id},
+                     {"content", result ? text_of(*result, at + ".content") : ""}});
+    } else {
+      bad(at + ".type", at + ": content blocks of type '" + type + "' are not supported" +
+                            (assistant ? " in an assistant turn" : " in a user turn"));
+    }
+  }
+  if (assistant) {
+    ojson message = {{"role", "assistant"}, {"content", text}};
+    if (!calls.empty()) message["tool_calls"] = std::move(calls);
+    if (text.empty() && message.contains("tool_calls")) message["content"] = nullptr;
+    out.push_back(std::move(message));
+  } else if (!text.empty() || out.empty() || out.back()["role"] != "tool") {
+    out.push_back({{"role", "user"}, {"content", text}});
+  }
+}
+
+ojson chat_tools(const ojson& tools) {
+  if (!tools.is_array()) bad("tools", "'tools' must be an array");
+  ojson out = ojson::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) bad(at, at + " must be an object");
+    if (const ojson* type = field(t, "type"); type && *type != "custom")
+      bad(at + ".type", at + ": server tools ('" + type->dump() + "') are not supported");
+    check_keys(t, {"type", "name", "description", "input_schema", "cache_control"}, at);
+    const ojson* name = field(t, "name");
+    if (!name || !name->is_string()) bad(at + ".name", at + ".name must be a string");
+    const ojson* schema = field(t, "input_schema");
+    if (!schema) bad(at + ".input_schema", "missing " + at + ".input_schema");
+    ojson function = {{"name", *name}, {"parameters", *schema}};
+    if (const ojson* d = field(t, "description")) function["description"] = *d;
+    out.push_back({{"type", "function"}, {"function", std::move(function)}});
+  }
+  return out;
+}
+
+// tool_choice: auto, any (some tool: OpenAI's required), tool (that one), none.
+void chat_tool_choice(const ojson& choice, ojson& out) {
+  if (!choice.is_object()) bad("tool_choice", "'tool_choice' must be an object with a type");
+  check_keys(choice, {"type", "name", "disable_parallel_tool_use"}, "tool_choice");
+  const std::string type = choice.value("type", "");
+  if (type == "auto") {
+    out["tool_choice"] = "auto";
+  } else if (type == "any") {
+    out["tool_choice"] = "required";
+  } else if (type == "none") {
+    out["tool_choice"] = "none";
+  } else if (type == "tool") {
+    const ojson* name = field(choice, "name");
+    if (!name || !name->is_string()) bad("tool_choice.name", "tool_choice.name must be a string");
+    out["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
+  } else {
+    bad("tool_choice.type", "tool_choice.type must be auto, any, tool or none");
+  }
+  if (const ojson* p = field(choice, "disable_parallel_tool_use")) {
+    if (!p->is_boolean())
+      bad("tool_choice.disable_parallel_tool_use", "'disable_parallel_tool_use' must be a boolean");
+    out["parallel_tool_calls"] = !p->get<bool>();
+  }
+}
+
+}  // namespace
+
+ojson to_chat_request(const ojson& body) {
+  check_keys(body,
+             {"model", "max_tokens", "messages", "system", "stop_sequences", "stream",
+              "temperature", "top_p", "top_k", "tools", "tool_choice", "metadata"},
+             "");
+  ojson out = ojson::object();
+  out["model"] = body.value("model", ojson());
+  const ojson* max_tokens = field(body, "max_tokens");
+  if (!max_tokens) bad("max_tokens", "missing required field 'max_tokens'");
+  out["max_tokens"] = *max_tokens;
+  for (const char* name : {"stream", "top_p", "top_k", "metadata"})
+    if (const ojson* v = field(body, name)) out[name] = *v;
+  if (const ojson* t = field(body, "temperature")) {  // Anthropic's range is [0, 1]
+    if (!t->is_number() || t->get<double>() < 0 || t->get<double>() > 1)
+      bad("temperature", "'temperature' must be a number in [0, 1]");
+    out["temperature"] = *t;
+  }
+  if (const ojson* s = field(body, "stop_sequences")) {
+    if (!s->is_array()) bad("stop_sequences", "'stop_sequences' must be an array of strings");
+    if (s->size() > 4) bad("stop_sequences", "at most 4 stop_sequences are supported");
+    for (const ojson& x : *s)
+      if (!x.is_string() || x.get<std::string>().empty())
+        bad("stop_sequences", "'stop_sequences' must be non-empty strings");
+    if (!s->empty()) out["stop"] = *s;
+  }
+
+  ojson messages = ojson::array();
+  if (const ojson* system = field(body, "system")) {
+    const std::string text = text_of(*system, "system");
+    if (!text.empty()) messages.push_back({{"role", "system"}, {"content", text}});
+  }
+  const ojson* turns = field(body, "messages");
+  if (!turns) bad("messages", "missing required field 'messages'");
+  if (!turns->is_array() || turns->empty()) bad("messages", "'messages' must be a non-empty array");
+  for (size_t i = 0; i < turns->size(); ++i)
+    add_turn((*turns)[i], "messages[" + std::to_string(i) + "]", messages);
+  // The reply is always a new assistant turn after the prompt: continuing a
+  // partial one (Anthropic's prefill) would need the template to leave it open.
+  if (turns->back().is_object() && turns->back().value("role", "") == "assistant")
+    bad("messages", "a final assistant turn (response prefill) is not supported");
+  out["messages"] = std::move(messages);
+
+  if (const ojson* tools = field(body, "tools")) out["tools"] = chat_tools(*tools);
+  if (const ojson* choice = field(body, "tool_choice")) chat_tool_choice(*choice, out);
+  return out;
+}
+
+std::string stop_reason(FinishReason finish, const std::string& stop_string, bool tool_use) {
+  if (tool_use) return "tool_use";
+  if (finish == FinishReason::length) return "max_tokens";
+  return stop_string.empty() ? "end_turn" : "stop_sequence";
+}
+
+ojson content_blocks(const std::string& text, const std::vector<ToolCall>& calls) {
+  ojson blocks = ojson::array();
+  if (!text.empty() || calls.empty()) blocks.push_back({{"type", "text"}, {"text", text}});
+  for (const ToolCall& c : calls)
+    blocks.push_back({{"type", "tool_use"},
+                      {"id", c.id},
+                      {"name", c.name},
+                      {"input", ojson::parse(c.arguments)}});
+  return blocks;
+}
+
+ojson usage(size_t prompt_tokens, size_t cached_tokens, size_t output_tokens) {
+  return {{"input_tokens", prompt_tokens - cached_tokens},
+          {"cache_creation_input_tokens", 0},
+          {"cache_read_input_tokens", cached_tokens},
+          {"output_tokens", output_tokens}};
+}
+
+std::string error_body(int status, const std::string& message) {
+  std::string type = "api_error";
+  if (status == 400 || status == 415) type = "invalid_request_error";
+  if (status == 404) type = "not_found_error";
+  if (status == 408) type = "timeout_error";
+  if (status == 413) type = "request_too_large";
+  if (status == 429) type = "rate_limit_error";
+  if (status == 503) type = "overloaded_error";
+  return ojson{{"type", "error"}, {"error", {{"type", type}, {"message", message}}}}.dump(
+      -1, ' ', false, ojson::error_handler_t::replace);
+}
+
+std::string event(const ojson& data) {
+  return "event: " + data.at("type").get<std::string>() +
+         "\ndata: " + data.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
+}
+
+namespace {
+
+constexpr const char* kShutdownMessage =
+    "the server shut down before the request finished; retry it";
+
+// The message object before its content: what message_start carries.
+ojson message_head(const std::string& id, const std::string& model) {
+  return {{"id", id},
+          {"type", "message"},
+          {"role", "assistant"},
+          {"model", model},
+          {"content", ojson::array()},
+          {"stop_reason", nullptr},
+          {"stop_sequence", nullptr}};
+}
+
+// The text and calls a finished reply holds (calls only when tools are active).
+ToolReply read_reply(const std::string& text, const Tools& tools) {
+  return tools.active() ? parse_tool_output(text, tools) : ToolReply{text, {}};
+}
+
+void write_message(httplib::Response& res, const RequestStream& stream, ojson message,
+                   const std::string& text, const Tools& tools) {
+  if (!stream.error.empty() || stream.finish == FinishReason::cancelled) {
+    res.status = stream.error.empty() ? 503 : 500;
+    res.set_content(error_body(res.status, stream.error.empty() ? kShutdownMessage : stream.error),
+                    "application/json");
+    return;
+  }
+  const ToolReply reply = read_reply(text, tools);
+  message["content"] = content_blocks(reply.content, reply.calls);
+  message["stop_reason"] = stop_reason(stream.finish, stream.stop_string, !reply.calls.empty());
+  message["stop_sequence"] = stream.stop_string.empty() ? ojson() : ojson(stream.stop_string);
+  message["usage"] = usage(stream.prompt_tokens, stream.cached_tokens, stream.completion_tokens);
+  res.set_content(message.dump(-1, ' ', false, ojson::error_handler_t::replace),
+                  "application/json");
+}
+
+// The events of one whole content block: start, its delta (when not empty), stop.
+std::string block_events(size_t index, const ojson& block) {
+  ojson start = block;
+  ojson delta;
+  if (block["type"] == "text") {
+    start["text"] = "";
+    delta = {{"type", "text_delta"}, {"text", block["text"]}};
+  } else {
+    start["input"] = ojson::object();
+    delta = {{"type", "input_json_delta"}, {"partial_json", block["input"].dump()}};
+  }
+  std::string out =
+      event({{"type", "content_block_start"}, {"index", index}, {"content_block", start}});
+  if (block["type"] != "text" || !block["text"].get<std::string>().empty())
+    out += event({{"type", "content_block_delta"}, {"index", index}, {"delta", delta}});
+  return out + event({{"type", "content_block_stop"}, {"index", index}});
+}
+
+}  // namespace
+
+void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
+                 const std::string& id, const std::string& model,
+                 std::shared_ptr<const Tools> tools, bool streamed) {
+  if (!streamed) {
+    std::string text;
+    while (!stream->wait(text, std::chrono::milliseconds(1000))) {
+    }
+    write_message(res, *stream, message_head(id, model), text, *tools);
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  auto started = std::make_shared<bool>(false);
+  auto held = std::make_shared<std::string>();  // with tools: the whole reply
+  const bool hold = tools->active();
+  const ojson head = message_head(id, model);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [stream, started, held, hold, head, tools](size_t, httplib::DataSink& sink) {
+        auto send = [&](const std::string& s) {
+          if (sink.write(s.data(), s.size())) return true;
+          stream->cancel();
+          return false;
+        };
+        if (!*started) {
+          *started = true;
+          ojson message = head;
+          message["usage"] = usage(0, 0, 0);
+          std::string first = event({{"type", "message_start"}, {"message", message}});
+          if (!hold)
+            first += event({{"type", "content_block_start"},
+                            {"index", 0},
+                            {"content_block", {{"type", "text"}, {"text", ""}}}});
+          if (!send(first + event({{"type", "ping"}}))) return false;
+        }
+        std::string text;
+        const bool done = stream->wait(text, std::chrono::milliseconds(500));
+        if (hold) {
+          *held += text;
+          text.clear();
+        }
+        if (!text.empty()) {
+          const ojson delta = {{"type", "text_delta"}, {"text", text}};
+          if (!send(event({{"type", "content_block_delta"}, {"index", 0}, {"delta", delta}})))
+            return false;
+        } else if (!done && !send(event({{"type", "ping"}}))) {  // finds a closed socket
+          return false;
+        }
+        if (!done) return true;
+        if (!stream->error.empty() || stream->finish == FinishReason::cancelled) {
+          const int status = stream->error.empty() ? 503 : 500;
+          const std::string message = stream->error.empty() ? kShutdownMessage : stream->error;
+          if (!send("event: error\ndata: " + error_body(status, message) + "\n\n")) return false;
+        } else {
+          std::string tail;
+          bool tool_use = false;
+          if (hold) {
+            const ToolReply reply = read_reply(*held, *tools);
+            tool_use = !reply.calls.empty();
+            const ojson blocks = content_blocks(reply.content, reply.calls);
+            for (size_t i = 0; i < blocks.size(); ++i) tail += block_events(i, blocks[i]);
+          } else {
+            tail = event({{"type", "content_block_stop"}, {"index", 0}});
+          }
+          const ojson delta = {
+              {"stop_reason", stop_reason(stream->finish, stream->stop_string, tool_use)},
+              {"stop_sequence",
+               stream->stop_string.empty() ? ojson() : ojson(stream->stop_string)}};
+          tail += event({{"type", "message_delta"},
+                         {"delta", delta},
+                         {"usage", usage(stream->prompt_tokens, stream->cached_tokens,
+                                         stream->completion_tokens)}});
+          if (!send(tail + event({{"type", "message_stop"}}))) return false;
+        }
+        sink.done();
+        return true;
+      },
+      [stream](bool success) {
+        if (!success) stream->cancel();
+      });
+}
+
+}  // namespace edgellm::anthropic

@@ -1,0 +1,70 @@
+// Anthropic's Messages API (POST /v1/messages) over the OpenAI chat route: a
+// request is translated into the chat request it means, then served by the
+// same checks, chat encoder and scheduler; the reply is written in Anthropic's
+// shapes (content blocks, stop_reason, usage, its stream events and errors).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "edgellm/error.h"
+#include "edgellm/generate.h"
+#include "edgellm/scheduler.h"
+#include "edgellm/tool_calls.h"
+
+namespace httplib {
+struct Response;
+}
+
+namespace edgellm::anthropic {
+
+using ojson = nlohmann::ordered_json;
+
+// A request the translation refuses: `param` names the field (as the client wrote it).
+class RequestError : public Error {
+ public:
+  RequestError(std::string param, const std::string& message)
+      : Error(message), param_(std::move(param)) {}
+  const std::string& param() const { return param_; }
+
+ private:
+  std::string param_;
+};
+
+// The OpenAI chat request `body` (a Messages request) means: system and
+// messages (text, tool_use and tool_result blocks) become chat messages,
+// tools and tool_choice their OpenAI forms, stop_sequences `stop`. Fields and
+// blocks this server does not implement are refused, naming them.
+ojson to_chat_request(const ojson& body);
+
+// "end_turn", "max_tokens", "stop_sequence" or "tool_use".
+std::string stop_reason(FinishReason finish, const std::string& stop_string, bool tool_use);
+
+// The reply's content blocks: its text (when there is any), then one tool_use
+// block per call, `input` the call's arguments as a JSON object.
+ojson content_blocks(const std::string& text, const std::vector<ToolCall>& calls);
+
+// usage: input_tokens counts the prompt tokens not read from the prefix cache,
+// cache_read_input_tokens those that were (Anthropic's split).
+ojson usage(size_t prompt_tokens, size_t cached_tokens, size_t output_tokens);
+
+// {"type": "error", "error": {"type": ..., "message": ...}} for an HTTP status.
+std::string error_body(int status, const std::string& message);
+
+// One server-sent event: "event: TYPE\ndata: JSON\n\n" (`data` carries "type": TYPE).
+std::string event(const ojson& data);
+
+// Writes the reply to a submitted request: one message object, or (`streamed`)
+// its events: message_start, content blocks (text deltas as they come; with
+// tools, held to the end and sent as text and tool_use blocks), message_delta
+// with stop_reason and usage, message_stop. An engine failure or the shutdown
+// is an error reply (an error event once streaming). `id`, `model`: the
+// message's. A failed write cancels the request.
+void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
+                 const std::string& id, const std::string& model,
+                 std::shared_ptr<const Tools> tools, bool streamed);
+
+}  // namespace edgellm::anthropic
