@@ -99,6 +99,7 @@ int64_t py_len(const Value& v, int line) {
       return static_cast<int64_t>(pystr::length(v.s));
     case T::list:
     case T::tuple:
+      if (v.generator) throw TemplateError("object of type 'generator' has no len()", line);
       return static_cast<int64_t>(v.list->size());
     case T::dict:
       return static_cast<int64_t>(v.dict->items.size());
@@ -130,8 +131,16 @@ Value f_join(Interp& in, const Value& v, CallArgs& a, int line) {
   return Value::string(std::move(out));
 }
 
+// What jinja2's generator filters (map, select, items, ...) return.
+Value generator(List items) {
+  Value v = Value::make_list(std::move(items));
+  v.generator = true;
+  return v;
+}
+
 Value f_map(Interp& in, const Value& v, CallArgs& a, int line) {
   List out;
+  if (!truthy(v)) return generator({});  // jinja2: `if value:` before iterating
   const Value* attr = nullptr;
   for (const auto& [k, x] : a.kwargs)
     if (k == "attribute") attr = &x;
@@ -143,7 +152,7 @@ Value f_map(Interp& in, const Value& v, CallArgs& a, int line) {
       Value r = attr_path(in, x, soft_str(*attr), line);
       out.push_back(r.is_undefined() && dflt ? *dflt : r);
     }
-    return Value::make_list(std::move(out));
+    return generator(std::move(out));
   }
   if (a.args.empty() || !a.args[0].is_string())
     throw TemplateError("map requires a filter argument", line);
@@ -156,7 +165,7 @@ Value f_map(Interp& in, const Value& v, CallArgs& a, int line) {
     CallArgs copy = rest;
     out.push_back(fn(in, x, copy, line));
   }
-  return Value::make_list(std::move(out));
+  return generator(std::move(out));
 }
 
 // select / reject / selectattr / rejectattr: jinja2's select_or_reject.
@@ -178,6 +187,7 @@ Value select_or_reject(Interp& in, const Value& v, CallArgs& a, int line, bool a
     targs.kwargs = a.kwargs;
   }
   List out;
+  if (!truthy(v)) return generator({});  // jinja2: `if value:` before iterating
   for (const Value& x : *iterate(v, line)) {
     const Value subject = attr ? attr_path(in, x, path, line) : x;
     bool r;
@@ -189,7 +199,7 @@ Value select_or_reject(Interp& in, const Value& v, CallArgs& a, int line, bool a
     }
     if (r == keep) out.push_back(x);
   }
-  return Value::make_list(std::move(out));
+  return generator(std::move(out));
 }
 
 Value f_select(Interp& in, const Value& v, CallArgs& a, int line) {
@@ -274,18 +284,25 @@ Value f_replace(Interp& in, const Value& v, CallArgs& a, int line) {
 }
 
 Value f_items(Interp&, const Value& v, CallArgs&, int line) {
-  if (v.is_undefined()) return Value::make_list({});
+  if (v.is_undefined()) return generator({});
   if (v.type != T::dict) throw TemplateError("Can only get item pairs from a mapping.", line);
   List out;
   for (const auto& [k, x] : v.dict->items) out.push_back(Value::make_list({k, x}, true));
-  return Value::make_list(std::move(out));
+  return generator(std::move(out));
 }
 
 Value f_string(Interp&, const Value& v, CallArgs&, int) {
   return Value::string(soft_str(v));
 }
 Value f_safe(Interp&, const Value& v, CallArgs&, int) {
-  return Value::string(soft_str(v));
+  Value r = Value::string(soft_str(v));
+  r.markup = true;
+  return r;
+}
+Value f_escape(Interp&, const Value& v, CallArgs&, int) {
+  Value r = Value::string(v.markup ? v.s : html_escape(soft_str(v)));
+  r.markup = true;
+  return r;
 }
 
 Value f_int(Interp&, const Value& v, CallArgs& a, int) {
@@ -503,6 +520,8 @@ constexpr NamedFilter kFilters[] = {
     {"sum", f_sum},
     {"min", f_min},
     {"max", f_max},
+    {"escape", f_escape},
+    {"e", f_escape},
 };
 
 // ---- tests -----------------------------------------------------------------
@@ -686,15 +705,15 @@ Value g_range(Interp& in, CallArgs& a, int line) {
   }
   if (step == 0) throw TemplateError("range() arg 3 must not be zero", line);
   List out;
-  // The sandbox's MAX_RANGE is 100000; we bound by our output limit as well.
-  for (int64_t x = start; step > 0 ? x < stop : x > stop; x += step) {
-    out.push_back(Value::integer(x));
-    if (out.size() > 100000)
-      throw TemplateError(
-          "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).", line);
-    if (__builtin_add_overflow(x, step, &x)) break;
-    x -= step;
-  }
+  // The sandbox refuses ranges over MAX_RANGE (100000) items.
+  const __int128 span = step > 0 ? static_cast<__int128>(stop) - start + step - 1
+                                 : static_cast<__int128>(start) - stop - step - 1;
+  const __int128 n = span > 0 ? span / (step > 0 ? step : -static_cast<__int128>(step)) : 0;
+  if (n > 100000)
+    throw TemplateError("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).",
+                        line);
+  for (int64_t k = 0; k < static_cast<int64_t>(n); ++k)
+    out.push_back(Value::integer(start + k * step));
   in.step(line);
   return Value::make_list(std::move(out));
 }
@@ -1042,6 +1061,7 @@ Value get_attr(Interp& in, const Value& obj, const std::string& name, int line) 
 
 Value get_item(Interp& in, const Value& obj, const Value& key, int line) {
   if (obj.is_undefined()) undefined_error(obj, line);
+  if (obj.generator) throw TemplateError("'generator' object is not subscriptable", line);
   switch (obj.type) {
     case T::list:
     case T::tuple:

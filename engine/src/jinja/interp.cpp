@@ -336,6 +336,23 @@ int64_t checked(bool overflow, int64_t v, int line) {
   return v;
 }
 
+// The overflow flag is computed before the result is read (argument order is unspecified).
+template <class Op>
+int64_t checked_op(Op op, int64_t x, int64_t y, int line) {
+  int64_t r = 0;
+  const bool overflow = op(x, y, &r);
+  return checked(overflow, r, line);
+}
+constexpr auto add = [](int64_t x, int64_t y, int64_t* r) {
+  return __builtin_add_overflow(x, y, r);
+};
+constexpr auto sub = [](int64_t x, int64_t y, int64_t* r) {
+  return __builtin_sub_overflow(x, y, r);
+};
+constexpr auto mul = [](int64_t x, int64_t y, int64_t* r) {
+  return __builtin_mul_overflow(x, y, r);
+};
+
 double py_fmod(double a, double b) {
   double m = std::fmod(a, b);
   if (m != 0 && ((m < 0) != (b < 0))) m += b;
@@ -358,17 +375,16 @@ Value Interp::binary(const std::string& op, const Value& a, const Value& b, int 
     const bool ints = a.is_int() && b.is_int();
     const int64_t x = a.as_int(), y = b.as_int();
     const double fx = a.as_double(), fy = b.as_double();
-    int64_t r = 0;
     if (op == "+") {
-      if (ints) return Value::integer(checked(__builtin_add_overflow(x, y, &r), r, line));
+      if (ints) return Value::integer(checked_op(add, x, y, line));
       return Value::floating(fx + fy);
     }
     if (op == "-") {
-      if (ints) return Value::integer(checked(__builtin_sub_overflow(x, y, &r), r, line));
+      if (ints) return Value::integer(checked_op(sub, x, y, line));
       return Value::floating(fx - fy);
     }
     if (op == "*") {
-      if (ints) return Value::integer(checked(__builtin_mul_overflow(x, y, &r), r, line));
+      if (ints) return Value::integer(checked_op(mul, x, y, line));
       return Value::floating(fx * fy);
     }
     if (op == "/") {
@@ -414,9 +430,14 @@ Value Interp::binary(const std::string& op, const Value& a, const Value& b, int 
   }
   if (c0 == '+' && a.is_string() && b.is_string()) {
     check_size(a.s.size() + b.s.size(), line);
-    return Value::string(a.s + b.s);
+    if (!a.markup && !b.markup) return Value::string(a.s + b.s);
+    // Markup.__add__ / __radd__: the plain side is escaped, the sum is Markup.
+    Value v =
+        Value::string((a.markup ? a.s : html_escape(a.s)) + (b.markup ? b.s : html_escape(b.s)));
+    v.markup = true;
+    return v;
   }
-  if (c0 == '+' && a.is_sequence() && a.type == b.type) {
+  if (c0 == '+' && a.is_sequence() && a.type == b.type && !a.generator && !b.generator) {
     List items = *a.list;
     items.insert(items.end(), b.list->begin(), b.list->end());
     check_size(items.size(), line);
@@ -496,6 +517,7 @@ Value Interp::slice(const Value& obj, const Expr& sl, Scope& s, int line) {
     pick(static_cast<int64_t>(u.size()), [&](int64_t k) { out += u[k]; });
     return Value::string(pystr::encode(out));
   }
+  if (obj.generator) throw TemplateError("'generator' object is not subscriptable", line);
   if (obj.is_sequence()) {
     List out;
     pick(static_cast<int64_t>(obj.list->size()), [&](int64_t k) { out.push_back((*obj.list)[k]); });

@@ -46,7 +46,7 @@ std::string type_name(const Value& v) {
     case T::string:
       return "str";
     case T::list:
-      return "list";
+      return v.generator ? "generator" : "list";
     case T::tuple:
       return "tuple";
     case T::dict:
@@ -77,7 +77,7 @@ bool truthy(const Value& v) {
       return !v.s.empty();
     case T::list:
     case T::tuple:
-      return !v.list->empty();
+      return v.generator || !v.list->empty();
     case T::dict:
       return !v.dict->items.empty();
     default:
@@ -159,6 +159,33 @@ std::string repr_string(std::string_view s) {
   return out;
 }
 
+std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
 std::string repr(const Value& v) {
   using T = Value::Type;
   switch (v.type) {
@@ -188,6 +215,7 @@ std::string to_str(const Value& v) {
       return v.s;
     case T::list:
     case T::tuple: {
+      if (v.generator) return "<generator object>";
       const bool tuple = v.type == T::tuple;
       std::string out = tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
@@ -231,6 +259,7 @@ bool equals(const Value& a, const Value& b) {
     case T::list:
     case T::tuple: {
       if (a.list == b.list) return true;
+      if (a.generator || b.generator) return false;
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equals((*a.list)[k], (*b.list)[k])) return false;
@@ -410,6 +439,7 @@ void dump_json(const Value& v, const JsonDumpOptions& o, int level, std::string&
       return;
     case T::list:
     case T::tuple: {
+      if (v.generator) not_serializable(v, line);
       if (v.list->empty()) {
         out += "[]";
         return;

@@ -63,6 +63,10 @@ struct Value {
   };
   Type type = Type::undefined;
   bool b = false;
+  // A str jinja2 holds as Markup (|safe, |escape): `+` HTML-escapes a plain str joined to it.
+  bool markup = false;
+  // A list jinja2 yields lazily (map, select, ...): it has no len(), no index, no JSON.
+  bool generator = false;
   int64_t i = 0;
   double f = 0;
   std::string s;                     // string; for undefined: the hint of what was missing
@@ -139,6 +143,8 @@ bool truthy(const Value& v);
 std::string to_str(const Value& v);
 std::string repr(const Value& v);
 std::string repr_string(std::string_view s);
+// markupsafe's escape: & < > ' " as entities.
+std::string html_escape(std::string_view s);
 std::string float_repr(double x);
 // Python ==.
 bool equals(const Value& a, const Value& b);
