@@ -26,6 +26,7 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "models/gguf_weights.h"
+#include "jinja.h"
 #include "serving.h"
 #include "tools.h"
 
@@ -145,6 +146,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
   m.doc() = "edgellm engine binding";
   nb::exception<edgellm::Error> error(m, "Error", PyExc_RuntimeError);
   bind_tools(m, error);
+  bind_jinja(m);
   nb::exception<edgellm::JsonSchemaError>(m, "JsonSchemaError", PyExc_ValueError);
   nb::class_<PyGrammar>(m, "JsonGrammar",
                         "A compiled JSON schema: generate(..., grammar=) keeps the output a "

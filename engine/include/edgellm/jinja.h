@@ -1,0 +1,99 @@
+// A Jinja2 interpreter for chat templates: parse a model's own template once,
+// render it many times with the variables transformers passes
+// (apply_chat_template: messages, tools, add_generation_prompt, bos_token, ...).
+// The semantics are Python jinja2's in transformers' environment
+// (ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with
+// loopcontrols, its tojson filter, raise_exception and strftime_now, the
+// {% generation %} tag), checked byte for byte against it by
+// tests/test_jinja_differential.py. A template is untrusted input: recursion,
+// output size and work are bounded, and every failure is a TemplateError.
+#pragma once
+
+#include <cstddef>
+#include <ctime>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "edgellm/error.h"
+
+namespace edgellm::jinja {
+
+// Any failure to parse or render: a syntax error, a construct we do not
+// support (named), an undefined value used, a Python type error, a limit hit.
+// `line` is the template line (1-based; 0 when not known).
+class TemplateError : public Error {
+ public:
+  TemplateError(const std::string& message, int line)
+      : Error(line > 0 ? "template line " + std::to_string(line) + ": " + message : message),
+        line_(line),
+        detail_(message) {}
+  int line() const { return line_; }
+  // The message without the line prefix.
+  const std::string& detail() const { return detail_; }
+
+ private:
+  int line_;
+  std::string detail_;
+};
+
+// The template called raise_exception(message): a refusal of the input (e.g.
+// "Conversation roles must alternate"), which a server returns as a 400.
+class RaisedError : public TemplateError {
+ public:
+  RaisedError(const std::string& message, int line) : TemplateError(message, line) {}
+};
+
+struct Limits {
+  size_t max_output = size_t{16} << 20;  // bytes of rendered text (and of any one string)
+  size_t max_steps = 20'000'000;         // evaluated nodes + loop iterations
+  int max_depth = 200;                   // parser nesting and macro call depth
+};
+
+struct Options {
+  bool trim_blocks = true;    // transformers' setting: the newline after a block tag goes
+  bool lstrip_blocks = true;  // and so does the indentation before one
+  Limits limits = {};
+  // The clock of strftime_now (UTC when set, for reproducible renders); the
+  // local time now when not.
+  std::optional<std::time_t> now = std::nullopt;
+};
+
+struct Program;  // the parsed template (internal)
+
+class Template {
+ public:
+  // Parses `source`; throws TemplateError (syntax, unknown filter or test,
+  // unsupported tag) naming the line.
+  static Template parse(std::string_view source, const Options& options = {});
+  // Renders with the variables of `context` (a JSON object; key order is kept,
+  // as Python dicts keep it). Throws TemplateError / RaisedError.
+  std::string render(const nlohmann::ordered_json& context) const;
+
+ private:
+  std::shared_ptr<const Program> program_;
+  Options options_;
+};
+
+// What transformers' apply_chat_template passes to the template.
+struct ChatInputs {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools = nullptr;  // null: no tools (the template sees None)
+  bool add_generation_prompt = false;
+  std::string bos_token;
+  std::string eos_token;
+  // Extra template kwargs (enable_thinking, ...): an object, merged last.
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+};
+
+// The context transformers builds from `inputs` (documents=None included).
+nlohmann::ordered_json chat_context(const ChatInputs& inputs);
+
+inline std::string render_chat(const Template& t, const ChatInputs& inputs) {
+  return t.render(chat_context(inputs));
+}
+
+}  // namespace edgellm::jinja
