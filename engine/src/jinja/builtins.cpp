@@ -122,7 +122,8 @@ Value f_join(Interp& in, const Value& v, CallArgs& a, int line) {
   const std::string sep = d ? soft_str(*d) : "";
   std::string out;
   bool first = true;
-  for (const Value& x : *iterate(v, line)) {
+  const auto iterated1 = iterate(v, line);
+  for (const Value& x : *iterated1) {
     if (!first) out += sep;
     first = false;
     out += soft_str(attr && !attr->is_none() ? attr_path(in, x, soft_str(*attr), line) : x);
@@ -148,7 +149,8 @@ Value f_map(Interp& in, const Value& v, CallArgs& a, int line) {
     const Value* dflt = nullptr;
     for (const auto& [k, x] : a.kwargs)
       if (k == "default") dflt = &x;
-    for (const Value& x : *iterate(v, line)) {
+    const auto iterated2 = iterate(v, line);
+    for (const Value& x : *iterated2) {
       Value r = attr_path(in, x, soft_str(*attr), line);
       out.push_back(r.is_undefined() && dflt ? *dflt : r);
     }
@@ -161,7 +163,8 @@ Value f_map(Interp& in, const Value& v, CallArgs& a, int line) {
   CallArgs rest;
   rest.args.assign(a.args.begin() + 1, a.args.end());
   rest.kwargs = a.kwargs;
-  for (const Value& x : *iterate(v, line)) {
+  const auto iterated3 = iterate(v, line);
+  for (const Value& x : *iterated3) {
     CallArgs copy = rest;
     out.push_back(fn(in, x, copy, line));
   }
@@ -188,7 +191,8 @@ Value select_or_reject(Interp& in, const Value& v, CallArgs& a, int line, bool a
   }
   List out;
   if (!truthy(v)) return generator({});  // jinja2: `if value:` before iterating
-  for (const Value& x : *iterate(v, line)) {
+  const auto iterated4 = iterate(v, line);
+  for (const Value& x : *iterated4) {
     const Value subject = attr ? attr_path(in, x, path, line) : x;
     bool r;
     if (test) {
@@ -404,7 +408,8 @@ Value f_unique(Interp& in, const Value& v, CallArgs& a, int line) {
   const bool cs = arg_bool(a, 0, "case_sensitive", false);
   const Value* attr = arg(a, 1, "attribute");
   List out, seen;
-  for (const Value& x : *iterate(v, line)) {
+  const auto iterated5 = iterate(v, line);
+  for (const Value& x : *iterated5) {
     const Value key =
         sort_key(attr && !attr->is_none() ? attr_path(in, x, soft_str(*attr), line) : x, cs);
     bool dup = false;
@@ -439,7 +444,8 @@ Value f_sum(Interp& in, const Value& v, CallArgs& a, int line) {
   const Value* attr = arg(a, 0, "attribute");
   const Value* start = arg(a, 1, "start");
   Value total = start ? *start : Value::integer(0);
-  for (const Value& x : *iterate(v, line)) {
+  const auto iterated6 = iterate(v, line);
+  for (const Value& x : *iterated6) {
     const Value item = attr && !attr->is_none() ? attr_path(in, x, soft_str(*attr), line) : x;
     if (!total.is_number() || !item.is_number())
       throw TemplateError("unsupported operand type(s) for +: '" + type_name(total) + "' and '" +
@@ -960,7 +966,8 @@ bool str_method(Interp& in, const std::string& s, const std::string& name, CallA
     if (!items) throw TemplateError("join() takes exactly one argument (0 given)", line);
     std::string out;
     bool first = true;
-    for (const Value& x : *iterate(*items, line)) {
+    const auto iterated7 = iterate(*items, line);
+    for (const Value& x : *iterated7) {
       if (!x.is_string())
         throw TemplateError("sequence item: expected str instance, " + type_name(x) + " found",
                             line);

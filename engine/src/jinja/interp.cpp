@@ -249,7 +249,8 @@ void Interp::eval_args(const Expr& e, Scope& s, CallArgs& args) {
   for (const auto& [k, a] : e.kwargs) args.kwargs.emplace_back(k, eval(*a, s));
   if (e.star_args) {
     const Value v = eval(*e.star_args, s);
-    for (const Value& x : *iterate(v, e.line)) args.args.push_back(x);
+    const auto iterated1 = iterate(v, e.line);
+    for (const Value& x : *iterated1) args.args.push_back(x);
   }
   if (e.star_kwargs) {
     const Value v = eval(*e.star_kwargs, s);
