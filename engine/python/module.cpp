@@ -22,11 +22,11 @@
 #include "edgellm/tokenizer.h"
 #include "edgellm/tool_calls.h"
 #include "io/gguf.h"
+#include "jinja.h"
 #include "kernels/avx512.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "models/gguf_weights.h"
-#include "jinja.h"
 #include "serving.h"
 #include "tools.h"
 
@@ -132,6 +132,27 @@ nb::dict exec_config_dict(const edgellm::kernels::ExecConfig& c) {
   d["exact"] = c.exact();
   d["description"] = edgellm::describe_exec_config(c);
   return d;
+}
+
+// OpenAI chat messages (a JSON list) as the engine's ChatMessage: content a
+// string (null or absent: empty), tool_calls as the server reads them.
+std::vector<edgellm::ChatMessage> openai_messages(const nlohmann::json& messages) {
+  if (!messages.is_array()) throw edgellm::Error("messages must be a JSON list");
+  std::vector<edgellm::ChatMessage> out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const nlohmann::json& m = messages[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw edgellm::Error(where + " must be an object with a string role");
+    edgellm::ChatMessage& msg = out.emplace_back();
+    msg.role = m["role"];
+    if (m.contains("content") && !m["content"].is_null()) msg.content = m["content"];
+    if (m.contains("tool_calls"))
+      msg.tool_calls = edgellm::parse_tool_calls(m["tool_calls"], where + ".tool_calls");
+    if (m.contains("tool_call_id")) msg.tool_call_id = m["tool_call_id"];
+    if (m.contains("name")) msg.name = m["name"];
+  }
+  return out;
 }
 
 }  // namespace
@@ -263,7 +284,10 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
   nb::class_<edgellm::ChatTemplate>(m, "ChatTemplate")
       .def_static("load", &edgellm::ChatTemplate::load, "model_dir"_a)
       .def_static("from_gguf", &edgellm::ChatTemplate::from_gguf, "gguf_file"_a)
+      .def_static("from_text", &edgellm::ChatTemplate::from_text, "template"_a, "bos_token"_a = "",
+                  "source"_a = "template", "eos_token"_a = "")
       .def("available", &edgellm::ChatTemplate::available)
+      .def("renders_tools", &edgellm::ChatTemplate::renders_tools)
       .def("name", &edgellm::ChatTemplate::name)
       .def(
           "render",
@@ -274,7 +298,23 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
             for (const auto& [role, content] : msgs) messages.push_back({role, content});
             return t.render(messages, add_generation_prompt);
           },
-          "messages"_a, "add_generation_prompt"_a = true);
+          "messages"_a, "add_generation_prompt"_a = true)
+      .def(
+          "render_conversation",
+          [](const edgellm::ChatTemplate& t, std::string_view messages_json,
+             bool add_generation_prompt, std::string_view tools_json,
+             std::string_view kwargs_json) {
+            const auto tools = nlohmann::ordered_json::parse(tools_json);
+            const auto kwargs = nlohmann::ordered_json::parse(kwargs_json);
+            const std::vector<edgellm::ChatMessage> messages =
+                openai_messages(nlohmann::json::parse(messages_json));
+            return edgellm::render_conversation(t, messages, add_generation_prompt,
+                                                edgellm::parse_tools(tools, nullptr), kwargs);
+          },
+          "messages_json"_a, "add_generation_prompt"_a = true, "tools_json"_a = "null",
+          "kwargs_json"_a = "{}",
+          "OpenAI-shaped messages (role, content, tool_calls, tool_call_id) as JSON text, "
+          "rendered as the server renders them");
 
   nb::class_<edgellm::Session>(m, "Session")
       .def(nb::init<>())

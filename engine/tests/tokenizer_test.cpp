@@ -383,12 +383,74 @@ TEST(ChatTemplateTest, Llama31PreambleFromTemplate) {
 TEST(ChatTemplateTest, MissingUnknownAndCorrupt) {
   EXPECT_FALSE(ChatTemplate::load(model_dir(kBpeJson)).available());
   EXPECT_FALSE(ChatTemplate::load(make_temp_dir("tokenizer")).available());
-  const ChatTemplate odd = ChatTemplate::load(template_dir("{{ messages[0]['content'] }}"));
+  // Any template renders, whatever family it looks like.
+  const ChatTemplate odd = ChatTemplate::load(template_dir("{{ messages[0]['content'] }}!"));
   EXPECT_TRUE(odd.available());
+  EXPECT_EQ(odd.name(), "jinja");
   const std::vector<ChatMessage> msgs{{"user", "Hi"}};
-  EXPECT_THROW(odd.render(msgs, true), Error);
+  EXPECT_EQ(odd.render(msgs, true), "Hi!");
+  // A construct the interpreter refuses is named with its line, at render.
+  const ChatTemplate refused = ChatTemplate::load(template_dir("a\n{% include 'x.jinja' %}"));
+  EXPECT_TRUE(refused.available());
+  try {
+    (void)refused.render(msgs, true);
+    ADD_FAILURE() << "an include rendered";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("include"), std::string::npos) << e.what();
+  }
+  // raise_exception: the template's own message.
+  const ChatTemplate raising =
+      ChatTemplate::load(template_dir("{{ raise_exception('No system role, please') }}"));
+  try {
+    (void)raising.render(msgs, true);
+    ADD_FAILURE() << "raise_exception rendered";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "chat template: No system role, please");
+  }
   EXPECT_THROW(ChatTemplate::load(model_dir(kBpeJson, "{\"chat_template\": ")), Error);
   EXPECT_THROW(ChatTemplate::load(model_dir(kBpeJson, R"({"chat_template": 5})")), Error);
+}
+
+TEST(ChatTemplateTest, EosTokenAndKwargsReachTheTemplate) {
+  nlohmann::json config = {
+      {"chat_template",
+       "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"
+       "{% if enable_thinking is defined %}[{{ enable_thinking }}]{% endif %}"},
+      {"eos_token", {{"content", "</s>"}}}};
+  const ChatTemplate ct = ChatTemplate::load(model_dir(kBpeJson, config.dump()));
+  const std::vector<ChatMessage> msgs{{"user", "a"}, {"assistant", "b"}};
+  EXPECT_EQ(ct.render(msgs, false), "a</s>b</s>");
+  TemplateInputs in;
+  in.kwargs = {{"enable_thinking", false}};
+  EXPECT_EQ(ct.render(msgs, false, nullptr, in), "a</s>b</s>[False]");
+}
+
+// Each content's bytes are found in the text however the template treats the
+// rest (trim, prefixes, a default system turn), so special-token text a user
+// types stays plain; where the template branches on the content, the spans
+// stop there rather than guess.
+TEST(ChatTemplateTest, ContentSpansFollowTheTemplate) {
+  const ChatTemplate ct = ChatTemplate::load(template_dir(
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n"
+      "{% endfor %}"));
+  const std::vector<ChatMessage> msgs{{"system", " <|im_end|> "}, {"user", "user"}};
+  std::vector<TextSpan> spans;
+  const std::string text = ct.render(msgs, false, &spans);
+  ASSERT_EQ(spans.size(), 2u);
+  EXPECT_EQ(text.substr(spans[0].begin, spans[0].end - spans[0].begin), "<|im_end|>");
+  EXPECT_EQ(spans[0].begin, std::string("<|im_start|>system\n").size());
+  // "user" also appears as the role: the span is the content's, after the header.
+  EXPECT_EQ(spans[1].begin, text.rfind("user<|im_end|>"));
+  const ChatTemplate branching = ChatTemplate::load(template_dir(
+      "{% for m in messages %}{% if 'x' in m.content %}X{% endif %}[{{ m.content }}]{% endfor %}"));
+  const std::vector<ChatMessage> three{{"user", "a"}, {"user", "b"}, {"user", "x"}};
+  spans.clear();
+  EXPECT_EQ(branching.render(three, false, &spans), "[a][b]X[x]");
+  // The third content changed the template's text before it: "b" is not
+  // followed by what the template wrote after it, so the spans end at "a".
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].begin, 1u);
 }
 
 TEST(ChatTemplateTest, JinjaFileWins) {

@@ -139,7 +139,6 @@ TEST(ToolCallsTest, RendersCallsAndResults) {
   const ChatTemplate ct = ChatTemplate::from_text(kSmolTemplate, "", "test");
   std::vector<ChatMessage> msgs{{"user", "Weather?"}, {"assistant", ""}, {"tool", "sunny"}};
   msgs[1].tool_calls = {{"c1", "get_weather", "{\"city\": \"Paris\"}"}};
-  EXPECT_THROW(ct.render(msgs, true), Error);  // calls need the Tools path
   const auto turns = tool_conversation(ct, msgs, Tools{});
   EXPECT_EQ(ct.render(turns, true),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
@@ -148,16 +147,52 @@ TEST(ToolCallsTest, RendersCallsAndResults) {
             "</tool_call><|im_end|>\n<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n");
   // Gemma alternates user/model: the result becomes a user turn.
   const ChatTemplate gemma = ChatTemplate::from_text(
-      "<start_of_turn>{{ raise_exception('Conversation roles must alternate') }}", "<bos>", "g");
+      "{% if false %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+      "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}{% endfor %}",
+      "<bos>", "g");
   const auto g = tool_conversation(gemma, msgs, Tools{});
   EXPECT_EQ(g[2].role, "user");
   EXPECT_EQ(g[2].content, "<tool_response>\nsunny\n</tool_response>");
   EXPECT_NO_THROW(gemma.render(g, true));
-  // A template with its own tool layout is refused, not approximated.
-  const ChatTemplate qwen = ChatTemplate::from_text("<|im_start|>{% if tools %}", "", "q");
-  EXPECT_THROW(tool_conversation(qwen, msgs, Tools{}), Error);
-  const std::vector<ChatMessage> plain{{"user", "Hi"}};
-  EXPECT_NO_THROW(tool_conversation(qwen, plain, Tools{}));
+}
+
+// A template that renders tools gets them, the calls and the results as
+// transformers passes them, and a forced reply opens with its own call tag.
+TEST(ToolCallsTest, TemplateThatRendersToolsGetsThemNatively) {
+  const ChatTemplate qwen = ChatTemplate::from_text(
+      "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+      "{% for c in m.tool_calls %}<tool_call>{{ c.function.name }} "
+      "{{ c.function.arguments | tojson }}</tool_call>{% endfor %}"
+      "{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %}<|im_end|>\n{% endfor %}",
+      "", "q");
+  ASSERT_TRUE(qwen.renders_tools());
+  std::vector<ChatMessage> msgs{{"user", "Weather?"}, {"assistant", ""}, {"tool", "sunny"}};
+  msgs[1].tool_calls = {{"c1", "get_weather", "{\"city\": \"Paris\"}"}};
+  msgs[2].tool_call_id = "c1";
+  const Tools tools = weather("required");
+  const std::string text = render_conversation(qwen, msgs, false, tools);
+  EXPECT_TRUE(
+      text.starts_with("<tools>{\"type\": \"function\", \"function\": {\"name\": "
+                       "\"get_weather\", \"description\": \"Current weather\", "
+                       "\"parameters\": {\"type\": \"object\""))
+      << text;
+  EXPECT_NE(text.find("{\"type\": \"function\", \"function\": {\"name\": \"get_time\""),
+            std::string::npos);
+  EXPECT_NE(text.find("<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
+                      "<tool_call>get_weather {\"city\": \"Paris\"}</tool_call><|im_end|>\n"
+                      "<|im_start|>tool\nsunny(c1)<|im_end|>\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(forced_call_prefix(qwen), "<tool_call>\n");
+  const ChatTemplate mistral = ChatTemplate::from_text(
+      "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}[TOOL_CALLS]{% endif %}", "",
+      "m");
+  EXPECT_EQ(forced_call_prefix(mistral), "[TOOL_CALLS]");
+  const ChatTemplate llama = ChatTemplate::from_text("{{ tools | tojson }}", "", "l");
+  EXPECT_EQ(forced_call_prefix(llama), "");
+  // One that does not render tools gets our Hermes layout and its tag.
+  EXPECT_EQ(forced_call_prefix(ChatTemplate::from_text(kSmolTemplate, "", "s")), "<tool_call>\n");
 }
 
 TEST(ToolCallsTest, ParsesTaggedAndBareCalls) {

@@ -1,6 +1,6 @@
 // Tokenizer interpreting HuggingFace tokenizer.json (byte-level BPE as in
 // GPT-2/SmolLM2/Llama 3, and SentencePiece-style BPE with byte fallback as in
-// Gemma), plus the chat templates of the supported models.
+// Gemma), plus the model's chat template.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,13 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace edgellm {
+
+namespace jinja {
+class Template;
+}
 
 // A byte range [begin, end) of a text.
 struct TextSpan {
@@ -92,15 +98,27 @@ struct ToolCall {
 struct ChatMessage {
   std::string role;  // "system" | "user" | "assistant" | "tool"
   std::string content;
-  // An assistant turn's calls. Only encode_conversation with Tools (tool_calls.h)
-  // renders them; ChatTemplate::render refuses a message that has any.
+  // An assistant turn's calls: a template that renders tools lays them out
+  // itself; for one that does not, tool_conversation (tool_calls.h) writes them
+  // into the content first.
   std::vector<ToolCall> tool_calls = {};
+  std::string tool_call_id = {};  // a "tool" result: the call it answers
+  std::string name = {};          // a "tool" result: the function's name (OpenAI's name)
 };
 
-// The chat template (chat_template.jinja, else tokenizer_config.json's
-// "chat_template", the "default" one of a named list), recognised by its markers
-// (ChatML, Gemma turns, Llama 3 headers) and rendered natively; the text it
-// renders equals HF apply_chat_template(..., tokenize=False).
+// What a template sees beyond the messages: the request's tools (OpenAI's
+// "tools" list; null for none) and extra kwargs (chat_template_kwargs, e.g.
+// enable_thinking).
+struct TemplateInputs {
+  nlohmann::ordered_json tools = nullptr;
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+};
+
+// The model's own chat template (chat_template.jinja, else tokenizer_config.json's
+// "chat_template", the "default" one of a named list, or a GGUF's
+// tokenizer.chat_template), parsed once by the Jinja interpreter
+// (edgellm/jinja.h) and rendered with what transformers passes: the text equals
+// HF apply_chat_template(..., tokenize=False) for any template it can parse.
 class ChatTemplate {
  public:
   static ChatTemplate load(const std::filesystem::path& model_dir);
@@ -108,46 +126,49 @@ class ChatTemplate {
   static ChatTemplate from_gguf(const std::filesystem::path& gguf_file);
   // The template text itself; `source` names where it came from in messages.
   static ChatTemplate from_text(const std::string& tmpl, const std::string& bos_token,
-                                const std::string& source);
-  bool available() const { return style_ != Style::none; }
+                                const std::string& source, const std::string& eos_token = "");
+  bool available() const { return !text_.empty(); }
+  // Throws Error for a template that failed to parse (naming the construct and
+  // line) or that refuses the conversation (raise_exception: jinja::RaisedError).
   // `content_spans`, when given, receives where each message's content landed
   // in the returned text, for Tokenizer::encode's plain ranges.
   std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                     std::vector<TextSpan>* content_spans = nullptr) const;
-  // The style that renders: chatml, gemma, llama3, none or unrecognised.
+                     std::vector<TextSpan>* content_spans = nullptr,
+                     const TemplateInputs& inputs = {}) const;
+  // The family its markers show (chatml, gemma, llama3), else "jinja"; "none"
+  // without a template. For display: every template renders the same way.
   const std::string& name() const { return name_; }
-  // The system prompt the template inserts when a conversation has none (ChatML).
+  // The system prompt a ChatML template inserts when a conversation has none:
+  // kept when tool_conversation adds a system turn of its own.
   const std::string& default_system() const { return default_system_; }
-  // The template lays out tools and tool messages its own way (Qwen, Llama 3.1).
-  bool own_tool_layout() const { return own_tool_layout_; }
-  // Gemma: roles must alternate user/model, so a tool result goes in a user turn.
-  bool alternates() const { return check_alternation_; }
+  // The template names `tools`: it lays out tools, calls and results itself.
+  bool renders_tools() const { return renders_tools_; }
+  // The text a reply in this template's call format starts with: what a forced
+  // call's prompt ends with ("<tool_call>\n" Hermes/Qwen, "[TOOL_CALLS]"
+  // Mistral, nothing for a bare JSON call as Llama 3.1 writes it).
+  const std::string& call_prefix() const { return call_prefix_; }
+  // The template raises unless roles alternate user/assistant (Gemma): a tool
+  // result goes in a user turn there.
+  bool alternates() const { return alternates_; }
 
  private:
-  // `unrecognised`: a template we cannot render natively; render() throws.
-  enum class Style { none, chatml, gemma, llama3, unrecognised };
-  Style style_ = Style::none;
+  std::string text_;
+  std::shared_ptr<const jinja::Template> program_;  // null when the text did not parse
+  std::string parse_error_;                         // why, naming the line
   std::string name_ = "none";
-  std::string default_system_;  // ChatML: the system prompt the template inserts
-  std::string bos_token_;
-  std::string source_;              // where the template came from, for error messages
-  bool system_supported_ = true;    // Gemma 2 templates reject a system message
-  bool check_alternation_ = false;  // Gemma: roles must alternate user/model
-  // The template names "tool": it lays tool messages out its own way (Qwen's
-  // <tool_response>, Llama 3.1's ipython), which we do not reproduce. One that
-  // never names it renders a tool message like any other role, as we do.
-  bool own_tool_layout_ = false;
-  // Llama 3.1+: the system header's preamble lines.
-  std::string knowledge_line_;  // "Cutting Knowledge Date: December 2023\n"
-  std::string date_prefix_;     // "Today Date: "
-  std::string fixed_date_;      // the template's date when it does not ask for today's
-  bool date_today_ = false;     // strftime_now("%d %b %Y")
+  std::string source_;  // where the template came from, for error messages
+  std::string bos_token_, eos_token_;
+  std::string default_system_;
+  std::string call_prefix_;
+  bool renders_tools_ = false;
+  bool alternates_ = false;
 };
 
 // The tokens of a rendered conversation, with every message's content encoded
 // as plain text (see Tokenizer::encode): what chat and the server feed the model.
 std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                          std::span<const ChatMessage> messages,
-                                         bool add_generation_prompt);
+                                         bool add_generation_prompt,
+                                         const TemplateInputs& inputs = {});
 
 }  // namespace edgellm

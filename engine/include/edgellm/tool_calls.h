@@ -7,10 +7,12 @@
 //     constrained to through structured output;
 //   - parse_tool_output: the model's text turned back into tool calls when it is one.
 //
-// The format is Hermes / Qwen 2.5's, which small instruction models have seen:
-// the function signatures inside <tools></tools> in the system turn, a call as
-// <tool_call>{"name": ..., "arguments": {...}}</tool_call>. Templates that lay
-// tools out their own way (own_tool_layout) are refused rather than approximated.
+// A template that renders tools (Qwen, Llama 3.1, Mistral, Hermes, ...) gets
+// them as transformers passes them: `tools`, assistant `tool_calls`, "tool"
+// messages. For one that does not, the format is Hermes / Qwen 2.5's, which
+// small instruction models have seen: the function signatures inside
+// <tools></tools> in the system turn, a call as
+// <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
 #pragma once
 
 #include <cstdint>
@@ -93,21 +95,37 @@ std::shared_ptr<const JsonGrammar> call_grammar(const Tools& tools);
 // system turn tells the model to write, so the constrained JSON comes after it.
 inline constexpr std::string_view kForcedCallPrefix = "<tool_call>\n";
 
-// The conversation as the template renders it with tools: the tool block
-// appended to the system turn (one is added when there is none, keeping the
-// template's default system prompt), assistant tool_calls as <tool_call> text,
-// tool results as the template's "tool" role (a user turn wrapped in
-// <tool_response> for templates that alternate user/model). Throws Error for a
-// template with its own tool layout.
+// The conversation for a template that does not render tools itself: the tool
+// block appended to the system turn (one is added when there is none, keeping
+// the template's default system prompt), assistant tool_calls as <tool_call>
+// text, tool results as the template's "tool" role (a user turn wrapped in
+// <tool_response> for templates that alternate user/model). A template that
+// renders tools gets the messages as they are.
 std::vector<ChatMessage> tool_conversation(const ChatTemplate& chat,
                                            std::span<const ChatMessage> messages,
                                            const Tools& tools);
 
-// encode_conversation of tool_conversation; a forced reply's prompt ends with
-// kForcedCallPrefix after the generation prompt.
+// OpenAI's "tools" list as templates read it (null when no tool is active).
+nlohmann::ordered_json tools_json(const Tools& tools);
+
+// What a forced reply's prompt ends with after the generation prompt: the
+// template's own call opening when it renders tools, else kForcedCallPrefix.
+std::string forced_call_prefix(const ChatTemplate& chat);
+
+// The text of tool_conversation rendered by the template, the tools passed to
+// one that renders them. `template_kwargs`: the request's chat_template_kwargs
+// (an object, or null). `content_spans` as in ChatTemplate::render.
+std::string render_conversation(const ChatTemplate& chat, std::span<const ChatMessage> messages,
+                                bool add_generation_prompt, const Tools& tools,
+                                const nlohmann::ordered_json& template_kwargs = nullptr,
+                                std::vector<TextSpan>* content_spans = nullptr);
+
+// The tokens of render_conversation (contents plain, as Tokenizer::encode
+// keeps them), then forced_call_prefix for a forced reply.
 std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                          std::span<const ChatMessage> messages,
-                                         bool add_generation_prompt, const Tools& tools);
+                                         bool add_generation_prompt, const Tools& tools,
+                                         const nlohmann::ordered_json& template_kwargs = nullptr);
 
 struct ToolReply {
   std::string content;          // text outside the calls (trimmed); all of it when no call

@@ -272,13 +272,7 @@ std::shared_ptr<const JsonGrammar> call_grammar(const Tools& tools) {
 std::vector<ChatMessage> tool_conversation(const ChatTemplate& chat,
                                            std::span<const ChatMessage> messages,
                                            const Tools& tools) {
-  bool has_tool_turns = tools.active();
-  for (const ChatMessage& m : messages)
-    has_tool_turns = has_tool_turns || !m.tool_calls.empty() || m.role == "tool";
-  if (has_tool_turns && chat.own_tool_layout())
-    throw Error(
-        "chat template: it lays out tools and tool messages in its own way, which edgellm does "
-        "not reproduce");
+  if (chat.renders_tools()) return {messages.begin(), messages.end()};
   std::vector<ChatMessage> out;
   out.reserve(messages.size() + 1);
   if (tools.active()) {
@@ -306,14 +300,44 @@ std::vector<ChatMessage> tool_conversation(const ChatTemplate& chat,
   return out;
 }
 
+ojson tools_json(const Tools& tools) {
+  if (!tools.active()) return nullptr;
+  ojson list = ojson::array();
+  for (const ToolFunction& f : tools.functions) {
+    ojson fn = {{"name", f.name}};
+    if (!f.description.empty()) fn["description"] = f.description;
+    fn["parameters"] = f.parameters;
+    list.push_back({{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return list;
+}
+
+std::string forced_call_prefix(const ChatTemplate& chat) {
+  return chat.renders_tools() ? chat.call_prefix() : std::string(kForcedCallPrefix);
+}
+
+std::string render_conversation(const ChatTemplate& chat, std::span<const ChatMessage> messages,
+                                bool add_generation_prompt, const Tools& tools,
+                                const ojson& template_kwargs,
+                                std::vector<TextSpan>* content_spans) {
+  TemplateInputs inputs;
+  if (template_kwargs.is_object()) inputs.kwargs = template_kwargs;
+  if (chat.renders_tools()) inputs.tools = tools_json(tools);
+  const std::vector<ChatMessage> turns = tool_conversation(chat, messages, tools);
+  return chat.render(turns, add_generation_prompt, content_spans, inputs);
+}
+
 std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                          std::span<const ChatMessage> messages,
-                                         bool add_generation_prompt, const Tools& tools) {
-  const std::vector<ChatMessage> turns = tool_conversation(chat, messages, tools);
-  std::vector<int32_t> ids = encode_conversation(tokenizer, chat, turns, add_generation_prompt);
-  if (add_generation_prompt && tools.forced()) {
-    const std::vector<int32_t> tag =
-        tokenizer.encode(std::string(kForcedCallPrefix), /*add_special_tokens=*/false);
+                                         bool add_generation_prompt, const Tools& tools,
+                                         const ojson& template_kwargs) {
+  std::vector<TextSpan> contents;
+  const std::string text =
+      render_conversation(chat, messages, add_generation_prompt, tools, template_kwargs, &contents);
+  std::vector<int32_t> ids = tokenizer.encode(text, /*add_special_tokens=*/false, contents);
+  const std::string prefix = forced_call_prefix(chat);
+  if (add_generation_prompt && tools.forced() && !prefix.empty()) {
+    const std::vector<int32_t> tag = tokenizer.encode(prefix, /*add_special_tokens=*/false);
     ids.insert(ids.end(), tag.begin(), tag.end());
   }
   return ids;
@@ -347,7 +371,10 @@ ToolReply parse_tool_output(std::string_view text, const Tools& tools) {
   } else {
     // No tags: the reply, or its tail from the first '{' on, is the call (a list
     // of calls when the whole reply is one).
-    const std::string t = trim(text);
+    // Mistral opens its calls with [TOOL_CALLS], Llama 3.1 sometimes with <|python_tag|>.
+    std::string t = trim(text);
+    for (std::string_view tag : {"[TOOL_CALLS]", "<|python_tag|>"})
+      if (t.starts_with(tag)) t = trim(t.substr(tag.size()));
     const size_t start = t.starts_with('[') ? 0 : t.find('{');
     if (start == std::string::npos || !read_calls(std::string_view(t).substr(start), tools, calls))
       return reply;

@@ -1,13 +1,14 @@
-// Chat templates rendered natively. transformers renders tokenizer_config.json's
-// Jinja template; we recognise which family it is by its markers and produce
-// the same string, reading the family's free text (ChatML's default system
-// prompt, Llama's knowledge-date line) out of the template itself.
-#include <ctime>
+// The model's chat template: found where transformers looks for it, parsed
+// once by the Jinja interpreter, rendered with transformers' inputs. Where each
+// message's content lands in the text is found by a second render with the
+// contents replaced by markers, so the tokenizer keeps content plain text.
+#include <algorithm>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
 #include "edgellm/error.h"
+#include "edgellm/jinja.h"
 #include "edgellm/json_file.h"
 #include "edgellm/tokenizer.h"
 #include "json_util.h"
@@ -97,23 +98,83 @@ std::string chatml_default_system(const std::string& t) {
   return {};
 }
 
-std::string today(const char* format) {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buf[64];
-  const size_t n = std::strftime(buf, sizeof(buf), format, &tm);
-  return std::string(buf, n);
+// A marker no template writes and no filter of trim's kind changes: private-use
+// code points around the message's index.
+std::string content_marker(size_t i) {
+  return "\xEE\x80\x80" + std::to_string(i) + "\xEE\x80\x81";
+}
+constexpr std::string_view kMarkerOpen = "\xEE\x80\x80", kMarkerClose = "\xEE\x80\x81";
+
+// A message as transformers' templates read it (OpenAI's shape): content is
+// left out of an assistant turn that only calls tools, as clients send it;
+// call arguments are objects, as the templates' `arguments | tojson` expects.
+nlohmann::ordered_json message_json(const ChatMessage& m, const std::string& content) {
+  nlohmann::ordered_json j = {{"role", m.role}};
+  if (!content.empty() || m.tool_calls.empty()) j["content"] = content;
+  if (!m.tool_calls.empty()) {
+    nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+    for (const ToolCall& c : m.tool_calls) {
+      nlohmann::ordered_json args = nlohmann::ordered_json::parse(c.arguments, nullptr, false);
+      if (args.is_discarded()) args = c.arguments;
+      calls.push_back({{"id", c.id},
+                       {"type", "function"},
+                       {"function", {{"name", c.name}, {"arguments", std::move(args)}}}});
+    }
+    j["tool_calls"] = std::move(calls);
+  }
+  if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+  if (!m.name.empty()) j["name"] = m.name;
+  return j;
 }
 
-// The value of `set <name> = "..."` in the template, if any.
-std::string set_literal(const std::string& t, const std::string& name) {
-  const std::string key = "set " + name + " = ";
-  const size_t p = t.find(key);
-  if (p == std::string::npos) return {};
-  const size_t q = p + key.size();
-  if (q >= t.size() || (t[q] != '"' && t[q] != '\'')) return {};
-  return literal_from(t, q + 1).value_or("");
+// The forms a template may give a content: as is, or trimmed on either side.
+std::vector<std::string> content_forms(const std::string& c) {
+  const std::string stripped = tok::python_strip(c);
+  const size_t lead = stripped.empty() ? c.size() : c.find(stripped);
+  std::vector<std::string> forms = {c, c.substr(lead), c.substr(0, lead + stripped.size()),
+                                    stripped};
+  std::sort(forms.begin(), forms.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  forms.erase(std::unique(forms.begin(), forms.end()), forms.end());
+  return forms;
+}
+
+// Matches `text` against `marked` (the same render with contents as markers):
+// the template's own text must agree byte for byte, and each marker must stand
+// for one form of its content followed by the next stretch of template text.
+// Stops at the first place they part (a template that branches on the
+// content), keeping the spans found before it.
+void locate_contents(const std::string& text, const std::string& marked,
+                     std::span<const ChatMessage> messages, std::vector<TextSpan>& spans) {
+  size_t t = 0, m = 0;
+  while (true) {
+    const size_t open = marked.find(kMarkerOpen, m);
+    if (open == std::string::npos) return;
+    if (text.compare(t, open - m, marked, m, open - m) != 0) return;
+    t += open - m;
+    const size_t digits = open + kMarkerOpen.size();
+    const size_t close = marked.find(kMarkerClose, digits);
+    if (close == std::string::npos) return;
+    size_t index = 0;
+    for (size_t i = digits; i < close; ++i) {
+      if (marked[i] < '0' || marked[i] > '9') return;
+      index = index * 10 + static_cast<size_t>(marked[i] - '0');
+    }
+    if (index >= messages.size()) return;
+    m = close + kMarkerClose.size();
+    const size_t next = std::min(marked.find(kMarkerOpen, m), marked.size());
+    bool found = false;
+    for (const std::string& form : content_forms(messages[index].content)) {
+      if (text.compare(t, form.size(), form) != 0 ||
+          text.compare(t + form.size(), next - m, marked, m, next - m) != 0)
+        continue;
+      if (!form.empty()) spans.push_back({t, t + form.size()});
+      t += form.size();
+      found = true;
+      break;
+    }
+    if (!found) return;
+  }
 }
 
 }  // namespace
@@ -153,145 +214,85 @@ ChatTemplate ChatTemplate::load(const std::filesystem::path& model_dir) {
   }
   if (tmpl.empty()) return ct;
 
-  std::string bos;
-  if (const json* b = tok::find_field(config, "bos_token")) {
-    bos = b->is_string() ? b->get<std::string>()
-                         : tok::string_field(*b, "content", tok::at_key(where, "bos_token"));
-  }
-  return from_text(tmpl, bos, ct.source_);
+  auto special = [&](const char* name) -> std::string {
+    const json* t = tok::find_field(config, name);
+    if (!t || t->is_null()) return "";
+    return t->is_string() ? t->get<std::string>()
+                          : tok::string_field(*t, "content", tok::at_key(where, name));
+  };
+  return from_text(tmpl, special("bos_token"), ct.source_, special("eos_token"));
 }
 
 ChatTemplate ChatTemplate::from_text(const std::string& tmpl, const std::string& bos_token,
-                                     const std::string& source) {
+                                     const std::string& source, const std::string& eos_token) {
   ChatTemplate ct;
   if (tmpl.empty()) return ct;
+  ct.text_ = tmpl;
   ct.source_ = source;
   ct.bos_token_ = bos_token;
-  ct.own_tool_layout_ = tmpl.find("tool") != std::string::npos;
-  if (tmpl.find("<|im_start|>") != std::string::npos) {
-    ct.style_ = Style::chatml;
-    ct.name_ = "chatml";
-    ct.default_system_ = chatml_default_system(tmpl);
-  } else if (tmpl.find("<start_of_turn>") != std::string::npos) {
-    ct.style_ = Style::gemma;
-    ct.name_ = "gemma";
-    // Gemma 3 folds a system message into the first user turn; Gemma 2 raises.
-    ct.system_supported_ = tmpl.find("first_user_prefix") != std::string::npos;
-    ct.check_alternation_ = tmpl.find("must alternate") != std::string::npos;
-  } else if (tmpl.find("<|start_header_id|>") != std::string::npos) {
-    ct.style_ = Style::llama3;
-    ct.name_ = "llama3";
-    const size_t k = tmpl.find("Cutting Knowledge Date:");
-    if (k != std::string::npos) {
-      // Llama 3.1+: a system header with these lines is always emitted.
-      ct.knowledge_line_ = literal_from(tmpl, k).value_or("");
-      const size_t d = tmpl.find("Today Date: ");
-      ct.date_prefix_ = d == std::string::npos ? "" : literal_from(tmpl, d).value_or("");
-      ct.date_today_ = tmpl.find("strftime_now") != std::string::npos;
-      ct.fixed_date_ = set_literal(tmpl, "date_string");
-    }
-  } else {
-    ct.style_ = Style::unrecognised;
-    ct.name_ = "unrecognised";
+  ct.eos_token_ = eos_token;
+  try {
+    ct.program_ = std::make_shared<const jinja::Template>(jinja::Template::parse(tmpl));
+  } catch (const jinja::TemplateError& e) {
+    ct.parse_error_ = e.what();
   }
+  const auto has = [&](std::string_view s) { return tmpl.find(s) != std::string::npos; };
+  ct.name_ = has("<|im_start|>")          ? "chatml"
+             : has("<start_of_turn>")     ? "gemma"
+             : has("<|start_header_id|>") ? "llama3"
+                                          : "jinja";
+  if (ct.name_ == "chatml") ct.default_system_ = chatml_default_system(tmpl);
+  ct.renders_tools_ = has("tools");
+  ct.call_prefix_ = has("<tool_call>")    ? "<tool_call>\n"
+                    : has("[TOOL_CALLS]") ? "[TOOL_CALLS]"
+                                          : "";
+  ct.alternates_ = has("must alternate");
   return ct;
 }
 
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                 std::vector<TextSpan>* content_spans) const {
-  for (const ChatMessage& m : messages)
-    if (!m.tool_calls.empty())
-      throw Error(
-          "chat template: a message with tool_calls is rendered by encode_conversation "
-          "with Tools (edgellm/tool_calls.h)");
-  if (own_tool_layout_)
-    for (const ChatMessage& m : messages)
-      if (m.role == "tool")
-        throw Error(source_ +
-                    ": this chat template lays out 'tool' messages in its own way, which "
-                    "edgellm does not reproduce");
-  std::string out;
-  auto content = [&](const std::string& text) {
-    if (content_spans) content_spans->push_back({out.size(), out.size() + text.size()});
-    out += text;
+                                 std::vector<TextSpan>* content_spans,
+                                 const TemplateInputs& inputs) const {
+  if (!available())
+    throw Error("chat template: the model has none (no chat_template in tokenizer_config.json)");
+  if (!program_) throw Error(source_ + ": the chat template cannot be used: " + parse_error_);
+  jinja::ChatInputs in;
+  in.tools = inputs.tools;
+  in.add_generation_prompt = add_generation_prompt;
+  in.bos_token = bos_token_;
+  in.eos_token = eos_token_;
+  in.extra = inputs.kwargs;
+  auto render_with = [&](auto content_of) {
+    in.messages = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < messages.size(); ++i)
+      in.messages.push_back(message_json(messages[i], content_of(i)));
+    return jinja::render_chat(*program_, in);
   };
-  switch (style_) {
-    case Style::none:
-      throw Error("chat template: the model has none (no chat_template in tokenizer_config.json)");
-    case Style::unrecognised:
-      throw Error(source_ +
-                  ": chat_template is not one we can render (ChatML, Gemma or Llama 3 expected)");
-
-    case Style::chatml:
-      for (size_t i = 0; i < messages.size(); ++i) {
-        if (i == 0 && messages[0].role != "system" && !default_system_.empty())
-          out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
-        out += "<|im_start|>" + messages[i].role + "\n";
-        content(messages[i].content);
-        out += "<|im_end|>\n";
+  try {
+    std::string text = render_with([&](size_t i) { return messages[i].content; });
+    if (content_spans) {
+      try {
+        const std::string marked = render_with([&](size_t i) {
+          return messages[i].content.empty() ? std::string() : content_marker(i);
+        });
+        locate_contents(text, marked, messages, *content_spans);
+      } catch (const jinja::TemplateError&) {
+        // A template that reads the content itself (parses it, ...): no spans.
       }
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
-      return out;
-
-    case Style::gemma: {
-      out = bos_token_;
-      size_t first = 0;
-      if (!messages.empty() && messages[0].role == "system") {
-        if (!system_supported_)
-          throw Error(source_ + ": this chat template does not support a system role");
-        first = 1;
-      }
-      for (size_t i = first; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        if (check_alternation_ && (m.role == "user") != ((i - first) % 2 == 0))
-          throw Error(
-              "chat template: conversation roles must alternate user/assistant/user/assistant/...");
-        const std::string role = m.role == "assistant" ? "model" : m.role;
-        out += "<start_of_turn>" + role + "\n";
-        if (i == first && first > 0) {
-          content(messages[0].content);  // the system text, unstripped, as the template does
-          out += "\n\n";
-        }
-        content(tok::python_strip(m.content));
-        out += "<end_of_turn>\n";
-      }
-      if (add_generation_prompt) out += "<start_of_turn>model\n";
-      return out;
     }
-
-    case Style::llama3: {
-      size_t first = 0;
-      if (!knowledge_line_.empty()) {
-        std::string system;
-        if (!messages.empty() && messages[0].role == "system") {
-          system = tok::python_strip(messages[0].content);
-          first = 1;
-        }
-        const std::string date = date_today_ ? today("%d %b %Y") : fixed_date_;
-        out = bos_token_ + "<|start_header_id|>system<|end_header_id|>\n\n" + knowledge_line_ +
-              date_prefix_ + date + "\n\n";
-        content(system);
-        out += "<|eot_id|>";
-      } else if (!messages.empty()) {
-        out = bos_token_;  // Llama 3.0 puts bos in front of the first message only
-      }
-      for (size_t i = first; i < messages.size(); ++i) {
-        out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n";
-        content(tok::python_strip(messages[i].content));
-        out += "<|eot_id|>";
-      }
-      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-      return out;
-    }
+    return text;
+  } catch (const jinja::RaisedError& e) {
+    throw Error("chat template: " + e.detail());  // the template's own words: a 400
+  } catch (const jinja::TemplateError& e) {
+    throw Error(source_ + ": chat template: " + e.what());
   }
-  return out;
 }
 
 std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                          std::span<const ChatMessage> messages,
-                                         bool add_generation_prompt) {
+                                         bool add_generation_prompt, const TemplateInputs& inputs) {
   std::vector<TextSpan> contents;
-  const std::string text = chat.render(messages, add_generation_prompt, &contents);
+  const std::string text = chat.render(messages, add_generation_prompt, &contents, inputs);
   return tokenizer.encode(text, /*add_special_tokens=*/false, contents);
 }
 

@@ -112,8 +112,9 @@ std::set<std::string> with(std::set<std::string> fields, std::initializer_list<c
   fields.insert(more.begin(), more.end());
   return fields;
 }
-const std::set<std::string> kChatFields = with(
-    kGenerationFields, {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"});
+const std::set<std::string> kChatFields =
+    with(kGenerationFields, {"messages", "top_logprobs", "tools", "tool_choice",
+                             "parallel_tool_calls", "chat_template_kwargs"});
 const std::set<std::string> kCompletionFields = with(kGenerationFields, {"prompt"});
 // Unimplemented fields that clients often send with a value that asks for
 // nothing: that value is accepted, any other gets 400 (the tool fields are
@@ -340,9 +341,26 @@ struct Api {
       const json* content = optional_field(m, "content");
       if (!content && calls.empty()) bad(where + ".content", "missing " + where + ".content");
       chat.push_back({r, content ? content_text(*content, where + ".content") : "", calls});
+      if (const json* id = optional_field(m, "tool_call_id")) {
+        if (!id->is_string())
+          bad(where + ".tool_call_id", where + ".tool_call_id must be a string");
+        chat.back().tool_call_id = id->get<std::string>();
+      }
+      if (const json* name = optional_field(m, "name")) {
+        if (!name->is_string()) bad(where + ".name", where + ".name must be a string");
+        chat.back().name = name->get<std::string>();
+      }
+    }
+    // Extra variables for the template (vLLM's and llama-server's field), e.g.
+    // {"enable_thinking": false}.
+    nlohmann::ordered_json kwargs = nullptr;
+    if (const json* k = optional_field(body, "chat_template_kwargs")) {
+      if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      kwargs = nlohmann::ordered_json::parse(k->dump());
     }
     try {
-      return encode_conversation(model.tokenizer(), model.chat_template(), chat, true, tools);
+      return encode_conversation(model.tokenizer(), model.chat_template(), chat, true, tools,
+                                 kwargs);
     } catch (const Error& e) {
       bad("messages", e.what());
     }
