@@ -104,6 +104,16 @@ def smollm2_run(smollm2_checkpoint: Path, edgellm_bin: Path) -> list[str]:
     return edgellm_cmd("run")
 
 
+@pytest.fixture(scope="module")
+def binding() -> Any:
+    """edgellm_py alone, without a model (the Jinja tests need only the interpreter)."""
+    try:
+        import edgellm_py
+    except ImportError as e:
+        pytest.fail(f"edgellm_py not importable ({e}): cmake --build build --target edgellm_py")
+    return edgellm_py
+
+
 @pytest.fixture(scope="session")
 def engine_binding(smollm2_checkpoint: Path) -> Any:
     """edgellm_py, which `make test` builds: absent or broken is a failure, never a skip."""

@@ -10,7 +10,7 @@ the hour it runs at.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
@@ -20,7 +20,7 @@ NOW = 1_735_732_800  # 2025-01-01 12:00 UTC
 
 
 def _strftime_now(fmt: str) -> str:
-    return datetime.fromtimestamp(NOW, timezone.utc).strftime(fmt)
+    return datetime.fromtimestamp(NOW, UTC).strftime(fmt)
 
 
 def compile_reference(source: str) -> jinja2.Template:

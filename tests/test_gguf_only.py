@@ -98,17 +98,25 @@ def test_chat_template_from_gguf(model: str, tmp_path: Path, engine_binding: Any
         assert ours.render(messages) == converted.render(messages)
 
 
-def test_unrecognised_chat_template_is_named(tmp_path: Path, engine_binding: Any) -> None:
+def test_any_chat_template_renders(tmp_path: Path, engine_binding: Any) -> None:
+    """A GGUF's template of no known family renders (the Jinja interpreter, no recognizer);
+    one the interpreter refuses names the metadata key, the construct and its line."""
     path = tmp_path / "model.gguf"
     writer = gguf_writer(path, "llama")
     writer.add_chat_template("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}")
     finish(writer)
     chat = engine_binding.ChatTemplate.from_gguf(str(path))
-    assert chat.name() == "unrecognised"
+    assert chat.name() == "jinja"
+    assert chat.render([("user", "hi"), ("assistant", "yo")]) == "[user] hi[assistant] yo"
+    refused = tmp_path / "refused.gguf"
+    writer = gguf_writer(refused, "llama")
+    writer.add_chat_template("{{ bos_token }}\n{% include 'other.jinja' %}")
+    finish(writer)
     with pytest.raises(
-        engine_binding.Error, match=r"metadata 'tokenizer\.chat_template'.* not one we can render"
+        engine_binding.Error,
+        match=r"metadata 'tokenizer\.chat_template'.*template line 2: .*include",
     ):
-        chat.render([("user", "hi")])
+        engine_binding.ChatTemplate.from_gguf(str(refused)).render([("user", "hi")])
 
 
 def setup(binding: Any, path: Path, precision: str) -> Any:

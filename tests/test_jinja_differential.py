@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from jinja_reference import outcome, render_ours, render_reference, same
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
@@ -169,15 +168,6 @@ def compare(binding: Any, path: Path, fault: str = "none") -> tuple[list[str], i
         if not same(ref, ours):
             diffs.append(f"{path.name} / {name}:\n  jinja2: {ref!r:.600}\n  ours:   {ours!r:.600}")
     return diffs, texts
-
-
-@pytest.fixture(scope="module")
-def binding() -> Any:
-    try:
-        import edgellm_py
-    except ImportError as e:
-        pytest.fail(f"edgellm_py not importable ({e}): cmake --build build --target edgellm_py")
-    return edgellm_py
 
 
 def test_corpus_is_sourced() -> None:

@@ -4,7 +4,9 @@
 #include "jinja/builtins.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
@@ -136,6 +138,14 @@ Value f_join(Interp& in, const Value& v, CallArgs& a, int line) {
 Value generator(List items) {
   Value v = Value::make_list(std::move(items));
   v.generator = true;
+  return v;
+}
+
+// A generator over a non-iterable input: truthy, printable, and failing with
+// `error` once something iterates it, as a Python generator body would.
+Value failing_generator(const std::string& error) {
+  Value v = generator({});
+  v.s = error;
   return v;
 }
 
@@ -360,7 +370,9 @@ Value f_reverse(Interp&, const Value& v, CallArgs&, int line) {
   }
   List items = *iterate(v, line);
   std::reverse(items.begin(), items.end());
-  return Value::make_list(std::move(items));
+  // reversed() of a list, tuple or dict is an iterator (no len, no index); a
+  // generator cannot be reversed(), so jinja2 falls back to a list.
+  return v.generator ? Value::make_list(std::move(items)) : generator(std::move(items));
 }
 
 // The sort key of jinja2's ignore_case: strings lowered unless case_sensitive.
@@ -408,7 +420,12 @@ Value f_unique(Interp& in, const Value& v, CallArgs& a, int line) {
   const bool cs = arg_bool(a, 0, "case_sensitive", false);
   const Value* attr = arg(a, 1, "attribute");
   List out, seen;
-  const auto iterated5 = iterate(v, line);
+  std::shared_ptr<const List> iterated5;
+  try {
+    iterated5 = iterate(v, line);
+  } catch (const TemplateError& e) {
+    return failing_generator(e.detail());  // jinja2's unique fails only when iterated
+  }
   for (const Value& x : *iterated5) {
     const Value key =
         sort_key(attr && !attr->is_none() ? attr_path(in, x, soft_str(*attr), line) : x, cs);
@@ -419,7 +436,23 @@ Value f_unique(Interp& in, const Value& v, CallArgs& a, int line) {
     seen.push_back(key);
     out.push_back(x);
   }
-  return Value::make_list(std::move(out));
+  return generator(std::move(out));
+}
+
+// jinja2's format filter: the string % the positional arguments (as a tuple),
+// or % the keyword arguments (as a dict), not both.
+Value f_format(Interp&, const Value& v, CallArgs& a, int line) {
+  if (!a.args.empty() && !a.kwargs.empty())
+    throw TemplateError("can't handle positional and keyword arguments at the same time", line);
+  Value args;
+  if (!a.kwargs.empty()) {
+    Dict d;
+    for (const auto& [k, x] : a.kwargs) d.items.push_back({Value::string(k), x});
+    args = Value::make_dict(std::move(d));
+  } else {
+    args = Value::make_list(a.args, /*tuple=*/true);
+  }
+  return percent_format(Value::string(to_str(v)), args, line);
 }
 
 Value f_indent(Interp& in, const Value& v, CallArgs& a, int line) {
@@ -428,6 +461,10 @@ Value f_indent(Interp& in, const Value& v, CallArgs& a, int line) {
   if (w) ind = w->is_string() ? w->s : std::string(std::max<int64_t>(0, w->as_int()), ' ');
   const bool first = arg_bool(a, 1, "first", false);
   const bool blank = arg_bool(a, 2, "blank", false);
+  // jinja2's indent appends "\n" with +=, so only a string gets through.
+  if (!v.is_string())
+    throw TemplateError("unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'",
+                        line);
   const std::vector<std::string> lines = pystr::splitlines(soft_str(v) + "\n", false);
   std::string rv;
   for (size_t k = 0; k < lines.size(); ++k) {
@@ -523,6 +560,7 @@ constexpr NamedFilter kFilters[] = {
     {"dictsort", f_dictsort},
     {"unique", f_unique},
     {"indent", f_indent},
+    {"format", f_format},
     {"sum", f_sum},
     {"min", f_min},
     {"max", f_max},
@@ -1003,6 +1041,121 @@ bool str_method(Interp& in, const std::string& s, const std::string& name, CallA
 }
 
 }  // namespace
+
+Value percent_format(const Value& format, const Value& args, int line) {
+  // Python's rule: a tuple is the argument list; any other value is the one
+  // argument, and one with a subscript (dict, list) is also the mapping of
+  // %(name)s, which excuses it from "not all arguments converted".
+  const bool is_tuple = args.type == T::tuple;
+  const bool mapping = !is_tuple && (args.type == T::dict || args.type == T::list);
+  const List single = {args};
+  const List& items = is_tuple ? *args.list : single;
+  size_t next = 0;
+  const std::string& f = format.s;
+  std::string out;
+  auto fail = [&](const std::string& why) -> void { throw TemplateError(why, line); };
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (f[i] != '%') {
+      out += f[i];
+      continue;
+    }
+    if (++i == f.size()) fail("incomplete format");
+    const Value* value = nullptr;
+    if (f[i] == '(') {
+      const size_t close = f.find(')', i);
+      if (close == std::string::npos) fail("incomplete format key");
+      if (args.type != T::dict) fail("format requires a mapping");
+      const std::string key = f.substr(i + 1, close - i - 1);
+      value = args.dict->find(key);
+      if (!value) fail("KeyError: " + repr_string(key));
+      i = close + 1;
+    }
+    bool left = false, zero = false;
+    for (; i < f.size() && (f[i] == '-' || f[i] == '0' || f[i] == ' ' || f[i] == '+'); ++i) {
+      left = left || f[i] == '-';
+      zero = zero || f[i] == '0';
+      if (f[i] == ' ' || f[i] == '+')
+        fail("format flag '" + std::string(1, f[i]) + "' is not supported");
+    }
+    size_t width = 0;
+    for (; i < f.size() && std::isdigit(static_cast<unsigned char>(f[i])); ++i)
+      width = std::min<size_t>(width * 10 + static_cast<size_t>(f[i] - '0'), 1u << 20);
+    int precision = -1;
+    if (i < f.size() && f[i] == '.') {
+      precision = 0;
+      for (++i; i < f.size() && std::isdigit(static_cast<unsigned char>(f[i])); ++i)
+        precision = std::min(precision * 10 + (f[i] - '0'), 1 << 10);
+    }
+    if (i == f.size()) fail("incomplete format");
+    const char conv = f[i];
+    if (conv == '%') {
+      out += '%';
+      continue;
+    }
+    if (!value) {
+      if (next >= items.size()) fail("not enough arguments for format string");
+      value = &items[next++];
+    }
+    std::string text;
+    switch (conv) {
+      case 's':
+      case 'r':
+        text = conv == 's' ? to_str(*value) : repr(*value);
+        if (precision >= 0) text = pystr::encode(pystr::decode(text).substr(0, precision));
+        break;
+      case 'd':
+      case 'i':
+        if (!value->is_number())
+          fail("%" + std::string(1, conv) + " format: a real number is required, not " +
+               type_name(*value));
+        text = std::to_string(value->type == T::floating ? static_cast<int64_t>(value->f)
+                                                         : value->as_int());
+        break;
+      case 'x':
+      case 'X':
+      case 'o': {
+        if (!value->is_int())
+          fail("%" + std::string(1, conv) + " format: an integer is required, not " +
+               type_name(*value));
+        const int64_t n = value->as_int();
+        const uint64_t mag = n < 0 ? 0 - static_cast<uint64_t>(n) : static_cast<uint64_t>(n);
+        char buf[32];
+        std::snprintf(buf, sizeof(buf),
+                      conv == 'x'   ? "%llx"
+                      : conv == 'X' ? "%llX"
+                                    : "%llo",
+                      static_cast<unsigned long long>(mag));
+        text = (n < 0 ? "-" : "") + std::string(buf);
+        break;
+      }
+      case 'f': {
+        if (!value->is_number()) fail("must be real number, not " + type_name(*value));
+        char buf[512];
+        std::snprintf(buf, sizeof(buf), "%.*f", precision < 0 ? 6 : std::min(precision, 100),
+                      value->as_double());
+        text = buf;
+        break;
+      }
+      default:
+        fail("string formatting with %" + std::string(1, conv) + " is not supported");
+    }
+    const size_t len = pystr::length(text);
+    if (len < width) {
+      const std::string pad(width - len, zero && !left && conv != 's' && conv != 'r' ? '0' : ' ');
+      if (left) {
+        text += pad;
+      } else if (pad[0] == '0' && !text.empty() && text[0] == '-') {
+        text = "-" + pad + text.substr(1);
+      } else {
+        text = pad + text;
+      }
+    }
+    out += text;
+  }
+  if (next < items.size() && !mapping && (is_tuple || next == 0))
+    fail("not all arguments converted during string formatting");
+  return Value::string(std::move(out));
+}
 
 FilterFn find_filter(std::string_view name) {
   for (const auto& f : kFilters)

@@ -26,4 +26,8 @@ Value get_item(Interp& in, const Value& obj, const Value& key, int line);
 bool call_method(Interp& in, const Value& obj, const std::string& name, CallArgs& args, int line,
                  Value& result);
 
+// Python's `format % args` (printf-style: %s %r %d %i %x %X %o %f %%, flags - and 0,
+// width, precision, %(key)s); anything else is refused by name.
+Value percent_format(const Value& format, const Value& args, int line);
+
 }  // namespace edgellm::jinja

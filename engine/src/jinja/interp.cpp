@@ -17,6 +17,7 @@ std::shared_ptr<const List> iterate(const Value& v, int line) {
   switch (v.type) {
     case T::list:
     case T::tuple:
+      if (v.generator && !v.s.empty()) throw TemplateError(v.s, line);
       return v.list;
     case T::dict: {
       auto out = std::make_shared<List>();
@@ -460,8 +461,7 @@ Value Interp::binary(const std::string& op, const Value& a, const Value& b, int 
     for (int64_t k = 0; k < n; ++k) items.insert(items.end(), seq.list->begin(), seq.list->end());
     return Value::make_list(std::move(items), seq.type == Value::Type::tuple);
   }
-  if (op == "%" && a.is_string())
-    throw TemplateError("string formatting with % is not supported", line);
+  if (op == "%" && a.is_string()) return percent_format(a, b, line);
   bad_operands(op, a, b, line);
 }
 

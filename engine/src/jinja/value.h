@@ -69,7 +69,9 @@ struct Value {
   bool generator = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;                     // string; for undefined: the hint of what was missing
+  // string; for undefined: the hint of what was missing; for a generator: the
+  // error iterating it raises (a generator over a non-iterable input), if any
+  std::string s;
   std::shared_ptr<const List> list;  // list, tuple
   std::shared_ptr<const Dict> dict;
   std::shared_ptr<Namespace> ns;
