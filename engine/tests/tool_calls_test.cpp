@@ -226,6 +226,16 @@ TEST(ToolCallsTest, ParsesTaggedAndBareCalls) {
                               parse_tools(kWeather, nullptr, false))
                 .calls.size(),
             1u);  // parallel_tool_calls false: the first call only
+  // Mistral's [TOOL_CALLS] list and Llama 3.1's <|python_tag|> before a bare call.
+  r = parse_tool_output(
+      "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}]", t);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(json::parse(r.calls[0].arguments)["city"], "Bern");
+  EXPECT_EQ(r.content, "");
+  r = parse_tool_output(
+      "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Riga\"}}", t);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(json::parse(r.calls[0].arguments)["city"], "Riga");
 }
 
 TEST(ToolCallsTest, AnythingElseIsPlainContent) {
