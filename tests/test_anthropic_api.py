@@ -1,10 +1,12 @@
-"""Anthropic's Messages API on `edgellm serve`, with the official `anthropic` client (SmolLM2).
+"""Anthropic's Messages API on both servers (`edgellm serve` and the Ray ingress), with the
+official `anthropic` client (SmolLM2).
 
 POST /v1/messages is translated into the chat request it means and served by the chat route's
 checks, encoder and scheduler, so a greedy Messages reply must equal the chat route's reply to
 the same conversation token for token; streaming, stop_sequences, max_tokens, tool use (forced,
 streamed, and the tool_result round) and the error shapes are checked through the real client.
-Only the C++ server has the route so far (the Ray ingress does not: issue 29's note).
+Both servers translate the request and write the reply with the same C++ (the Ray ingress
+through the edgellm_anthropic module), and every test runs against each.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import anthropic
 import jsonschema
 import pytest
-from test_server import NAME, Server
+from test_server import KINDS, NAME, Server
 from test_tool_calls import WEATHER
 
 TOOL = {
@@ -29,9 +31,9 @@ TOOL = {
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_checkpoint: Path):
-    s = Server(smollm2_checkpoint, "--parallel", "2", kind="cpp")
+@pytest.fixture(scope="module", params=KINDS)
+def server(request: pytest.FixtureRequest, smollm2_checkpoint: Path):
+    s = Server(smollm2_checkpoint, "--parallel", "2", kind=request.param)
     s.anthropic = anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0)
     yield s
     assert s.stop() == 0

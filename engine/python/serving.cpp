@@ -76,6 +76,9 @@ void bind_serving(nb::module_& m) {
           "finish_reason",
           [](const RequestStream& s) { return std::string(edgellm::finish_reason_name(s.finish)); })
       .def_prop_ro("error", [](const RequestStream& s) { return s.error; })
+      .def_prop_ro(
+          "stop_string", [](const RequestStream& s) { return s.stop_string; },
+          "The stop string that ended the text, if one did (else empty).")
       .def_prop_ro("prompt_tokens", [](const RequestStream& s) { return s.prompt_tokens; })
       .def_prop_ro("completion_tokens", [](const RequestStream& s) { return s.completion_tokens; })
       .def_prop_ro(

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import edgellm_anthropic as messages_api
 import ray.exceptions
 from common.server.openai_schema import (
     DEFAULT_MIN_P,
@@ -23,6 +24,7 @@ from common.server.openai_schema import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    check_body,
     parse_request,
     parse_tokenize,
 )
@@ -214,6 +216,55 @@ async def sse(
         ended()
 
 
+def anthropic_error(e: ApiError) -> Response:
+    """An ApiError in the Messages API's error shape (server.cpp's wrap_post, anthropic)."""
+    return Response(
+        messages_api.error_body(e.status, e.message),
+        status_code=e.status,
+        media_type="application/json",
+        headers=e.headers(),
+    )
+
+
+def reply_of(last: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The reply's text and calls: parsed by the replica when tools were active."""
+    if "tool_calls" in last:
+        return last["content"], [tuple(c) for c in last["tool_calls"]]
+    return last.get("text", ""), []
+
+
+def outcome_args(last: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        last["finish_reason"],
+        last["stop_string"],
+        last["prompt_tokens"],
+        last["cached_tokens"],
+        last["completion_tokens"],
+    )
+
+
+async def anthropic_sse(events: Any, mid: str, model: str, held: bool, ended: Any):
+    """server.cpp's Messages stream (anthropic_reply.cpp): the events are the shapes of
+    anthropic_messages.h, written by the same C++ through edgellm_anthropic."""
+    try:
+        yield messages_api.stream_start(mid, model, held)
+        async for event in events:
+            if event.get("text"):
+                yield messages_api.text_delta(event["text"])
+            elif "finish_reason" in event:
+                if event["error"]:
+                    yield messages_api.error_event(500, event["error"])
+                else:
+                    content, calls = reply_of(event)
+                    yield messages_api.stream_end(held, content, calls, *outcome_args(event))
+    except Exception as e:  # noqa: BLE001 - the replica died mid-stream: say so, then end
+        err = as_api_error(e)
+        yield messages_api.error_event(err.status, err.message)
+    finally:
+        events.cancel()
+        ended()
+
+
 # After the helpers: Ray pickles this (decorated, so dynamic) class with the globals it sees.
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
 @serve.ingress(app)
@@ -292,18 +343,39 @@ class OpenAIIngress:
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, chat=False)
 
+    @app.post("/v1/messages")
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API: translated into the chat request it means (the C++
+        translation, as edgellm serve's), then served like the chat route."""
+        if self.draining:
+            return anthropic_error(ApiError(503, "the server is shutting down"))
+        return await self.counted(self.answer_messages(request))
+
     async def generate(self, request: Request, chat: bool) -> Response:
         if self.draining:
             return error_response(ApiError(503, "the server is shutting down"))
+        return await self.counted(self.answer(request, chat))
+
+    async def counted(self, answer: Any) -> Response:
+        """Counts a generation request in `inflight` until it is answered in full."""
         self.inflight += 1
         streaming = False
         try:
-            response = await self.answer(request, chat)
+            response = await answer
             streaming = isinstance(response, StreamingResponse)
             return response
         finally:
             if not streaming:  # a stream counts itself out when it ends (sse's finally)
                 self.inflight -= 1
+
+    async def admitted(self, r: Any) -> Any:
+        """The replica's event stream for `r` once admitted, or its refusal as an ApiError."""
+        events = self.replica.options(stream=True).generate.remote(job_of(r))
+        try:
+            await events.__anext__()
+        except Exception as e:  # noqa: BLE001
+            raise as_api_error(e) from None
+        return events
 
     def stream_ended(self) -> None:
         self.inflight -= 1
@@ -321,11 +393,10 @@ class OpenAIIngress:
         }
         self.next_id += 1
         if r.stream:
-            events = self.replica.options(stream=True).generate.remote(job_of(r))
             try:
-                await events.__anext__()  # admitted, or the replica's error as a status
-            except Exception as e:  # noqa: BLE001
-                return error_response(as_api_error(e))
+                events = await self.admitted(r)
+            except ApiError as e:
+                return error_response(e)
             head["object"] = "chat.completion.chunk" if chat else "text_completion"
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(
@@ -356,3 +427,36 @@ class OpenAIIngress:
         asked = r.logprobs_count() >= 0
         choice["logprobs"] = choice_logprobs(chat, last["logprobs"], [0]) if asked else None
         return JSONResponse({**head, "choices": [choice], "usage": usage(last)})
+
+    async def answer_messages(self, request: Request) -> Response:
+        body = await request.body()
+        try:
+            check_body(body, self.name)
+            text, param, message = messages_api.to_chat_request(body.decode())
+            if param:
+                raise ApiError(400, message, param)
+            r = parse_request(text.encode(), True, self.name)
+        except ApiError as e:
+            return anthropic_error(e)
+        mid = f"msg_{self.next_id}"
+        self.next_id += 1
+        held = bool(r.tools) and r.tool_choice != "none"
+        if r.stream:
+            try:
+                events = await self.admitted(r)
+            except ApiError as e:
+                return anthropic_error(e)
+            return StreamingResponse(
+                anthropic_sse(events, mid, self.name, held, self.stream_ended),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        try:
+            last = await self.replica.complete.remote(job_of(r))
+        except Exception as e:  # noqa: BLE001
+            return anthropic_error(as_api_error(e))
+        if last["error"]:
+            return anthropic_error(ApiError(500, last["error"]))
+        content, calls = reply_of(last)
+        reply = messages_api.message(mid, self.name, content, calls, *outcome_args(last))
+        return Response(reply, media_type="application/json")

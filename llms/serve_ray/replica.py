@@ -191,6 +191,7 @@ class EdgeLLMReplica:
         return {
             **parsed,
             "finish_reason": finish,
+            "stop_string": stream.stop_string,
             "error": stream.error,
             "prompt_tokens": stream.prompt_tokens,
             "completion_tokens": stream.completion_tokens,

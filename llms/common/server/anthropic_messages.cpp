@@ -1,8 +1,9 @@
+// Anthropic's Messages API as shapes: the request translated into the chat
+// request it means, and the reply's message and stream events. No I/O: both
+// servers (edgellm serve through anthropic_reply.cpp, the Ray ingress through
+// the edgellm_anthropic module) write these.
 #include "anthropic_messages.h"
 
-#include <httplib.h>
-
-#include <chrono>
 #include <set>
 
 namespace edgellm::anthropic {
@@ -251,12 +252,6 @@ std::string event(const ojson& data) {
          "\ndata: " + data.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
 }
 
-namespace {
-
-constexpr const char* kShutdownMessage =
-    "the server shut down before the request finished; retry it";
-
-// The message object before its content: what message_start carries.
 ojson message_head(const std::string& id, const std::string& model) {
   return {{"id", id},
           {"type", "message"},
@@ -267,26 +262,10 @@ ojson message_head(const std::string& id, const std::string& model) {
           {"stop_sequence", nullptr}};
 }
 
-// The text and calls a finished reply holds (calls only when tools are active).
-ToolReply read_reply(const std::string& text, const Tools& tools) {
-  return tools.active() ? parse_tool_output(text, tools) : ToolReply{text, {}};
-}
+namespace {
 
-void write_message(httplib::Response& res, const RequestStream& stream, ojson message,
-                   const std::string& text, const Tools& tools) {
-  if (!stream.error.empty() || stream.finish == FinishReason::cancelled) {
-    res.status = stream.error.empty() ? 503 : 500;
-    res.set_content(error_body(res.status, stream.error.empty() ? kShutdownMessage : stream.error),
-                    "application/json");
-    return;
-  }
-  const ToolReply reply = read_reply(text, tools);
-  message["content"] = content_blocks(reply.content, reply.calls);
-  message["stop_reason"] = stop_reason(stream.finish, stream.stop_string, !reply.calls.empty());
-  message["stop_sequence"] = stream.stop_string.empty() ? ojson() : ojson(stream.stop_string);
-  message["usage"] = usage(stream.prompt_tokens, stream.cached_tokens, stream.completion_tokens);
-  res.set_content(message.dump(-1, ' ', false, ojson::error_handler_t::replace),
-                  "application/json");
+ojson stop_sequence(const Outcome& o) {
+  return o.stop_string.empty() ? ojson() : ojson(o.stop_string);
 }
 
 // The events of one whole content block: start, its delta (when not empty), stop.
@@ -309,85 +288,48 @@ std::string block_events(size_t index, const ojson& block) {
 
 }  // namespace
 
-void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
-                 const std::string& id, const std::string& model,
-                 std::shared_ptr<const Tools> tools, bool streamed) {
-  if (!streamed) {
-    std::string text;
-    while (!stream->wait(text, std::chrono::milliseconds(1000))) {
-    }
-    write_message(res, *stream, message_head(id, model), text, *tools);
-    return;
+ojson message(ojson head, const ToolReply& reply, const Outcome& o) {
+  head["content"] = content_blocks(reply.content, reply.calls);
+  head["stop_reason"] = stop_reason(o.finish, o.stop_string, !reply.calls.empty());
+  head["stop_sequence"] = stop_sequence(o);
+  head["usage"] = usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens);
+  return head;
+}
+
+std::string stream_start(ojson head, bool held) {
+  head["usage"] = usage(0, 0, 0);
+  std::string out = event({{"type", "message_start"}, {"message", head}});
+  if (!held)
+    out += event({{"type", "content_block_start"},
+                  {"index", 0},
+                  {"content_block", {{"type", "text"}, {"text", ""}}}});
+  return out + event({{"type", "ping"}});
+}
+
+std::string text_delta(const std::string& text) {
+  const ojson delta = {{"type", "text_delta"}, {"text", text}};
+  return event({{"type", "content_block_delta"}, {"index", 0}, {"delta", delta}});
+}
+
+std::string stream_end(const ToolReply* held, const Outcome& o) {
+  std::string out;
+  if (held) {
+    const ojson blocks = content_blocks(held->content, held->calls);
+    for (size_t i = 0; i < blocks.size(); ++i) out += block_events(i, blocks[i]);
+  } else {
+    out = event({{"type", "content_block_stop"}, {"index", 0}});
   }
-  res.set_header("Cache-Control", "no-cache");
-  auto started = std::make_shared<bool>(false);
-  auto held = std::make_shared<std::string>();  // with tools: the whole reply
-  const bool hold = tools->active();
-  const ojson head = message_head(id, model);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [stream, started, held, hold, head, tools](size_t, httplib::DataSink& sink) {
-        auto send = [&](const std::string& s) {
-          if (sink.write(s.data(), s.size())) return true;
-          stream->cancel();
-          return false;
-        };
-        if (!*started) {
-          *started = true;
-          ojson message = head;
-          message["usage"] = usage(0, 0, 0);
-          std::string first = event({{"type", "message_start"}, {"message", message}});
-          if (!hold)
-            first += event({{"type", "content_block_start"},
-                            {"index", 0},
-                            {"content_block", {{"type", "text"}, {"text", ""}}}});
-          if (!send(first + event({{"type", "ping"}}))) return false;
-        }
-        std::string text;
-        const bool done = stream->wait(text, std::chrono::milliseconds(500));
-        if (hold) {
-          *held += text;
-          text.clear();
-        }
-        if (!text.empty()) {
-          const ojson delta = {{"type", "text_delta"}, {"text", text}};
-          if (!send(event({{"type", "content_block_delta"}, {"index", 0}, {"delta", delta}})))
-            return false;
-        } else if (!done && !send(event({{"type", "ping"}}))) {  // finds a closed socket
-          return false;
-        }
-        if (!done) return true;
-        if (!stream->error.empty() || stream->finish == FinishReason::cancelled) {
-          const int status = stream->error.empty() ? 503 : 500;
-          const std::string message = stream->error.empty() ? kShutdownMessage : stream->error;
-          if (!send("event: error\ndata: " + error_body(status, message) + "\n\n")) return false;
-        } else {
-          std::string tail;
-          bool tool_use = false;
-          if (hold) {
-            const ToolReply reply = read_reply(*held, *tools);
-            tool_use = !reply.calls.empty();
-            const ojson blocks = content_blocks(reply.content, reply.calls);
-            for (size_t i = 0; i < blocks.size(); ++i) tail += block_events(i, blocks[i]);
-          } else {
-            tail = event({{"type", "content_block_stop"}, {"index", 0}});
-          }
-          const ojson delta = {
-              {"stop_reason", stop_reason(stream->finish, stream->stop_string, tool_use)},
-              {"stop_sequence",
-               stream->stop_string.empty() ? ojson() : ojson(stream->stop_string)}};
-          tail += event({{"type", "message_delta"},
-                         {"delta", delta},
-                         {"usage", usage(stream->prompt_tokens, stream->cached_tokens,
-                                         stream->completion_tokens)}});
-          if (!send(tail + event({{"type", "message_stop"}}))) return false;
-        }
-        sink.done();
-        return true;
-      },
-      [stream](bool success) {
-        if (!success) stream->cancel();
-      });
+  const bool tool_use = held && !held->calls.empty();
+  const ojson delta = {{"stop_reason", stop_reason(o.finish, o.stop_string, tool_use)},
+                       {"stop_sequence", stop_sequence(o)}};
+  out += event({{"type", "message_delta"},
+                {"delta", delta},
+                {"usage", usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens)}});
+  return out + event({{"type", "message_stop"}});
+}
+
+std::string error_event(int status, const std::string& message) {
+  return "event: error\ndata: " + error_body(status, message) + "\n\n";
 }
 
 }  // namespace edgellm::anthropic

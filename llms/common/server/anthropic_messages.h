@@ -57,12 +57,36 @@ std::string error_body(int status, const std::string& message);
 // One server-sent event: "event: TYPE\ndata: JSON\n\n" (`data` carries "type": TYPE).
 std::string event(const ojson& data);
 
-// Writes the reply to a submitted request: one message object, or (`streamed`)
-// its events: message_start, content blocks (text deltas as they come; with
-// tools, held to the end and sent as text and tool_use blocks), message_delta
-// with stop_reason and usage, message_stop. An engine failure or the shutdown
-// is an error reply (an error event once streaming). `id`, `model`: the
-// message's. A failed write cancels the request.
+// How a request ended, as the reply reports it.
+struct Outcome {
+  FinishReason finish = FinishReason::stop;
+  std::string stop_string;  // the stop sequence that ended the text, if one did
+  size_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+};
+
+// The message object before its content: what message_start carries.
+ojson message_head(const std::string& id, const std::string& model);
+
+// The whole reply (not streamed): `head` with its content blocks, stop_reason,
+// stop_sequence and usage.
+ojson message(ojson head, const ToolReply& reply, const Outcome& outcome);
+
+// A streamed reply's events, in order: stream_start (message_start, then the
+// text block's start unless the reply is `held` to the end because tools are
+// active, then a ping); text_delta per piece of text; stream_end (a held
+// reply's text and tool_use blocks, whole; else the text block's stop; then
+// message_delta with stop_reason and usage, and message_stop). error_event
+// ends a stream that failed.
+std::string stream_start(ojson head, bool held);
+std::string text_delta(const std::string& text);
+std::string stream_end(const ToolReply* held, const Outcome& outcome);
+std::string error_event(int status, const std::string& message);
+
+// Writes the reply to a submitted request on `edgellm serve`
+// (anthropic_reply.cpp): one message object, or (`streamed`) its events, text
+// deltas as they come (with tools, held to the end). An engine failure or the
+// shutdown is an error reply (an error event once streaming). `id`, `model`:
+// the message's. A failed write cancels the request.
 void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
                  const std::string& id, const std::string& model,
                  std::shared_ptr<const Tools> tools, bool streamed);

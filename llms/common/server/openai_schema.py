@@ -306,6 +306,11 @@ def parse_request(body: bytes, chat: bool, model_name: str) -> ChatRequest | Com
     return r
 
 
+def check_body(body: bytes, model_name: str) -> None:
+    """What every route checks first: size, JSON within the depth bound, an object, the model."""
+    _load(body, model_name)
+
+
 def parse_tokenize(body: bytes, model_name: str) -> TokenizeRequest:
     """POST /tokenize's request (a chat's messages or a completion's prompt)."""
     r = _validate(TokenizeRequest, _load(body, model_name, TOOL_FIELDS))

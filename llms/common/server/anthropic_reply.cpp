@@ -1,0 +1,99 @@
+// The Messages API's reply on `edgellm serve`: a submitted request's stream
+// written through httplib as one message or as Anthropic's events, with the
+// shapes of anthropic_messages.h (which the Ray ingress writes too).
+#include <chrono>
+
+#include <httplib.h>
+
+#include "anthropic_messages.h"
+
+namespace edgellm::anthropic {
+
+namespace {
+
+constexpr const char* kShutdownMessage =
+    "the server shut down before the request finished; retry it";
+
+Outcome outcome(const RequestStream& s) {
+  return {s.finish, s.stop_string, s.prompt_tokens, s.cached_tokens, s.completion_tokens};
+}
+
+// The text and calls a finished reply holds (calls only when tools are active).
+ToolReply read_reply(const std::string& text, const Tools& tools) {
+  return tools.active() ? parse_tool_output(text, tools) : ToolReply{text, {}};
+}
+
+// A request the engine failed or the shutdown cancelled: its status and message.
+bool failed(const RequestStream& s, int& status, std::string& message) {
+  if (s.error.empty() && s.finish != FinishReason::cancelled) return false;
+  status = s.error.empty() ? 503 : 500;
+  message = s.error.empty() ? kShutdownMessage : s.error;
+  return true;
+}
+
+}  // namespace
+
+void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
+                 const std::string& id, const std::string& model,
+                 std::shared_ptr<const Tools> tools, bool streamed) {
+  if (!streamed) {
+    std::string text;
+    while (!stream->wait(text, std::chrono::milliseconds(1000))) {
+    }
+    int status = 200;
+    std::string error;
+    if (failed(*stream, status, error)) {
+      res.status = status;
+      res.set_content(error_body(status, error), "application/json");
+      return;
+    }
+    const ojson m = message(message_head(id, model), read_reply(text, *tools), outcome(*stream));
+    res.set_content(m.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  auto started = std::make_shared<bool>(false);
+  auto held = std::make_shared<std::string>();  // with tools: the whole reply
+  const bool hold = tools->active();
+  const ojson head = message_head(id, model);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [stream, started, held, hold, head, tools](size_t, httplib::DataSink& sink) {
+        auto send = [&](const std::string& s) {
+          if (sink.write(s.data(), s.size())) return true;
+          stream->cancel();
+          return false;
+        };
+        if (!*started) {
+          *started = true;
+          if (!send(stream_start(head, hold))) return false;
+        }
+        std::string text;
+        const bool done = stream->wait(text, std::chrono::milliseconds(500));
+        if (hold) {
+          *held += text;
+          text.clear();
+        }
+        if (!text.empty()) {
+          if (!send(text_delta(text))) return false;
+        } else if (!done && !send(event({{"type", "ping"}}))) {  // finds a closed socket
+          return false;
+        }
+        if (!done) return true;
+        int status = 200;
+        std::string error;
+        if (failed(*stream, status, error)) {
+          if (!send(error_event(status, error))) return false;
+        } else {
+          const ToolReply reply = read_reply(*held, *tools);
+          if (!send(stream_end(hold ? &reply : nullptr, outcome(*stream)))) return false;
+        }
+        sink.done();
+        return true;
+      },
+      [stream](bool success) {
+        if (!success) stream->cancel();
+      });
+}
+
+}  // namespace edgellm::anthropic
