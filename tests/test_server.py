@@ -1005,3 +1005,54 @@ def test_sigterm_cut_off_is_not_a_normal_end(smollm2_checkpoint: Path) -> None:
         assert headers.get("Retry-After")
     finally:
         assert s.stop() == 0
+
+
+# A template that shows what the request gave it beyond role and content.
+PROBE_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% if m.tool_call_id %} [id={{ m.tool_call_id }} name={{ m.name }}]{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if enable_thinking is defined %}thinking={{ enable_thinking }}\n{% endif %}"
+    "<|im_start|>assistant\n"
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_template_sees_kwargs_and_tool_result_fields(
+    smollm2_checkpoint: Path, tmp_path: Path, kind: str
+) -> None:
+    """chat_template_kwargs, a tool result's tool_call_id and name reach the model's template
+    on both servers (the text /tokenize returns is what the template wrote)."""
+    from transformers import AutoTokenizer
+
+    model = tmp_path / NAME
+    model.mkdir()
+    for f in smollm2_checkpoint.iterdir():
+        if f.name != "tokenizer_config.json":
+            (model / f.name).symlink_to(f)
+    config = json.loads((smollm2_checkpoint / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({**config, "chat_template": PROBE_TEMPLATE})
+    )
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "tool", "content": "18 C", "tool_call_id": "call_7", "name": "get_weather"},
+    ]
+    s = Server(model, kind=kind)
+    try:
+        body = {
+            "model": NAME,
+            "messages": messages,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+        status, reply, _ = s.post("/tokenize", json.dumps(body).encode())
+        assert status == 200, reply
+        text = AutoTokenizer.from_pretrained(smollm2_checkpoint).decode(reply["tokens"])
+        assert text == (
+            "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>tool\n18 C "
+            "[id=call_7 name=get_weather]<|im_end|>\nthinking=False\n<|im_start|>assistant"
+        )  # jinja2 drops the template's one trailing newline (keep_trailing_newline=False)
+        bad = {"model": NAME, "messages": messages, "chat_template_kwargs": [1]}
+        status, reply, _ = s.post("/tokenize", json.dumps(bad).encode())
+        assert status == 400 and reply["error"]["param"] == "chat_template_kwargs", reply
+    finally:
+        assert s.stop() == 0

@@ -134,25 +134,10 @@ nb::dict exec_config_dict(const edgellm::kernels::ExecConfig& c) {
   return d;
 }
 
-// OpenAI chat messages (a JSON list) as the engine's ChatMessage: content a
-// string (null or absent: empty), tool_calls as the server reads them.
-std::vector<edgellm::ChatMessage> openai_messages(const nlohmann::json& messages) {
-  if (!messages.is_array()) throw edgellm::Error("messages must be a JSON list");
-  std::vector<edgellm::ChatMessage> out;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const nlohmann::json& m = messages[i];
-    const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-      throw edgellm::Error(where + " must be an object with a string role");
-    edgellm::ChatMessage& msg = out.emplace_back();
-    msg.role = m["role"];
-    if (m.contains("content") && !m["content"].is_null()) msg.content = m["content"];
-    if (m.contains("tool_calls"))
-      msg.tool_calls = edgellm::parse_tool_calls(m["tool_calls"], where + ".tool_calls");
-    if (m.contains("tool_call_id")) msg.tool_call_id = m["tool_call_id"];
-    if (m.contains("name")) msg.name = m["name"];
-  }
-  return out;
+// OpenAI chat messages as JSON text, read as the server reads them
+// (edgellm::parse_chat_messages: ToolRequestError naming the field).
+std::vector<edgellm::ChatMessage> openai_messages(std::string_view messages_json) {
+  return edgellm::parse_chat_messages(nlohmann::json::parse(messages_json));
 }
 
 }  // namespace
@@ -306,10 +291,11 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
              std::string_view kwargs_json) {
             const auto tools = nlohmann::ordered_json::parse(tools_json);
             const auto kwargs = nlohmann::ordered_json::parse(kwargs_json);
-            const std::vector<edgellm::ChatMessage> messages =
-                openai_messages(nlohmann::json::parse(messages_json));
-            return edgellm::render_conversation(t, messages, add_generation_prompt,
-                                                edgellm::parse_tools(tools, nullptr), kwargs);
+            return with_tool_errors([&] {
+              return edgellm::render_conversation(t, openai_messages(messages_json),
+                                                  add_generation_prompt,
+                                                  edgellm::parse_tools(tools, nullptr), kwargs);
+            });
           },
           "messages_json"_a, "add_generation_prompt"_a = true, "tools_json"_a = "null",
           "kwargs_json"_a = "{}",
@@ -457,6 +443,20 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
                                             add_generation_prompt, tools);
       },
       "tokenizer"_a, "chat_template"_a, "messages"_a, "add_generation_prompt"_a, "tools"_a);
+  // The server's encoder: OpenAI messages as JSON text (role, content, tool_calls,
+  // tool_call_id, name), the request's Tools and chat_template_kwargs (JSON text).
+  m.def(
+      "encode_chat",
+      [](const edgellm::Tokenizer& tokenizer, const edgellm::ChatTemplate& chat_template,
+         std::string_view messages_json, const edgellm::Tools& tools,
+         std::string_view kwargs_json) {
+        return with_tool_errors([&] {
+          return edgellm::encode_conversation(tokenizer, chat_template,
+                                              openai_messages(messages_json), true, tools,
+                                              nlohmann::ordered_json::parse(kwargs_json));
+        });
+      },
+      "tokenizer"_a, "chat_template"_a, "messages_json"_a, "tools"_a, "kwargs_json"_a = "null");
   // ---- Model / Context / generate: the embedding API ------------------------
   nb::class_<edgellm::SamplerOptions>(m, "SamplerOptions")
       .def(nb::init<>())

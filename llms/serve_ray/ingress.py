@@ -85,14 +85,17 @@ def job_of(r: ChatRequest | CompletionRequest) -> dict[str, Any]:
 
 
 def prompt_of(r: Any) -> dict[str, Any]:
-    """{"messages": [(role, text, tool_calls JSON text or "")], "tools": {field: JSON text}}
-    or {"prompt": text}: what the replica encodes (checking the tool fields with the engine)."""
+    """{"messages": OpenAI messages as JSON text, "tools": {field: JSON text},
+    "template_kwargs": JSON text} or {"prompt": text}: what the replica encodes (checking the
+    messages and tool fields with the engine, as server.cpp does)."""
     if getattr(r, "messages", None) is not None:
-        messages = [
-            (m.role, m.text(), "" if m.tool_calls is None else json.dumps(m.tool_calls))
-            for m in r.messages
-        ]
-        return {"messages": messages, "tools": r.tool_fields()}
+        messages = [m.model_dump(exclude_none=True) for m in r.messages]
+        kwargs = getattr(r, "chat_template_kwargs", None)
+        return {
+            "messages": json.dumps(messages),
+            "tools": r.tool_fields(),
+            "template_kwargs": json.dumps(kwargs),
+        }
     return {"prompt": r.prompt if isinstance(r.prompt, str) else r.prompt[0]}
 
 

@@ -50,7 +50,7 @@ class EdgeLLMReplica:
             self.model, parallel, queue, prefill_chunk, cache_mb, lookup=lookup
         )
         self.eg = eg
-        self.encode_conversation = eg.encode_conversation
+        self.encode_chat = eg.encode_chat
         self.compile_response_format = eg.compile_response_format
         # Threads that wait on RequestStream.wait (the GIL released): one per admitted or
         # queued request, so no stream waits behind another.
@@ -73,26 +73,24 @@ class EdgeLLMReplica:
             raise ApiError(400, str(e), e.param) from None
 
     def prompt_tokens(self, job: dict[str, Any], tools: Any = None) -> list[int]:
-        """The engine's encode_conversation with tools (as server.cpp) or the prompt's encode."""
+        """The engine's chat encoder with tools (encode_chat, as server.cpp) or the prompt's
+        encode."""
         if "messages" in job:
             tools = tools if tools is not None else self.tools_of(job)
-            messages = []
-            for i, (role, text, calls) in enumerate(job["messages"]):
-                parsed = []
-                if calls:  # JSON text of an assistant's tool_calls
-                    try:
-                        parsed = self.eg.parse_tool_calls(calls, f"messages[{i}].tool_calls")
-                    except self.eg.ToolRequestError as e:
-                        raise ApiError(400, str(e), e.param) from None
-                messages.append((role, text, parsed))
             if not self.model.chat_template.available():
                 raise ApiError(
                     400, "this model has no chat template; use /v1/completions", "messages"
                 )
             try:
-                return self.encode_conversation(
-                    self.model.tokenizer, self.model.chat_template, messages, True, tools
+                return self.encode_chat(
+                    self.model.tokenizer,
+                    self.model.chat_template,
+                    job["messages"],
+                    tools,
+                    job.get("template_kwargs", "null"),
                 )
+            except self.eg.ToolRequestError as e:
+                raise ApiError(400, str(e), e.param) from None
             except Exception as e:  # the engine's one-line reason
                 raise ApiError(400, str(e), "messages") from None
         ids = self.model.tokenizer.encode(job["prompt"], True)

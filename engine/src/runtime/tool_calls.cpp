@@ -237,6 +237,62 @@ std::vector<ToolCall> parse_tool_calls(const json& tool_calls, const std::string
   return calls;
 }
 
+namespace {
+
+// A message's content: a string, or an array of {"type": "text", "text": ...} parts.
+std::string content_text(const json& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) bad(where, where + " must be a string or an array of text parts");
+  std::string text;
+  for (const json& part : content) {
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+        !part["text"].is_string())
+      bad(where, where + ": only {\"type\": \"text\", \"text\": ...} parts are supported");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+std::string optional_string(const json& m, const char* name, const std::string& where) {
+  const json* v = field(m, name);
+  if (!v) return {};
+  if (!v->is_string()) bad(where + "." + name, where + "." + name + " must be a string");
+  return v->get<std::string>();
+}
+
+}  // namespace
+
+std::vector<ChatMessage> parse_chat_messages(const json& messages) {
+  if (!messages.is_array() || messages.empty())
+    bad("messages", "'messages' must be a non-empty array");
+  std::vector<ChatMessage> chat;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad(where, where + " must be an object");
+    const json* role = field(m, "role");
+    if (!role || !role->is_string()) bad(where + ".role", where + ".role must be a string");
+    ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role == "developer") msg.role = "system";
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
+      bad(where + ".role", where + ".role must be system, developer, user, assistant or tool");
+    if (const json* tc = field(m, "tool_calls")) {
+      if (msg.role != "assistant")
+        bad(where + ".tool_calls", where + ".tool_calls is only allowed on assistant messages");
+      msg.tool_calls = parse_tool_calls(*tc, where + ".tool_calls");
+    }
+    const json* content = field(m, "content");
+    if (!content && msg.tool_calls.empty())
+      bad(where + ".content", "missing " + where + ".content");
+    if (content) msg.content = content_text(*content, where + ".content");
+    msg.tool_call_id = optional_string(m, "tool_call_id", where);
+    msg.name = optional_string(m, "name", where);
+    chat.push_back(std::move(msg));
+  }
+  return chat;
+}
+
 ojson call_schema(const Tools& tools) {
   ojson any = ojson::array();
   for (const ToolFunction& f : tools.functions) {
@@ -286,7 +342,8 @@ std::vector<ChatMessage> tool_conversation(const ChatTemplate& chat,
     }
   }
   for (const ChatMessage& m : messages) {
-    ChatMessage r{m.role, m.content};
+    ChatMessage r = m;  // tool_call_id and name stay: a template may show them
+    r.tool_calls.clear();
     for (const ToolCall& c : m.tool_calls) {
       if (!r.content.empty()) r.content += '\n';
       r.content += call_text(c);

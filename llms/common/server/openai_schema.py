@@ -80,7 +80,7 @@ class Message(BaseModel):
     model_config = _STRICT
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: str | list[TextPart] | None = None  # absent only beside an assistant's tool_calls
-    name: str | None = None  # no template we render uses it
+    name: str | None = None  # a tool result's function name, for templates that show it
     tool_call_id: str | None = None
     tool_calls: Any = None  # an assistant's calls, checked by the engine (parse_tool_calls)
 
@@ -153,6 +153,7 @@ class ToolFields(BaseModel):
 
 class ChatRequest(GenerationRequest, ToolFields):
     messages: Annotated[list[Message], Field(min_length=1)]
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
@@ -187,6 +188,7 @@ class TokenizeRequest(ToolFields):
     model_config = _STRICT
     model: str
     messages: Annotated[list[Message], Field(min_length=1)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | None = None
 
 

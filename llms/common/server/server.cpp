@@ -85,20 +85,6 @@ const json* optional_field(const json& body, const char* name) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
-// A message's content: a string, or an array of {"type": "text", "text": ...} parts.
-std::string content_text(const json& content, const std::string& where) {
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) bad(where, where + " must be a string or an array of text parts");
-  std::string text;
-  for (const json& part : content) {
-    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
-        !part["text"].is_string())
-      bad(where, where + ": only {\"type\": \"text\", \"text\": ...} parts are supported");
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
 // The fields each route honours. Anything else gets 400 naming it rather than
 // silence: a field we ignored could change what the client expects to get.
 // `user`, `metadata` and `store` are here because they never change the output.
@@ -313,7 +299,6 @@ struct Api {
       bad("messages", "'messages' must be a non-empty array");
     if (!model.chat_template().available())
       bad("messages", "this model has no chat template; use /v1/completions");
-    std::vector<ChatMessage> chat;
     for (size_t i = 0; i < messages->size(); ++i) {
       const json& m = (*messages)[i];
       const std::string where = "messages[" + std::to_string(i) + "]";
@@ -322,34 +307,12 @@ struct Api {
         if (!value.is_null() && !kMessageFields.contains(name))
           bad(where + "." + name,
               "unsupported field '" + where + "." + name + "': this server does not implement it");
-      const json* role = optional_field(m, "role");
-      if (!role || !role->is_string()) bad(where + ".role", where + ".role must be a string");
-      std::string r = role->get<std::string>();
-      if (r == "developer") r = "system";
-      if (r != "system" && r != "user" && r != "assistant" && r != "tool")
-        bad(where + ".role", where + ".role must be system, developer, user, assistant or tool");
-      std::vector<ToolCall> calls;
-      if (const json* tc = optional_field(m, "tool_calls")) {
-        if (r != "assistant")
-          bad(where + ".tool_calls", where + ".tool_calls is only allowed on assistant messages");
-        try {
-          calls = parse_tool_calls(*tc, where + ".tool_calls");
-        } catch (const ToolRequestError& e) {
-          bad(e.param(), e.what());
-        }
-      }
-      const json* content = optional_field(m, "content");
-      if (!content && calls.empty()) bad(where + ".content", "missing " + where + ".content");
-      chat.push_back({r, content ? content_text(*content, where + ".content") : "", calls});
-      if (const json* id = optional_field(m, "tool_call_id")) {
-        if (!id->is_string())
-          bad(where + ".tool_call_id", where + ".tool_call_id must be a string");
-        chat.back().tool_call_id = id->get<std::string>();
-      }
-      if (const json* name = optional_field(m, "name")) {
-        if (!name->is_string()) bad(where + ".name", where + ".name must be a string");
-        chat.back().name = name->get<std::string>();
-      }
+    }
+    std::vector<ChatMessage> chat;
+    try {
+      chat = parse_chat_messages(*messages);
+    } catch (const ToolRequestError& e) {
+      bad(e.param(), e.what());
     }
     // Extra variables for the template (vLLM's and llama-server's field), e.g.
     // {"enable_thinking": false}.
@@ -559,8 +522,8 @@ struct Api {
                 const httplib::ContentReader& reader) const {
     const std::string text = read_body(req, res, reader);
     const json body = parse_body(text);
-    check_fields(body,
-                 {"model", "messages", "prompt", "tools", "tool_choice", "parallel_tool_calls"});
+    check_fields(body, {"model", "messages", "prompt", "tools", "tool_choice",
+                        "parallel_tool_calls", "chat_template_kwargs"});
     const std::vector<int32_t> ids = body.contains("messages")
                                          ? chat_prompt(body, request_tools(body, text))
                                          : completion_prompt(body);
