@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "tokenizer/unicode.h"
+
 namespace edgellm::jinja::pystr {
 
 std::u32string decode(std::string_view s) {
@@ -41,21 +43,7 @@ std::u32string decode(std::string_view s) {
 }
 
 void append_utf8(std::string& out, char32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xc0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3f));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xe0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (c & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (c & 0x3f));
-  }
+  tok::append_utf8(out, static_cast<uint32_t>(c));  // the tokenizer's encoder
 }
 
 std::string encode(std::u32string_view s) {
