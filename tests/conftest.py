@@ -85,6 +85,19 @@ def smollm2_checkpoint() -> Path:
 EDGELLM_BIN = REPO / "build" / "edgellm"
 
 
+def with_chat_template(checkpoint: Path, parent: Path, template: str) -> Path:
+    """`checkpoint` under `parent` (same directory name: the served model id) with
+    `template` as its chat template; the other files are links to the originals."""
+    model = parent / checkpoint.name
+    model.mkdir()
+    for f in checkpoint.iterdir():
+        if f.name != "tokenizer_config.json":
+            (model / f.name).symlink_to(f)
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    return model
+
+
 def edgellm_cmd(subcommand: str = "run", deployment: str = "smollm2_135m") -> list[str]:
     """The argv prefix of `edgellm SUBCOMMAND --deployment DEPLOYMENT`."""
     return [str(EDGELLM_BIN), subcommand, "--deployment", deployment]

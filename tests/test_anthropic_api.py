@@ -183,7 +183,16 @@ def test_tool_result_round_equals_the_chat_route(server: Server) -> None:
 @pytest.mark.parametrize(
     "change, param",
     [
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        (  # output thinking is served (tests/test_reasoning.py); thinking blocks as input are not
+            {
+                "messages": [
+                    *ASK,
+                    {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]},
+                    {"role": "user", "content": "And?"},
+                ]
+            },
+            "thinking",
+        ),
         ({"max_tokens": None}, "max_tokens"),
         ({"temperature": 1.5}, "temperature"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),

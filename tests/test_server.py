@@ -27,7 +27,7 @@ import numpy as np
 import openai
 import pytest
 from common.server import openai_schema as schema
-from conftest import REPO
+from conftest import REPO, with_chat_template
 
 SERVER = REPO / "build" / "edgellm"  # `edgellm serve`
 KINDS = ["cpp", "ray"]
@@ -1024,15 +1024,7 @@ def test_template_sees_kwargs_and_tool_result_fields(
     on both servers (the text /tokenize returns is what the template wrote)."""
     from transformers import AutoTokenizer
 
-    model = tmp_path / NAME
-    model.mkdir()
-    for f in smollm2_checkpoint.iterdir():
-        if f.name != "tokenizer_config.json":
-            (model / f.name).symlink_to(f)
-    config = json.loads((smollm2_checkpoint / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(
-        json.dumps({**config, "chat_template": PROBE_TEMPLATE})
-    )
+    model = with_chat_template(smollm2_checkpoint, tmp_path, PROBE_TEMPLATE)
     messages = [
         {"role": "user", "content": "Weather?"},
         {"role": "tool", "content": "18 C", "tool_call_id": "call_7", "name": "get_weather"},

@@ -3,9 +3,11 @@
 // same C++ loop as edgellm_server instead of re-implementing it in Python.
 #include "serving.h"
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
@@ -13,6 +15,7 @@
 #include <memory>
 
 #include "edgellm/metrics.h"
+#include "edgellm/reasoning.h"
 #include "edgellm/scheduler.h"
 
 namespace nb = nanobind;
@@ -85,6 +88,31 @@ void bind_serving(nb::module_& m) {
           "cached_tokens", [](const RequestStream& s) { return s.cached_tokens; },
           "Prompt tokens whose KV came from the prefix cache instead of a prefill.");
 
+  m.def(
+      "chat_reasoning",
+      [](const edgellm::Model& model, const std::vector<int32_t>& prompt, bool forced_call,
+         int budget) {
+        const edgellm::GenerateOptions::Reasoning r = edgellm::chat_reasoning(
+            model.tokenizer(), model.chat_template(), prompt, forced_call, budget);
+        return std::make_tuple(r.enabled, r.started, r.budget);
+      },
+      "model"_a, "prompt"_a, "forced_call"_a, "budget"_a = -1,
+      "A chat reply's reasoning rules (edgellm/reasoning.h), (enabled, started, budget): on for "
+      "a template with <think> blocks, except for a forced tool call.");
+  using edgellm::ReasoningSplitter;
+  nb::class_<ReasoningSplitter>(m, "ReasoningSplitter",
+                                "A reasoning reply's text, as it streams, split into the "
+                                "<think> block's reasoning and the content after it.")
+      .def(nb::init<bool>(), "started"_a)
+      .def(
+          "feed",
+          [](ReasoningSplitter& s, std::string_view text, bool last) {
+            ReasoningSplitter::Piece p = s.feed(text, last);
+            return std::make_tuple(std::move(p.reasoning), std::move(p.content));
+          },
+          "text"_a, "last"_a = false,
+          "(reasoning, content) that became final; last: the reply ended, nothing is held.");
+
   nb::class_<BatchScheduler>(m, "Scheduler",
                              "edgellm_server's continuous batching over one Model: requests join "
                              "and leave between steps, one batched decode step per iteration.")
@@ -99,7 +127,7 @@ void bind_serving(nb::module_& m) {
           [](BatchScheduler& b, std::vector<int32_t> prompt, int max_tokens, float temperature,
              int top_k, float top_p, uint64_t seed, std::vector<std::string> stop, bool stop_at_eos,
              float min_p, float frequency_penalty, float presence_penalty, int logprobs,
-             const PyGrammar* grammar) {
+             const PyGrammar* grammar, std::optional<std::tuple<bool, bool, int>> reasoning) {
             edgellm::GenerateOptions o;
             o.max_tokens = max_tokens;
             o.sampling = {temperature,       top_k,           top_p, seed, min_p,
@@ -108,14 +136,19 @@ void bind_serving(nb::module_& m) {
             o.stop_at_eos = stop_at_eos;
             o.logprobs = logprobs;
             if (grammar) o.grammar = grammar->grammar;
+            if (reasoning) {
+              const auto [enabled, started, budget] = *reasoning;
+              o.reasoning = {.enabled = enabled, .started = started, .budget = budget};
+            }
             return b.scheduler->submit(std::move(prompt), std::move(o));
           },
           "prompt"_a, "max_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,
           "seed"_a = 0, "stop"_a = std::vector<std::string>{}, "stop_at_eos"_a = true,
           "min_p"_a = 0.0f, "frequency_penalty"_a = 0.0f, "presence_penalty"_a = 0.0f,
-          "logprobs"_a = -1, "grammar"_a = nanobind::none(),
+          "logprobs"_a = -1, "grammar"_a = nanobind::none(), "reasoning"_a = nanobind::none(),
           "Queues a request; None when the queue is full or the scheduler is stopping. grammar: "
-          "compile_response_format()'s structured output.")
+          "compile_response_format()'s structured output. reasoning: chat_reasoning()'s "
+          "(enabled, started, budget).")
       .def_prop_ro("stopping", [](const BatchScheduler& b) { return b.scheduler->stopping(); })
       .def(
           "load",

@@ -268,31 +268,7 @@ Tokenizer json_tokenizer(std::vector<std::string>& pieces) {
   for (char c = 0x20; c < 0x7F; ++c)
     if (std::find(pieces.begin(), pieces.end(), std::string(1, c)) == pieces.end())
       pieces.emplace_back(1, c);
-  nlohmann::json vocab = nlohmann::json::object();
-  for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = i;
-  nlohmann::json tok = {{"version", "1.0"},
-                        {"added_tokens",
-                         {{{"id", pieces.size()},
-                           {"content", "</s>"},
-                           {"single_word", false},
-                           {"lstrip", false},
-                           {"rstrip", false},
-                           {"normalized", false},
-                           {"special", true}}}},
-                        {"normalizer", nullptr},
-                        {"pre_tokenizer", nullptr},
-                        {"post_processor", nullptr},
-                        {"decoder", {{"type", "Fuse"}}},
-                        {"model",
-                         {{"type", "BPE"},
-                          {"dropout", nullptr},
-                          {"unk_token", nullptr},
-                          {"continuing_subword_prefix", nullptr},
-                          {"end_of_word_suffix", nullptr},
-                          {"fuse_unk", false},
-                          {"byte_fallback", false},
-                          {"vocab", vocab},
-                          {"merges", nlohmann::json::array()}}}};
+  const nlohmann::json tok = testing::piece_tokenizer_json(pieces, {{"</s>", true}});
   const auto dir = testing::make_temp_dir("json_grammar");
   testing::write_text(dir / "tokenizer.json", tok.dump());
   return Tokenizer::load(dir);

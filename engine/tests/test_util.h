@@ -39,6 +39,39 @@ inline void write_text(const std::filesystem::path& path, const std::string& tex
   std::ofstream(path, std::ios::binary) << text;
 }
 
+// A tokenizer.json of whole pieces (a BPE without merges, Fuse decoder): ids
+// 0.. are `pieces`, then `added` ({content, special}) as added tokens.
+inline nlohmann::json piece_tokenizer_json(const std::vector<std::string>& pieces,
+                                           const std::vector<std::pair<std::string, bool>>& added) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = i;
+  nlohmann::json added_tokens = nlohmann::json::array();
+  for (size_t i = 0; i < added.size(); ++i)
+    added_tokens.push_back({{"id", pieces.size() + i},
+                            {"content", added[i].first},
+                            {"single_word", false},
+                            {"lstrip", false},
+                            {"rstrip", false},
+                            {"normalized", false},
+                            {"special", added[i].second}});
+  return {{"version", "1.0"},
+          {"added_tokens", added_tokens},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", nullptr},
+          {"post_processor", nullptr},
+          {"decoder", {{"type", "Fuse"}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"vocab", vocab},
+            {"merges", nlohmann::json::array()}}}};
+}
+
 struct FakeTensor {
   std::vector<int64_t> shape;
   std::vector<uint16_t> bf16;

@@ -92,6 +92,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="no prompt-lookup decoding (on by default for a greedy request decoding alone)",
     )
     p.add_argument(
+        "--reasoning-budget",
+        type=_at_least(-1),
+        default=-1,
+        help="tokens a reasoning model may think (its <think> block) before the close is "
+        "forced; -1 = no limit, 0 = no thinking",
+    )
+    p.add_argument(
         "--drain", type=float, default=10.0, help="seconds running requests get on SIGTERM"
     )
     args = p.parse_args(argv)
@@ -169,6 +176,7 @@ def build_app(args: argparse.Namespace, path: Path, threads: int) -> Any:
         args.prefill_chunk,
         args.cache_mb,
         args.lookup,
+        args.reasoning_budget,
     )
     return OpenAIIngress.bind(bound, args.name or model_name(path))
 

@@ -81,6 +81,8 @@ def job_of(r: ChatRequest | CompletionRequest) -> dict[str, Any]:
         "response_format": None if r.response_format is None else json.dumps(r.response_format),
     }
     job.update(prompt_of(r))
+    if getattr(r, "reasoning_budget", None) is not None:
+        job["reasoning_budget"] = r.reasoning_budget
     return job
 
 
@@ -170,10 +172,17 @@ async def sse(
     pending: list[dict[str, Any]] = []  # logprobs whose text is still held back
     offset = [0]  # the legacy text_offset so far
 
-    def chunk(text: str, finish: str | None, with_logprobs: bool = False) -> dict[str, Any]:
+    def chunk(
+        text: str, finish: str | None, with_logprobs: bool = False, reasoning: str = ""
+    ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if chat:
-            if not text and finish is None:
+            if reasoning:  # a reasoning block's piece (with the content after it, if any)
+                choice["delta"] = {
+                    "reasoning_content": reasoning,
+                    **({"content": text} if text else {}),
+                }
+            elif not text and finish is None:
                 choice["delta"] = {"role": "assistant", "content": ""}
             else:
                 choice["delta"] = {"content": text} if finish is None else {}
@@ -193,8 +202,8 @@ async def sse(
             yield data(chunk("", None))
         async for event in events:
             pending.extend(event.get("logprobs", ()))
-            if event.get("text"):
-                yield data(chunk(event["text"], None, with_logprobs=True))
+            if event.get("text") or event.get("reasoning"):
+                yield data(chunk(event["text"], None, True, event.get("reasoning", "")))
             elif "finish_reason" in event:
                 if event["error"]:
                     yield data({"error": {"message": event["error"], "type": "server_error"}})
@@ -249,17 +258,20 @@ def outcome_args(last: dict[str, Any]) -> tuple[Any, ...]:
 async def anthropic_sse(events: Any, mid: str, model: str, held: bool, ended: Any):
     """server.cpp's Messages stream (anthropic_reply.cpp): the events are the shapes of
     anthropic_messages.h, written by the same C++ through edgellm_anthropic."""
+    blocks = messages_api.StreamEvents(mid, model)
     try:
-        yield messages_api.stream_start(mid, model, held)
+        yield blocks.start()
         async for event in events:
-            if event.get("text"):
-                yield messages_api.text_delta(event["text"])
+            if event.get("reasoning") or event.get("text"):
+                yield blocks.thinking(event.get("reasoning", "")) + blocks.text(
+                    event.get("text", "")
+                )
             elif "finish_reason" in event:
                 if event["error"]:
                     yield messages_api.error_event(500, event["error"])
                 else:
                     content, calls = reply_of(event)
-                    yield messages_api.stream_end(held, content, calls, *outcome_args(event))
+                    yield blocks.end(held, content, calls, *outcome_args(event))
     except Exception as e:  # noqa: BLE001 - the replica died mid-stream: say so, then end
         err = as_api_error(e)
         yield messages_api.error_event(err.status, err.message)
@@ -371,14 +383,15 @@ class OpenAIIngress:
             if not streaming:  # a stream counts itself out when it ends (sse's finally)
                 self.inflight -= 1
 
-    async def admitted(self, r: Any) -> Any:
-        """The replica's event stream for `r` once admitted, or its refusal as an ApiError."""
+    async def admitted(self, r: Any) -> tuple[Any, dict[str, Any]]:
+        """The replica's event stream for `r` and its first event once admitted, or its
+        refusal as an ApiError."""
         events = self.replica.options(stream=True).generate.remote(job_of(r))
         try:
-            await events.__anext__()
+            first = await events.__anext__()
         except Exception as e:  # noqa: BLE001
             raise as_api_error(e) from None
-        return events
+        return events, first
 
     def stream_ended(self) -> None:
         self.inflight -= 1
@@ -397,7 +410,7 @@ class OpenAIIngress:
         self.next_id += 1
         if r.stream:
             try:
-                events = await self.admitted(r)
+                events, _ = await self.admitted(r)
             except ApiError as e:
                 return error_response(e)
             head["object"] = "chat.completion.chunk" if chat else "text_completion"
@@ -425,6 +438,8 @@ class OpenAIIngress:
                 }
             elif "content" in last:  # parsed with tools, no call: the text as generated
                 choice["message"]["content"] = last["content"]
+            if last.get("reasoning"):
+                choice["message"]["reasoning_content"] = last["reasoning"]
         else:
             choice["text"] = last["text"]
         asked = r.logprobs_count() >= 0
@@ -443,14 +458,13 @@ class OpenAIIngress:
             return anthropic_error(e)
         mid = f"msg_{self.next_id}"
         self.next_id += 1
-        held = bool(r.tools) and r.tool_choice != "none"
         if r.stream:
             try:
-                events = await self.admitted(r)
+                events, first = await self.admitted(r)
             except ApiError as e:
                 return anthropic_error(e)
             return StreamingResponse(
-                anthropic_sse(events, mid, self.name, held, self.stream_ended),
+                anthropic_sse(events, mid, self.name, first["held"], self.stream_ended),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
@@ -461,5 +475,7 @@ class OpenAIIngress:
         if last["error"]:
             return anthropic_error(ApiError(500, last["error"]))
         content, calls = reply_of(last)
-        reply = messages_api.message(mid, self.name, content, calls, *outcome_args(last))
+        reply = messages_api.message(
+            mid, self.name, content, calls, *outcome_args(last), last.get("reasoning", "")
+        )
         return Response(reply, media_type="application/json")

@@ -42,6 +42,7 @@ class EdgeLLMReplica:
         prefill_chunk: int,
         cache_mb: int,
         lookup: bool = True,
+        reasoning_budget: int = -1,
     ) -> None:
         eg = engine()
         self.model = eg.Model()
@@ -50,6 +51,7 @@ class EdgeLLMReplica:
             self.model, parallel, queue, prefill_chunk, cache_mb, lookup=lookup
         )
         self.eg = eg
+        self.reasoning_budget = reasoning_budget  # --reasoning-budget: a request's own wins
         self.encode_chat = eg.encode_chat
         self.compile_response_format = eg.compile_response_format
         # Threads that wait on RequestStream.wait (the GIL released): one per admitted or
@@ -131,11 +133,17 @@ class EdgeLLMReplica:
                 raise ApiError(400, str(e), e.param) from None
         return grammar
 
-    def submit(self, job: dict[str, Any]) -> tuple[Any, Any]:
-        """The request's stream and its edgellm.Tools (None for a completion)."""
+    def submit(self, job: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """The request's stream, its edgellm.Tools (None for a completion) and, for a reasoning
+        template's reply, an edgellm.ReasoningSplitter for its text (else None)."""
         tools = self.tools_of(job) if "messages" in job else None
         prompt = self.prompt_tokens(job, tools)
         grammar = self.grammar(job, tools)
+        reasoning = None
+        if tools is not None:  # a chat request: server.cpp's think()
+            reasoning = self.eg.chat_reasoning(
+                self.model, prompt, tools.forced, job.get("reasoning_budget", self.reasoning_budget)
+            )
         stream = self.scheduler.submit(
             prompt,
             self.max_tokens(prompt, job["max_tokens"]),
@@ -150,12 +158,14 @@ class EdgeLLMReplica:
             presence_penalty=job["presence_penalty"],
             logprobs=job["logprobs"],
             grammar=grammar,
+            reasoning=reasoning,
         )
         if stream is None:
             if self.scheduler.stopping:
                 raise ApiError(503, "the server is shutting down")
             raise ApiError(429, "the request queue is full; retry later", None, "queue_full")
-        return stream, tools
+        split = self.eg.ReasoningSplitter(reasoning[1]) if reasoning and reasoning[0] else None
+        return stream, tools, split
 
     def logprob_entry(self, token: int, logprob: float) -> dict[str, Any]:
         """server.cpp's logprob_entry: the token's text (U+FFFD for part of a character),
@@ -197,8 +207,9 @@ class EdgeLLMReplica:
         }
 
     async def complete(self, job: dict[str, Any]) -> dict[str, Any]:
-        """A whole completion in one call: {"text"} and the outcome (one Ray round trip)."""
-        stream, tools = self.submit(job)
+        """A whole completion in one call: {"text"} (a reasoning reply's content, its block
+        as "reasoning") and the outcome (one Ray round trip)."""
+        stream, tools, split = self.submit(job)
         loop = asyncio.get_running_loop()
         data, done, records = b"", False, []
         try:
@@ -209,31 +220,37 @@ class EdgeLLMReplica:
         except BaseException:  # cancelled (the client went away): free the slot
             stream.cancel()
             raise
-        text = data.decode("utf-8", "replace")
+        text, reasoning = data.decode("utf-8", "replace"), ""
+        if split is not None:
+            reasoning, text = split.feed(text, True)
         return {
             "text": text,
+            "reasoning": reasoning,
             "logprobs": self.logprobs(records),
             **self.outcome(stream, tools, text),
         }
 
     async def generate(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Events: {"prompt_tokens"} once admitted, {"text"} pieces, then the outcome. With
-        active tools the text is held: the outcome carries the parsed reply instead."""
-        stream, tools = self.submit(job)
+        """Events: {"prompt_tokens", "held"} once admitted, {"text", "reasoning"} pieces (the
+        reasoning block's apart), then the outcome. With active tools the text is held: the
+        outcome carries the parsed reply instead."""
+        stream, tools, split = self.submit(job)
         hold = tools is not None and tools.active
         held = ""
-        yield {"prompt_tokens": stream.prompt_tokens}
+        yield {"prompt_tokens": stream.prompt_tokens, "held": hold}
         loop = asyncio.get_running_loop()
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         try:
             done = False
             while not done:
                 data, done, lp = await loop.run_in_executor(self.waiters, stream.wait, 1000)
-                text = utf8.decode(data, final=done)
+                text, reasoning = utf8.decode(data, final=done), ""
+                if split is not None:
+                    reasoning, text = split.feed(text, done)
                 if hold:
                     held, text = held + text, ""
-                if text or lp:
-                    yield {"text": text, "logprobs": self.logprobs(lp)}
+                if text or reasoning or lp:
+                    yield {"text": text, "reasoning": reasoning, "logprobs": self.logprobs(lp)}
         except BaseException:  # the client went away (Ray cancels this generator): free the slot
             stream.cancel()
             raise

@@ -57,6 +57,14 @@ struct GenerateOptions {
   // allowed only when the document is complete; a complete document that
   // nothing may extend ends the generation ("stop"). Turns lookup off.
   std::shared_ptr<const JsonGrammar> grammar;
+  // A reasoning model's reply (edgellm/reasoning.h): `grammar` binds only after
+  // the reasoning block, and a budget >= 0 closes the block (kThinkClose's
+  // tokens forced in) once it holds that many tokens.
+  struct Reasoning {
+    bool enabled = false;  // the template lays out reasoning blocks
+    bool started = false;  // the prompt opened the block
+    int budget = -1;       // -1: the model closes it
+  } reasoning;
 };
 
 struct TokenLogprobs {
@@ -98,8 +106,14 @@ class Generation {
 
  private:
   Step emit(int32_t token, bool flush);
-  // The logits with every token the grammar forbids at -inf (empty: none allowed).
-  std::span<const float> constrain(std::span<const float> logits);
+  // The logits with every token the grammar forbids at -inf (empty: none
+  // allowed); `also` (>= 0) is allowed beside them.
+  std::span<const float> constrain(std::span<const float> logits, int32_t also = -1);
+  // Follows the reasoning block through a token's text `piece`; forces the
+  // close past the budget. Returns the text past the close that starts the
+  // answer (for the grammar), when this piece closed it.
+  std::string track_reasoning(const std::string& piece);
+  void force_close();  // the next tokens are the close's
 
   const ModelConfig* config_;
   struct Constraint;                        // the grammar's matcher and mask (generate.cpp)
@@ -113,6 +127,16 @@ class Generation {
   int sampled_ = 0;
   FinishReason finish_ = FinishReason::none;
   std::string stop_string_;
+  // The reasoning block (options_.reasoning): where the reply is, the block's
+  // text not yet searched for the close, its tokens, the tokens to force.
+  enum class Phase { answer, undecided, thinking };
+  Phase phase_ = Phase::answer;
+  std::string thought_;
+  int thought_tokens_ = 0;
+  int32_t open_token_ = -1;  // kThinkOpen as one token (-1: none)
+  std::vector<int32_t> close_tokens_;
+  std::deque<int32_t> forced_;
+  bool closing_ = false;  // the close was forced in
 };
 
 // Prompt-lookup decoding for one greedy sequence: n-gram drafts copied from

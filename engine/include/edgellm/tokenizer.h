@@ -127,7 +127,7 @@ class ChatTemplate {
   // The template text itself; `source` names where it came from in messages.
   static ChatTemplate from_text(const std::string& tmpl, const std::string& bos_token,
                                 const std::string& source, const std::string& eos_token = "");
-  bool available() const { return !text_.empty(); }
+  bool available() const { return program_ || !parse_error_.empty(); }
   // Throws Error for a template that failed to parse (naming the construct and
   // line) or that refuses the conversation (raise_exception: jinja::RaisedError).
   // `content_spans`, when given, receives where each message's content landed
@@ -150,15 +150,18 @@ class ChatTemplate {
   // The template raises unless roles alternate user/assistant (Gemma): a tool
   // result goes in a user turn there.
   bool alternates() const { return alternates_; }
+  // The template lays out reasoning blocks (<think>...</think>: Qwen3, DeepSeek
+  // R1): replies are split into reasoning and content (edgellm/reasoning.h).
+  bool thinks() const { return thinks_; }
 
  private:
-  std::string text_;
   std::shared_ptr<const jinja::Template> program_;  // null when the text did not parse
   std::string parse_error_;                         // why, naming the line
   std::string name_ = "none";
   std::string source_;  // where the template came from, for error messages
   std::string bos_token_, eos_token_;
   std::string default_system_;
+  bool thinks_ = false;
   std::string call_prefix_;
   bool renders_tools_ = false;
   bool alternates_ = false;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "edgellm/error.h"
+#include "edgellm/reasoning.h"
 #include "runtime/token_mask.h"
 
 namespace edgellm {
@@ -56,9 +57,23 @@ Generation::Generation(const Tokenizer& tokenizer, const ModelConfig& config,
     options_.lookup = false;
     constraint_ = std::make_shared<Constraint>(tokenizer, options_.grammar);
   }
+  if (options_.reasoning.enabled) {
+    open_token_ = tokenizer.token_to_id(kThinkOpen);
+    close_tokens_ = tokenizer.encode(kThinkClose);
+    // Under a grammar a reply can only open the block with kThinkOpen's own token.
+    phase_ = options_.reasoning.started       ? Phase::thinking
+             : constraint_ && open_token_ < 0 ? Phase::answer
+                                              : Phase::undecided;
+    if (phase_ == Phase::thinking && options_.reasoning.budget == 0) force_close();
+  }
 }
 
-std::span<const float> Generation::constrain(std::span<const float> logits) {
+void Generation::force_close() {
+  forced_.assign(close_tokens_.begin(), close_tokens_.end());
+  closing_ = true;
+}
+
+std::span<const float> Generation::constrain(std::span<const float> logits, int32_t also) {
   Constraint& c = *constraint_;
   c.masker.compute(c.bits);
   const bool complete = c.matcher.complete();
@@ -90,8 +105,41 @@ std::span<const float> Generation::constrain(std::span<const float> logits) {
     for (size_t i = 0; i < vocab; ++i)
       if (c.masked[i] != kForbidden && stop_id(i)) c.masked[i] = kForbidden;
   }
+  if (also >= 0 && static_cast<size_t>(also) < logits.size()) {
+    c.masked[static_cast<size_t>(also)] = logits[static_cast<size_t>(also)];
+    any = true;
+  }
   if (!any) return {};
   return c.masked;
+}
+
+std::string Generation::track_reasoning(const std::string& piece) {
+  thought_ += piece;
+  if (phase_ == Phase::undecided) {  // decided by the text (no grammar)
+    const std::string_view rest = std::string_view(thought_).substr(
+        std::min(thought_.size(), thought_.find_first_not_of(" \t\r\n")));
+    if (rest.starts_with(kThinkOpen)) {
+      thought_ = std::string(rest.substr(kThinkOpen.size()));
+      phase_ = Phase::thinking;
+    } else {
+      if (!kThinkOpen.starts_with(rest)) phase_ = Phase::answer;
+      return {};
+    }
+  } else {
+    ++thought_tokens_;
+  }
+  if (const size_t close = thought_.find(kThinkClose); close != std::string::npos) {
+    phase_ = Phase::answer;
+    forced_.clear();
+    // What the close's token carried past it (whitespace aside) starts the answer.
+    std::string_view rest = std::string_view(thought_).substr(close + kThinkClose.size());
+    rest.remove_prefix(std::min(rest.size(), rest.find_first_not_of(" \t\r\n")));
+    return std::string(rest);
+  }
+  thought_.erase(0, thought_.size() - std::min(thought_.size(), kThinkClose.size() - 1));
+  if (!closing_ && options_.reasoning.budget >= 0 && thought_tokens_ >= options_.reasoning.budget)
+    force_close();
+  return {};
 }
 
 Generation::Step Generation::next(std::span<const float> logits) {
@@ -99,13 +147,20 @@ Generation::Step Generation::next(std::span<const float> logits) {
   if (options_.cancel && options_.cancel->load(std::memory_order_relaxed))
     return finish(FinishReason::cancelled);
   std::span<const float> sampled_logits = logits;
-  if (constraint_) {
-    sampled_logits = constrain(logits);
+  const bool constrained = constraint_ && phase_ != Phase::thinking && forced_.empty();
+  if (constrained) {
+    sampled_logits = constrain(logits, phase_ == Phase::undecided ? open_token_ : -1);
     // Nothing allowed (a schema that cannot be completed): end rather than break it.
     if (sampled_logits.empty()) return finish(FinishReason::stop);
   }
-  int32_t token = sampler_.sample(sampled_logits);
-  if (constraint_ &&
+  int32_t token = -1;
+  if (!forced_.empty()) {  // the reasoning budget's close: not sampled
+    token = forced_.front();
+    forced_.pop_front();
+  } else {
+    token = sampler_.sample(sampled_logits);
+  }
+  if (constrained &&
       sampled_logits[static_cast<size_t>(token)] == -std::numeric_limits<float>::infinity()) {
     // The sampler's rounding fallback landed on a forbidden id: take the best allowed.
     token = static_cast<int32_t>(std::max_element(sampled_logits.begin(), sampled_logits.end()) -
@@ -132,13 +187,31 @@ Generation::Step Generation::next(std::span<const float> logits) {
     });
   }
   tokens_.push_back(token);
-  pending_ += stream_.push(token);
+  const std::string piece = stream_.push(token);
+  pending_ += piece;
   bool document_ended = false;
-  if (constraint_) {
+  const auto feed_grammar = [&] {
     if (!constraint_->matcher.accept(constraint_->index->bytes(token)))
       throw Error("structured output: the grammar rejected a token its mask allowed");
-    document_ended = constraint_->matcher.ended();
+  };
+  if (phase_ == Phase::undecided && constraint_) {
+    // Under a grammar the first token decides: kThinkOpen's opens the block,
+    // any other is the grammar's.
+    phase_ = token == open_token_ ? Phase::thinking : Phase::answer;
+    if (phase_ == Phase::answer) feed_grammar();
+    if (phase_ == Phase::thinking && options_.reasoning.budget == 0) force_close();
+  } else if (phase_ != Phase::answer) {
+    const std::string answer_start = track_reasoning(piece);
+    // A close token that carried text past the block: the grammar must take it,
+    // or the answer cannot be the grammar's and it ends here.
+    if (constraint_ && !answer_start.empty() && !constraint_->matcher.accept(answer_start)) {
+      pending_ += stream_.flush();
+      finish_ = FinishReason::stop;
+    }
+  } else if (constraint_) {
+    feed_grammar();
   }
+  if (constraint_) document_ended = constraint_->matcher.ended();
   // The earliest stop string in the held-back text ends the generation there.
   size_t cut = std::string::npos;
   for (const std::string& stop : options_.stop_strings)

@@ -10,6 +10,7 @@
 #include "edgellm/error.h"
 #include "edgellm/jinja.h"
 #include "edgellm/json_file.h"
+#include "edgellm/reasoning.h"
 #include "edgellm/tokenizer.h"
 #include "json_util.h"
 #include "unicode.h"
@@ -100,17 +101,17 @@ std::string chatml_default_system(const std::string& t) {
 
 // A marker no template writes and no filter of trim's kind changes: private-use
 // code points around the message's index.
-std::string content_marker(size_t i) {
-  return "\xEE\x80\x80" + std::to_string(i) + "\xEE\x80\x81";
-}
 constexpr std::string_view kMarkerOpen = "\xEE\x80\x80", kMarkerClose = "\xEE\x80\x81";
+std::string content_marker(size_t i) {
+  return std::string(kMarkerOpen) + std::to_string(i) + std::string(kMarkerClose);
+}
 
 // A message as transformers' templates read it (OpenAI's shape): content is
 // left out of an assistant turn that only calls tools, as clients send it;
 // call arguments are objects, as the templates' `arguments | tojson` expects.
-nlohmann::ordered_json message_json(const ChatMessage& m, const std::string& content) {
+nlohmann::ordered_json message_json(const ChatMessage& m) {
   nlohmann::ordered_json j = {{"role", m.role}};
-  if (!content.empty() || m.tool_calls.empty()) j["content"] = content;
+  if (!m.content.empty() || m.tool_calls.empty()) j["content"] = m.content;
   if (!m.tool_calls.empty()) {
     nlohmann::ordered_json calls = nlohmann::ordered_json::array();
     for (const ToolCall& c : m.tool_calls) {
@@ -227,14 +228,13 @@ ChatTemplate ChatTemplate::from_text(const std::string& tmpl, const std::string&
                                      const std::string& source, const std::string& eos_token) {
   ChatTemplate ct;
   if (tmpl.empty()) return ct;
-  ct.text_ = tmpl;
   ct.source_ = source;
   ct.bos_token_ = bos_token;
   ct.eos_token_ = eos_token;
   try {
     ct.program_ = std::make_shared<const jinja::Template>(jinja::Template::parse(tmpl));
   } catch (const jinja::TemplateError& e) {
-    ct.parse_error_ = e.what();
+    ct.parse_error_ = e.what();  // kept: chat requests get it, completions still work
   }
   const auto has = [&](std::string_view s) { return tmpl.find(s) != std::string::npos; };
   ct.name_ = has("<|im_start|>")          ? "chatml"
@@ -247,6 +247,7 @@ ChatTemplate ChatTemplate::from_text(const std::string& tmpl, const std::string&
                     : has("[TOOL_CALLS]") ? "[TOOL_CALLS]"
                                           : "";
   ct.alternates_ = has("must alternate");
+  ct.thinks_ = has(kThinkClose);
   return ct;
 }
 
@@ -262,20 +263,15 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add
   in.bos_token = bos_token_;
   in.eos_token = eos_token_;
   in.extra = inputs.kwargs;
-  auto render_with = [&](auto content_of) {
-    in.messages = nlohmann::ordered_json::array();
-    for (size_t i = 0; i < messages.size(); ++i)
-      in.messages.push_back(message_json(messages[i], content_of(i)));
-    return jinja::render_chat(*program_, in);
-  };
+  for (const ChatMessage& m : messages) in.messages.push_back(message_json(m));
   try {
-    std::string text = render_with([&](size_t i) { return messages[i].content; });
+    std::string text = jinja::render_chat(*program_, in);
     if (content_spans) {
+      // The same inputs with each non-empty content replaced by its marker.
+      for (size_t i = 0; i < messages.size(); ++i)
+        if (!messages[i].content.empty()) in.messages[i]["content"] = content_marker(i);
       try {
-        const std::string marked = render_with([&](size_t i) {
-          return messages[i].content.empty() ? std::string() : content_marker(i);
-        });
-        locate_contents(text, marked, messages, *content_spans);
+        locate_contents(text, jinja::render_chat(*program_, in), messages, *content_spans);
       } catch (const jinja::TemplateError&) {
         // A template that reads the content itself (parses it, ...): no spans.
       }

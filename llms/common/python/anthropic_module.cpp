@@ -52,32 +52,36 @@ NB_MODULE(edgellm_anthropic, m) {
       "message",
       [](const std::string& id, const std::string& model, const std::string& content,
          const Calls& calls, const std::string& finish, const std::string& stop_string,
-         size_t prompt_tokens, size_t cached_tokens, size_t completion_tokens) {
+         size_t prompt_tokens, size_t cached_tokens, size_t completion_tokens,
+         const std::string& thinking) {
         return dump(an::message(
             an::message_head(id, model), reply_of(content, calls),
-            outcome_of(finish, stop_string, prompt_tokens, cached_tokens, completion_tokens)));
+            outcome_of(finish, stop_string, prompt_tokens, cached_tokens, completion_tokens),
+            thinking));
       },
       "id"_a, "model"_a, "content"_a, "calls"_a, "finish"_a, "stop_string"_a, "prompt_tokens"_a,
-      "cached_tokens"_a, "completion_tokens"_a, "the whole reply's JSON text");
-  m.def(
-      "stream_start",
-      [](const std::string& id, const std::string& model, bool held) {
-        return an::stream_start(an::message_head(id, model), held);
-      },
-      "id"_a, "model"_a, "held"_a);
-  m.def("text_delta", &an::text_delta, "text"_a);
-  m.def(
-      "stream_end",
-      [](bool held, const std::string& content, const Calls& calls, const std::string& finish,
-         const std::string& stop_string, size_t prompt_tokens, size_t cached_tokens,
-         size_t completion_tokens) {
-        const edgellm::ToolReply reply = reply_of(content, calls);
-        return an::stream_end(
-            held ? &reply : nullptr,
-            outcome_of(finish, stop_string, prompt_tokens, cached_tokens, completion_tokens));
-      },
-      "held"_a, "content"_a, "calls"_a, "finish"_a, "stop_string"_a, "prompt_tokens"_a,
-      "cached_tokens"_a, "completion_tokens"_a);
+      "cached_tokens"_a, "completion_tokens"_a, "thinking"_a = "", "the whole reply's JSON text");
+  nb::class_<an::StreamEvents>(m, "StreamEvents", "a streamed reply's events, blocks indexed")
+      .def(
+          "__init__",
+          [](an::StreamEvents* self, const std::string& id, const std::string& model) {
+            new (self) an::StreamEvents(an::message_head(id, model));
+          },
+          "id"_a, "model"_a)
+      .def("start", &an::StreamEvents::start)
+      .def("thinking", &an::StreamEvents::thinking, "text"_a)
+      .def("text", &an::StreamEvents::text, "text"_a)
+      .def(
+          "end",
+          [](an::StreamEvents& self, bool held, const std::string& content, const Calls& calls,
+             const std::string& finish, const std::string& stop_string, size_t prompt_tokens,
+             size_t cached_tokens, size_t completion_tokens) {
+            const edgellm::ToolReply reply = reply_of(content, calls);
+            return self.end(held ? &reply : nullptr, outcome_of(finish, stop_string, prompt_tokens,
+                                                                cached_tokens, completion_tokens));
+          },
+          "held"_a, "content"_a, "calls"_a, "finish"_a, "stop_string"_a, "prompt_tokens"_a,
+          "cached_tokens"_a, "completion_tokens"_a);
   m.def("error_body", &an::error_body, "status"_a, "message"_a);
   m.def("error_event", &an::error_event, "status"_a, "message"_a);
 }

@@ -167,7 +167,7 @@ void chat_tool_choice(const ojson& choice, ojson& out) {
 ojson to_chat_request(const ojson& body) {
   check_keys(body,
              {"model", "max_tokens", "messages", "system", "stop_sequences", "stream",
-              "temperature", "top_p", "top_k", "tools", "tool_choice", "metadata"},
+              "temperature", "top_p", "top_k", "tools", "tool_choice", "metadata", "thinking"},
              "");
   ojson out = ojson::object();
   out["model"] = body.value("model", ojson());
@@ -180,6 +180,26 @@ ojson to_chat_request(const ojson& body) {
     if (!t->is_number() || t->get<double>() < 0 || t->get<double>() > 1)
       bad("temperature", "'temperature' must be a number in [0, 1]");
     out["temperature"] = *t;
+  }
+  // Extended thinking, for a reasoning model's template: the block's budget
+  // (disabled: none, the block is closed at once). Anthropic's minimum of 1024
+  // is not imposed: small models think briefly.
+  if (const ojson* t = field(body, "thinking")) {
+    if (!t->is_object()) bad("thinking", "'thinking' must be an object");
+    check_keys(*t, {"type", "budget_tokens"}, "thinking");
+    const ojson type = t->value("type", ojson());
+    if (type == "enabled") {
+      const ojson* b = field(*t, "budget_tokens");
+      if (!b || !b->is_number_integer() || b->get<int64_t>() < 0 || b->get<int64_t>() > 1 << 30)
+        bad("thinking.budget_tokens", "'thinking.budget_tokens' must be a non-negative integer");
+      out["reasoning_budget"] = *b;
+    } else if (type == "disabled") {
+      if (field(*t, "budget_tokens"))
+        bad("thinking.budget_tokens", "'budget_tokens' goes with thinking.type enabled");
+      out["reasoning_budget"] = 0;
+    } else {
+      bad("thinking.type", "thinking.type must be enabled or disabled");
+    }
   }
   if (const ojson* s = field(body, "stop_sequences")) {
     if (!s->is_array()) bad("stop_sequences", "'stop_sequences' must be an array of strings");
@@ -217,8 +237,12 @@ std::string stop_reason(FinishReason finish, const std::string& stop_string, boo
   return stop_string.empty() ? "end_turn" : "stop_sequence";
 }
 
-ojson content_blocks(const std::string& text, const std::vector<ToolCall>& calls) {
+ojson content_blocks(const std::string& text, const std::vector<ToolCall>& calls,
+                     const std::string& thinking) {
   ojson blocks = ojson::array();
+  // No signature: Anthropic's verifies its own models' thinking; ours has none to give.
+  if (!thinking.empty())
+    blocks.push_back({{"type", "thinking"}, {"thinking", thinking}, {"signature", ""}});
   if (!text.empty() || calls.empty()) blocks.push_back({{"type", "text"}, {"text", text}});
   for (const ToolCall& c : calls)
     blocks.push_back({{"type", "tool_use"},
@@ -288,36 +312,59 @@ std::string block_events(size_t index, const ojson& block) {
 
 }  // namespace
 
-ojson message(ojson head, const ToolReply& reply, const Outcome& o) {
-  head["content"] = content_blocks(reply.content, reply.calls);
+ojson message(ojson head, const ToolReply& reply, const Outcome& o, const std::string& thinking) {
+  head["content"] = content_blocks(reply.content, reply.calls, thinking);
   head["stop_reason"] = stop_reason(o.finish, o.stop_string, !reply.calls.empty());
   head["stop_sequence"] = stop_sequence(o);
   head["usage"] = usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens);
   return head;
 }
 
-std::string stream_start(ojson head, bool held) {
+std::string StreamEvents::start() const {
+  ojson head = head_;
   head["usage"] = usage(0, 0, 0);
-  std::string out = event({{"type", "message_start"}, {"message", head}});
-  if (!held)
-    out += event({{"type", "content_block_start"},
-                  {"index", 0},
-                  {"content_block", {{"type", "text"}, {"text", ""}}}});
-  return out + event({{"type", "ping"}});
+  return event({{"type", "message_start"}, {"message", head}}) + event({{"type", "ping"}});
 }
 
-std::string text_delta(const std::string& text) {
+std::string StreamEvents::open(Block block) {
+  if (open_ == block) return "";
+  std::string out = close();
+  open_ = block;
+  const ojson start = block == Block::thinking
+                          ? ojson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                          : ojson{{"type", "text"}, {"text", ""}};
+  had_text_ |= block == Block::text;
+  return out +
+         event({{"type", "content_block_start"}, {"index", index_}, {"content_block", start}});
+}
+
+std::string StreamEvents::close() {
+  if (open_ == Block::none) return "";
+  open_ = Block::none;
+  return event({{"type", "content_block_stop"}, {"index", index_++}});
+}
+
+std::string StreamEvents::thinking(const std::string& text) {
+  if (text.empty()) return "";
+  std::string out = open(Block::thinking);  // first: it may move the index on
+  const ojson delta = {{"type", "thinking_delta"}, {"thinking", text}};
+  return out + event({{"type", "content_block_delta"}, {"index", index_}, {"delta", delta}});
+}
+
+std::string StreamEvents::text(const std::string& text) {
+  if (text.empty()) return "";
+  std::string out = open(Block::text);  // first: it may move the index on
   const ojson delta = {{"type", "text_delta"}, {"text", text}};
-  return event({{"type", "content_block_delta"}, {"index", 0}, {"delta", delta}});
+  return out + event({{"type", "content_block_delta"}, {"index", index_}, {"delta", delta}});
 }
 
-std::string stream_end(const ToolReply* held, const Outcome& o) {
+std::string StreamEvents::end(const ToolReply* held, const Outcome& o) {
   std::string out;
+  if (!held && !had_text_) out += open(Block::text);
+  out += close();
   if (held) {
     const ojson blocks = content_blocks(held->content, held->calls);
-    for (size_t i = 0; i < blocks.size(); ++i) out += block_events(i, blocks[i]);
-  } else {
-    out = event({{"type", "content_block_stop"}, {"index", 0}});
+    for (const ojson& block : blocks) out += block_events(index_++, block);
   }
   const bool tool_use = held && !held->calls.empty();
   const ojson delta = {{"stop_reason", stop_reason(o.finish, o.stop_string, tool_use)},

@@ -43,9 +43,11 @@ ojson to_chat_request(const ojson& body);
 // "end_turn", "max_tokens", "stop_sequence" or "tool_use".
 std::string stop_reason(FinishReason finish, const std::string& stop_string, bool tool_use);
 
-// The reply's content blocks: its text (when there is any), then one tool_use
-// block per call, `input` the call's arguments as a JSON object.
-ojson content_blocks(const std::string& text, const std::vector<ToolCall>& calls);
+// The reply's content blocks: a reasoning model's thinking (when there is
+// any), its text (when there is any), then one tool_use block per call,
+// `input` the call's arguments as a JSON object.
+ojson content_blocks(const std::string& text, const std::vector<ToolCall>& calls,
+                     const std::string& thinking = "");
 
 // usage: input_tokens counts the prompt tokens not read from the prefix cache,
 // cache_read_input_tokens those that were (Anthropic's split).
@@ -69,17 +71,33 @@ ojson message_head(const std::string& id, const std::string& model);
 
 // The whole reply (not streamed): `head` with its content blocks, stop_reason,
 // stop_sequence and usage.
-ojson message(ojson head, const ToolReply& reply, const Outcome& outcome);
+ojson message(ojson head, const ToolReply& reply, const Outcome& outcome,
+              const std::string& thinking = "");
 
-// A streamed reply's events, in order: stream_start (message_start, then the
-// text block's start unless the reply is `held` to the end because tools are
-// active, then a ping); text_delta per piece of text; stream_end (a held
-// reply's text and tool_use blocks, whole; else the text block's stop; then
-// message_delta with stop_reason and usage, and message_stop). error_event
-// ends a stream that failed.
-std::string stream_start(ojson head, bool held);
-std::string text_delta(const std::string& text);
-std::string stream_end(const ToolReply* held, const Outcome& outcome);
+// A streamed reply's events, in order, each content block at its index:
+// start() (message_start, a ping); thinking() and text() for each piece as it
+// comes, each opening its block when it is not open (a thinking block comes
+// first, and the text one closes it); end() (the open block's stop, a `held`
+// reply's text and tool_use blocks whole, message_delta with stop_reason and
+// usage, message_stop). A reply not held always has a text block, as the
+// whole message has. error_event ends a stream that failed.
+class StreamEvents {
+ public:
+  explicit StreamEvents(ojson head) : head_(std::move(head)) {}
+  std::string start() const;
+  std::string thinking(const std::string& text);
+  std::string text(const std::string& text);
+  std::string end(const ToolReply* held, const Outcome& outcome);
+
+ private:
+  enum class Block { none, thinking, text };
+  std::string open(Block block);  // closes the open one first
+  std::string close();
+  ojson head_;
+  Block open_ = Block::none;
+  size_t index_ = 0;  // the open block's, else the next one's
+  bool had_text_ = false;
+};
 std::string error_event(int status, const std::string& message);
 
 // Writes the reply to a submitted request on `edgellm serve`
@@ -87,8 +105,11 @@ std::string error_event(int status, const std::string& message);
 // deltas as they come (with tools, held to the end). An engine failure or the
 // shutdown is an error reply (an error event once streaming). `id`, `model`:
 // the message's. A failed write cancels the request.
+// `reasoning`: the reply is split into thinking and text (edgellm/reasoning.h;
+// `started`: the prompt opened the block).
 void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
                  const std::string& id, const std::string& model,
-                 std::shared_ptr<const Tools> tools, bool streamed);
+                 std::shared_ptr<const Tools> tools, bool streamed, bool reasoning = false,
+                 bool started = false);
 
 }  // namespace edgellm::anthropic

@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include "anthropic_messages.h"
+#include "edgellm/reasoning.h"
 
 namespace edgellm::anthropic {
 
@@ -35,7 +36,7 @@ bool failed(const RequestStream& s, int& status, std::string& message) {
 
 void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
                  const std::string& id, const std::string& model,
-                 std::shared_ptr<const Tools> tools, bool streamed) {
+                 std::shared_ptr<const Tools> tools, bool streamed, bool reasoning, bool started) {
   if (!streamed) {
     std::string text;
     while (!stream->wait(text, std::chrono::milliseconds(1000))) {
@@ -47,35 +48,44 @@ void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
       res.set_content(error_body(status, error), "application/json");
       return;
     }
-    const ojson m = message(message_head(id, model), read_reply(text, *tools), outcome(*stream));
+    ReasoningSplitter::Piece parts{"", std::move(text)};
+    if (reasoning) parts = split_reasoning(parts.content, started);
+    const ojson m = message(message_head(id, model), read_reply(parts.content, *tools),
+                            outcome(*stream), parts.reasoning);
     res.set_content(m.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
     return;
   }
   res.set_header("Cache-Control", "no-cache");
-  auto started = std::make_shared<bool>(false);
+  auto started_stream = std::make_shared<bool>(false);
   auto held = std::make_shared<std::string>();  // with tools: the whole reply
   const bool hold = tools->active();
-  const ojson head = message_head(id, model);
+  auto events = std::make_shared<StreamEvents>(message_head(id, model));
+  auto split = reasoning ? std::make_shared<ReasoningSplitter>(started) : nullptr;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [stream, started, held, hold, head, tools](size_t, httplib::DataSink& sink) {
+      [stream, started_stream, held, hold, events, split, tools](size_t, httplib::DataSink& sink) {
         auto send = [&](const std::string& s) {
           if (sink.write(s.data(), s.size())) return true;
           stream->cancel();
           return false;
         };
-        if (!*started) {
-          *started = true;
-          if (!send(stream_start(head, hold))) return false;
+        if (!*started_stream) {
+          *started_stream = true;
+          if (!send(events->start())) return false;
         }
         std::string text;
         const bool done = stream->wait(text, std::chrono::milliseconds(500));
-        if (hold) {
-          *held += text;
-          text.clear();
+        ReasoningSplitter::Piece p{"", std::move(text)};
+        if (split) {
+          p = split->feed(p.content, done);
         }
-        if (!text.empty()) {
-          if (!send(text_delta(text))) return false;
+        if (hold) {
+          *held += p.content;
+          p.content.clear();
+        }
+        const std::string out = events->thinking(p.reasoning) + events->text(p.content);
+        if (!out.empty()) {
+          if (!send(out)) return false;
         } else if (!done && !send(event({{"type", "ping"}}))) {  // finds a closed socket
           return false;
         }
@@ -86,7 +96,7 @@ void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
           if (!send(error_event(status, error))) return false;
         } else {
           const ToolReply reply = read_reply(*held, *tools);
-          if (!send(stream_end(hold ? &reply : nullptr, outcome(*stream)))) return false;
+          if (!send(events->end(hold ? &reply : nullptr, outcome(*stream)))) return false;
         }
         sink.done();
         return true;

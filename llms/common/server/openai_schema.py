@@ -154,6 +154,8 @@ class ToolFields(BaseModel):
 class ChatRequest(GenerationRequest, ToolFields):
     messages: Annotated[list[Message], Field(min_length=1)]
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables
+    # A reasoning template's <think> block: tokens before its close is forced (-1: no limit).
+    reasoning_budget: Annotated[int, Field(ge=-1, le=1 << 30)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
@@ -362,6 +364,7 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None  # None: the reply is tool_calls only
     tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None
+    reasoning_content: str | None = None  # a reasoning template's <think> block
 
 
 class TopLogprob(BaseModel):
@@ -416,6 +419,7 @@ class ToolCallDelta(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: Annotated[list[ToolCallDelta], Field(min_length=1)] | None = None
 
 

@@ -66,6 +66,11 @@ void add_serve_options(CLI::App& app, ServeOptions& opt, const Deployment& deplo
                  "prefix cache: MiB of prompt KV kept for reuse by later requests (0 = off)")
       ->check(CLI::Range(size_t{0}, size_t{1} << 20))
       ->capture_default_str();
+  app.add_option("--reasoning-budget", so.reasoning_budget,
+                 "tokens a reasoning model may think (its <think> block) before the close is "
+                 "forced; -1 = no limit, 0 = no thinking")
+      ->check(CLI::Range(-1, 1 << 30))
+      ->capture_default_str();
   app.add_flag(
       "--no-lookup", [&](int64_t) { so.scheduler.lookup = false; },
       "no prompt-lookup decoding (on by default for a greedy request decoding alone)");

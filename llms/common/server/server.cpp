@@ -18,6 +18,7 @@
 #include "edgellm/json_file.h"
 #include "edgellm/json_grammar.h"
 #include "edgellm/metrics.h"
+#include "edgellm/reasoning.h"
 #include "edgellm/tool_calls.h"
 
 namespace edgellm {
@@ -100,7 +101,7 @@ std::set<std::string> with(std::set<std::string> fields, std::initializer_list<c
 }
 const std::set<std::string> kChatFields =
     with(kGenerationFields, {"messages", "top_logprobs", "tools", "tool_choice",
-                             "parallel_tool_calls", "chat_template_kwargs"});
+                             "parallel_tool_calls", "chat_template_kwargs", "reasoning_budget"});
 const std::set<std::string> kCompletionFields = with(kGenerationFields, {"prompt"});
 // Unimplemented fields that clients often send with a value that asks for
 // nothing: that value is accepted, any other gets 400 (the tool fields are
@@ -457,6 +458,7 @@ struct Api {
     GenerationRequest r =
         parse(body, chat ? chat_prompt(body, tools) : completion_prompt(body), chat, text);
     r.tools = tools;
+    if (chat) think(body, r);
     std::shared_ptr<RequestStream> stream = submit(r);
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     const json head = {{"id", id},
@@ -466,9 +468,13 @@ struct Api {
                        {"model", options.model_name}};
     auto held_tools = std::make_shared<const Tools>(std::move(r.tools));
     if (r.stream)
-      stream_response(res, stream, head, chat, r.include_usage, r.logprobs, held_tools);
+      stream_response(res, stream, head, chat, r.include_usage, r.logprobs, held_tools,
+                      r.options.reasoning.enabled
+                          ? std::make_shared<ReasoningSplitter>(r.options.reasoning.started)
+                          : nullptr);
     else
-      complete_response(res, stream, head, chat, r.logprobs, *held_tools);
+      complete_response(res, stream, head, chat, r.logprobs, *held_tools,
+                        r.options.reasoning.enabled, r.options.reasoning.started);
   }
 
   // Anthropic's Messages API: the chat request it means, served as chat is.
@@ -487,9 +493,24 @@ struct Api {
     const Tools tools = request_tools(body, text);
     GenerationRequest r = parse(body, chat_prompt(body, tools), /*chat=*/true, text);
     r.tools = tools;
+    think(body, r);
     std::shared_ptr<RequestStream> stream = submit(r);
     anthropic::write_reply(res, stream, "msg_" + std::to_string(next_id++), options.model_name,
-                           std::make_shared<const Tools>(std::move(r.tools)), r.stream);
+                           std::make_shared<const Tools>(std::move(r.tools)), r.stream,
+                           r.options.reasoning.enabled, r.options.reasoning.started);
+  }
+
+  // A reasoning template (ChatTemplate::thinks): the reply's block is split off
+  // and free of the grammar, and ends within the budget.
+  void think(const json& body, GenerationRequest& r) const {
+    int budget = options.reasoning_budget;
+    if (const json* v = optional_field(body, "reasoning_budget")) {
+      if (!v->is_number_integer() || v->get<int64_t>() < -1 || v->get<int64_t>() > 1 << 30)
+        bad("reasoning_budget", "'reasoning_budget' must be an integer >= -1 (-1: no limit)");
+      budget = v->get<int>();
+    }
+    r.options.reasoning = chat_reasoning(model.tokenizer(), model.chat_template(), r.prompt,
+                                         r.tools.forced(), budget);
   }
 
   // Queues a parsed request, or refuses it (429 queue full, 503 shutting down).
@@ -557,13 +578,20 @@ struct Api {
   }
 
   void complete_response(httplib::Response& res, const std::shared_ptr<RequestStream>& stream,
-                         json out, bool chat, bool logprobs, const Tools& tools) const {
+                         json out, bool chat, bool logprobs, const Tools& tools, bool reasoning,
+                         bool started) const {
     std::string text;
     std::vector<TokenLogprobs> lp;
     while (!stream->wait(text, std::chrono::milliseconds(1000), &lp)) {
     }
     if (!stream->error.empty()) throw ApiError{500, stream->error, "", ""};
     if (stream->finish == FinishReason::cancelled) throw kShutdown;
+    std::string thought;
+    if (reasoning) {
+      ReasoningSplitter::Piece parts = split_reasoning(text, started);
+      thought = std::move(parts.reasoning);
+      text = std::move(parts.content);
+    }
     json choice = {{"index", 0}, {"finish_reason", finish_reason(*stream)}};
     if (chat && tools.active()) {
       const ToolReply reply = parse_tool_output(text, tools);
@@ -577,6 +605,7 @@ struct Api {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else
       choice["text"] = text;
+    if (!thought.empty()) choice["message"]["reasoning_content"] = thought;
     size_t offset = 0;
     choice["logprobs"] =
         logprobs ? choice_logprobs(model.tokenizer(), chat, lp, offset) : json(nullptr);
@@ -590,23 +619,28 @@ struct Api {
   // means the client is gone: the request is cancelled and its context freed.
   // With tools the reply is held until it ends, then sent as tool_calls deltas
   // (a call is only known to be one once it parses) or as one content delta.
+  // `split`: a reasoning reply's splitter (null otherwise): the block streams
+  // as reasoning_content deltas.
   void stream_response(httplib::Response& res, std::shared_ptr<RequestStream> stream, json head,
                        bool chat, bool include_usage, bool logprobs,
-                       std::shared_ptr<const Tools> tools) const {
+                       std::shared_ptr<const Tools> tools,
+                       std::shared_ptr<ReasoningSplitter> split) const {
     const Tokenizer* tokenizer = &model.tokenizer();
     auto offset = std::make_shared<size_t>(0);  // legacy text_offset so far
     // `lp`: the logprobs of the tokens behind `text` (when asked for), moved out when sent.
     auto chunk = [head, chat, logprobs, tokenizer, offset](
                      const std::string& text, const json& finish,
-                     std::vector<TokenLogprobs>* lp = nullptr) {
+                     std::vector<TokenLogprobs>* lp = nullptr, const std::string& thought = "") {
       json c = head;
       json choice = {{"index", 0}, {"finish_reason", finish}};
-      if (chat)
-        choice["delta"] = text.empty() && finish.is_null()
+      if (chat) {
+        choice["delta"] = !thought.empty() ? json{{"reasoning_content", thought}}
+                          : text.empty() && finish.is_null()
                               ? json{{"role", "assistant"}, {"content", ""}}
                           : finish.is_null() ? json{{"content", text}}
                                              : json::object();
-      else
+        if (!thought.empty() && !text.empty()) choice["delta"]["content"] = text;
+      } else
         choice["text"] = text;
       choice["logprobs"] = nullptr;
       if (logprobs && lp && !lp->empty()) {
@@ -624,7 +658,7 @@ struct Api {
     const bool hold = chat && tools->active();
     res.set_chunked_content_provider(
         "text/event-stream",
-        [stream, started, pending, chunk, head, chat, include_usage, hold, held, tools](
+        [stream, started, pending, chunk, head, chat, include_usage, hold, held, tools, split](
             size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
@@ -638,14 +672,21 @@ struct Api {
           std::string text;
           const bool done = stream->wait(text, std::chrono::milliseconds(500), pending.get());
           const bool got = !text.empty();
+          std::string thought;
+          if (split) {
+            ReasoningSplitter::Piece p = split->feed(text, done);
+            thought = std::move(p.reasoning);
+            text = std::move(p.content);
+          }
           if (hold) {
             *held += text;
             text.clear();
           }
           // An SSE comment while nothing comes (queued, long prefill) finds a closed socket.
-          if (!text.empty() || (!done && !got && pending->empty())) {
-            if (!send(text.empty() ? std::string(": waiting\n\n")
-                                   : chunk(text, nullptr, pending.get())))
+          if (!text.empty() || !thought.empty() || (!done && !got && pending->empty())) {
+            if (!send(text.empty() && thought.empty()
+                          ? std::string(": waiting\n\n")
+                          : chunk(text, nullptr, pending.get(), thought)))
               return false;
           }
           if (!done) return true;

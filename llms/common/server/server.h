@@ -23,6 +23,10 @@ struct ServerOptions {
   // A request's line and headers must arrive within this (and its body within as
   // long again), or it gets 408; see connections.h for the other connection limits.
   std::chrono::milliseconds header_timeout{10000};
+  // A reasoning template's block gets at most this many tokens before its
+  // close is forced (-1: the model closes it); a request's reasoning_budget
+  // (Anthropic: thinking.budget_tokens) takes its place.
+  int reasoning_budget = -1;
   SchedulerOptions scheduler;
 };
 
