@@ -360,11 +360,12 @@ Scheduler::SlotFile Scheduler::save_slot(int slot, const std::filesystem::path& 
     const auto start = Clock::now();
     const std::vector<int32_t>& prompt = slots_[static_cast<size_t>(slot)].prompt;
     const PrefixCache::Chain chain = cache_->match(prompt);
-    check(chain.size() > 0, prompt.empty()
-                                ? "slot " + std::to_string(slot) + " has served no request yet"
-                                : "slot " + std::to_string(slot) + "'s last prompt (" +
-                                      std::to_string(prompt.size()) +
-                                      " tokens) has no whole block in the prefix cache");
+    check(chain.size() > 0,
+          prompt.empty() ? "slot " + std::to_string(slot) +
+                               " has no prompt to save: it has served no request (or was erased)"
+                         : "slot " + std::to_string(slot) + "'s last prompt (" +
+                               std::to_string(prompt.size()) +
+                               " tokens) has no whole block in the prefix cache");
     out.bytes = save_prefix_file(file, fingerprint(), *cache_, chain, prompt);
     out.tokens = chain.tokens();
     out.ms = seconds_since(start) * 1e3;
