@@ -170,7 +170,7 @@ def test_a_saved_system_prompt_survives_a_restart(smollm2_checkpoint: Path, tmp_
     warm_ttft = statistics.median(t for _, _, t in warm.values())
     line = (
         f"TTFT of a {len(expected[QUESTIONS[0]])}-token prompt: cold {cold_ttft * 1e3:.0f} ms, "
-        f"with its system prompt restored from a slot file {warm_ttft * 1e3:.0f} ms "
+        f"with {warm[QUESTIONS[0]][1]} tokens restored from a slot file {warm_ttft * 1e3:.0f} ms "
         f"({warm_ttft / cold_ttft:.1%}); save {saved.timings['save_ms']:.0f} ms, "
         f"restore {restored.timings['restore_ms']:.0f} ms ({saved.n_written / 1e6:.1f} MB)"
     )
