@@ -56,10 +56,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(kind: str, checkpoint: Path, port: int) -> list[str]:
+def server_command(kind: str, checkpoint: Path, port: int, max_context: int = 512) -> list[str]:
     """`edgellm serve`, or `make serve-ray`'s program on a local Ray cluster (same options)."""
     common = ["--model", str(checkpoint), "--port", str(port), "--threads", "2"]
-    common += ["--max-context", "512"]
+    common += ["--max-context", str(max_context)]
     if kind == "ray":
         import ray  # noqa: F401  (pinned in requirements.txt: absent is a failure, not a skip)
 
@@ -69,11 +69,13 @@ def server_command(kind: str, checkpoint: Path, port: int) -> list[str]:
 
 
 class Server:
-    def __init__(self, checkpoint: Path, *args: str, kind: str = "cpp") -> None:
+    def __init__(
+        self, checkpoint: Path, *args: str, kind: str = "cpp", max_context: int = 512
+    ) -> None:
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [*server_command(kind, checkpoint, self.port), *args]
+        cmd = [*server_command(kind, checkpoint, self.port, max_context), *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO / "llms")
         deadline = time.time() + 120
         while time.time() < deadline:

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <span>
@@ -47,8 +48,9 @@ class PrefixCache {
     ~Chain() { release(); }
     Chain(Chain&& o) noexcept;
     Chain& operator=(Chain&& o) noexcept;
-    size_t tokens() const;  // the prompt tokens its blocks cover
-    void release();         // lets its blocks go (also on destruction)
+    size_t tokens() const;                          // the prompt tokens its blocks cover
+    size_t size() const { return blocks_.size(); }  // its blocks
+    void release();                                 // lets its blocks go (also on destruction)
 
    private:
     friend class PrefixCache;
@@ -67,6 +69,13 @@ class PrefixCache {
   // the chain grows by, and holds, each block stored. Stops at the first block
   // that does not fit the budget when no other block can be evicted.
   void store(Chain& chain, std::span<const int32_t> tokens, const Context& context);
+  // The KV bytes of the chain's block `i` (block_bytes() of them), e.g. to
+  // write them to a file (prefix_cache_file.h).
+  std::span<const uint8_t> block_kv(const Chain& chain, size_t i) const;
+  // Caches one block of block_tokens() `tokens` after `chain`, its KV given as
+  // bytes (read back from a file); the chain grows by, and holds, it. False,
+  // with the chain unchanged, when it does not fit the budget.
+  bool append(Chain& chain, std::span<const int32_t> tokens, std::span<const uint8_t> kv);
 
   size_t block_tokens() const { return block_tokens_; }
   size_t block_bytes() const { return block_bytes_; }
@@ -77,6 +86,10 @@ class PrefixCache {
 
  private:
   Block* find(const Block* parent, uint64_t hash, std::span<const int32_t> tokens) const;
+  // The block of `tokens` after the chain's last, found or created with its KV
+  // written by `fill`, now held by the chain; false when it does not fit.
+  bool extend(Chain& chain, std::span<const int32_t> tokens,
+              const std::function<void(std::span<uint8_t>)>& fill);
   bool make_room();
   void touch(Block* b);
 

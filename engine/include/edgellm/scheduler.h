@@ -17,12 +17,23 @@
 // is done. Every prefill chunk is at least kMinPrefillChunk tokens, so each
 // prompt row is computed by the same kernels whatever the chunking or cache
 // hit: outputs are bit-identical with and without the cache.
+//
+// Each Context is a numbered sequence slot (0 .. max_batch - 1; a request takes
+// the lowest free one) that remembers the prompt of the last request it
+// served. save_slot() writes that prompt's cached blocks to a file and
+// restore_slot() reads such a file back into the cache (prefix_cache_file.h),
+// so a long system prompt survives a restart. Both run on the scheduler thread
+// between two steps, as queued tasks the caller waits for: the cache and the
+// contexts are that thread's alone.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
+#include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,6 +44,7 @@
 #include "edgellm/generate.h"
 #include "edgellm/metrics.h"
 #include "edgellm/prefix_cache.h"
+#include "edgellm/prefix_cache_file.h"
 #include "edgellm/session.h"
 
 namespace edgellm {
@@ -53,6 +65,7 @@ class RequestStream {
   std::string stop_string;  // the stop string that ended it (FinishReason::stop); else empty
   size_t prompt_tokens = 0, completion_tokens = 0;
   size_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
+  int slot = -1;             // the sequence slot that served it (set when admitted)
 
  private:
   friend class Scheduler;
@@ -85,13 +98,42 @@ class Scheduler {
   std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, GenerateOptions options);
   bool stopping() const { return stopping_.load(); }
 
+  int slots() const { return options_.max_batch; }
+  struct SlotFile {
+    size_t tokens = 0;         // the prompt tokens the file's blocks cover
+    size_t cached_tokens = 0;  // restore: of those, now in the cache (fewer once it is full)
+    size_t bytes = 0;          // the file's size
+    double ms = 0;             // on the scheduler thread (the wait for a step not counted)
+  };
+  // The cached blocks of the last prompt `slot` served, written to `file`
+  // (atomically). Error when the slot is out of range, the cache is off, none
+  // of that prompt is cached, or the file cannot be written.
+  SlotFile save_slot(int slot, const std::filesystem::path& file);
+  // A file save_slot wrote (by this model and arithmetic) into the cache,
+  // whose prompt becomes the slot's last. Error when it is missing, short,
+  // corrupt or another model's (then nothing is cached).
+  SlotFile restore_slot(int slot, const std::filesystem::path& file);
+  // The slot forgets its last prompt (its blocks stay cached until evicted);
+  // returns that prompt's length.
+  size_t erase_slot(int slot);
+
   // Stops taking requests; lets the admitted and queued ones finish for up to
   // `drain`, then cancels what is left, and joins the thread.
   void shutdown(std::chrono::milliseconds drain);
 
  private:
   struct Job;
+  struct Slot {
+    std::unique_ptr<Context> context;  // allocated at its first request; null while a Job has it
+    bool busy = false;
+    std::vector<int32_t> prompt;  // of the last request it served
+  };
   void loop();
+  // Runs `task` on the scheduler thread before its next step and waits for
+  // it; rethrows what it threw. Error once the scheduler is stopping.
+  void run_between_steps(std::function<void()> task);
+  void check_slot(int slot) const;
+  const KvFingerprint& fingerprint();
   void admit();
   void fail(Job& job, const std::string& message);
   void reuse_cached_prefix(Job& job);
@@ -108,14 +150,16 @@ class Scheduler {
   std::unique_ptr<PrefixCache> cache_;  // scheduler thread only; null when off
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::unique_ptr<Job>> waiting_;  // guarded by mutex_
-  size_t active_count_ = 0;                   // guarded by mutex_
+  std::deque<std::unique_ptr<Job>> waiting_;      // guarded by mutex_
+  std::deque<std::packaged_task<void()>> tasks_;  // guarded by mutex_
+  size_t active_count_ = 0;                       // guarded by mutex_
   std::atomic<bool> stopping_{false};
   std::atomic<bool> cancel_all_{false};
   std::atomic<bool> exited_{false};
   // Scheduler thread only:
   std::vector<std::unique_ptr<Job>> active_;
-  std::vector<std::unique_ptr<Context>> free_contexts_;
+  std::vector<Slot> slots_;                   // max_batch of them
+  std::optional<KvFingerprint> fingerprint_;  // of the cache's blocks, at the first slot file
   std::thread thread_;
 };
 

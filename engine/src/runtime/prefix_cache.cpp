@@ -128,37 +128,64 @@ bool PrefixCache::make_room() {
   return true;
 }
 
+bool PrefixCache::extend(Chain& chain, std::span<const int32_t> tokens,
+                         const std::function<void(std::span<uint8_t>)>& fill) {
+  Block* parent = chain.blocks_.empty() ? nullptr : chain.blocks_.back();
+  const uint64_t hash = chain_hash(parent ? parent->hash : 0, tokens);
+  Block* b = find(parent, hash, tokens);
+  if (!b) {
+    if (!make_room()) return false;
+    std::unique_ptr<Block> owned;
+    try {
+      owned = std::make_unique<Block>();
+      owned->tokens.assign(tokens.begin(), tokens.end());
+      owned->kv.resize(block_bytes_);
+    } catch (const std::bad_alloc&) {
+      return false;  // a cache is an optimisation: out of memory, it just stops growing
+    }
+    b = owned.get();
+    b->hash = hash;
+    b->parent = parent;
+    fill(b->kv);
+    if (parent) ++parent->children;
+    lru_.push_front(b);
+    b->lru = lru_.begin();
+    blocks_.emplace(hash, std::move(owned));
+  }
+  ++b->refs;
+  touch(b);
+  chain.blocks_.push_back(b);
+  return true;
+}
+
 void PrefixCache::store(Chain& chain, std::span<const int32_t> tokens, const Context& context) {
   check(chain.cache_ == this && chain.tokens() <= tokens.size(),
         "prefix cache: storing past a chain of another prompt");
   for (size_t at = chain.tokens(); at + block_tokens_ <= tokens.size(); at += block_tokens_) {
-    Block* parent = chain.blocks_.empty() ? nullptr : chain.blocks_.back();
-    const auto block = tokens.subspan(at, block_tokens_);
-    const uint64_t hash = chain_hash(parent ? parent->hash : 0, block);
-    Block* b = find(parent, hash, block);
-    if (!b) {
-      if (!make_room()) return;
-      std::unique_ptr<Block> owned;
-      try {
-        owned = std::make_unique<Block>();
-        owned->tokens.assign(block.begin(), block.end());
-        owned->kv.resize(block_bytes_);
-      } catch (const std::bad_alloc&) {
-        return;  // a cache is an optimisation: out of memory, it just stops growing
-      }
-      b = owned.get();
-      b->hash = hash;
-      b->parent = parent;
-      context.save_kv(static_cast<int>(at), static_cast<int>(block_tokens_), b->kv);
-      if (parent) ++parent->children;
-      lru_.push_front(b);
-      b->lru = lru_.begin();
-      blocks_.emplace(hash, std::move(owned));
-    }
-    ++b->refs;
-    touch(b);
-    chain.blocks_.push_back(b);
+    const auto fill = [&](std::span<uint8_t> kv) {
+      context.save_kv(static_cast<int>(at), static_cast<int>(block_tokens_), kv);
+    };
+    if (!extend(chain, tokens.subspan(at, block_tokens_), fill)) return;
   }
+}
+
+std::span<const uint8_t> PrefixCache::block_kv(const Chain& chain, size_t i) const {
+  check(chain.cache_ == this && i < chain.blocks_.size(),
+        "prefix cache: block " + std::to_string(i) + " of a chain of " +
+            std::to_string(chain.blocks_.size()));
+  return chain.blocks_[i]->kv;
+}
+
+bool PrefixCache::append(Chain& chain, std::span<const int32_t> tokens,
+                         std::span<const uint8_t> kv) {
+  check((chain.cache_ == this || (!chain.cache_ && chain.blocks_.empty())) &&
+            tokens.size() == block_tokens_ && kv.size() == block_bytes_,
+        "prefix cache: appending a block of " + std::to_string(tokens.size()) + " tokens and " +
+            std::to_string(kv.size()) + " bytes (blocks hold " + std::to_string(block_tokens_) +
+            " tokens, " + std::to_string(block_bytes_) + " bytes)");
+  chain.cache_ = this;
+  return extend(chain, tokens,
+                [&](std::span<uint8_t> out) { std::copy(kv.begin(), kv.end(), out.begin()); });
 }
 
 }  // namespace edgellm

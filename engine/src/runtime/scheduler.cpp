@@ -42,7 +42,8 @@ struct Scheduler::Job {
   std::vector<int32_t> prompt;
   GenerateOptions options;
   std::shared_ptr<RequestStream> stream;
-  std::unique_ptr<Context> context;  // its position() is the next decode step's
+  std::unique_ptr<Context> context;  // its slot's; its position() is the next decode step's
+  int slot = -1;
   std::optional<Generation> gen;
   size_t prefilled = 0;
   bool looked_up = false;     // the prefix cache was asked (at the first prefill turn)
@@ -60,6 +61,7 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options, Metric
   check(options.max_queue >= 0, "--queue must be >= 0");
   check(options.prefill_chunk >= 1, "--prefill-chunk must be >= 1");
   if (options.cache_mb > 0) cache_ = std::make_unique<PrefixCache>(model, options.cache_mb << 20);
+  slots_.resize(static_cast<size_t>(options.max_batch));
   // Now, not inside the scheduler thread on the first constrained request,
   // where building it would stall every stream decoding beside it.
   warm_grammar_index(model.tokenizer());
@@ -104,16 +106,22 @@ void Scheduler::shutdown(std::chrono::milliseconds drain) {
 
 void Scheduler::loop() {
   for (;;) {
+    std::deque<std::packaged_task<void()>> tasks;
     {
       std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return !waiting_.empty() || !active_.empty() || stopping_; });
+      cv_.wait(lock, [&] {
+        return !waiting_.empty() || !active_.empty() || !tasks_.empty() || stopping_;
+      });
       if (cancel_all_)
         for (auto& job : waiting_) job->stream->cancel();
-      if (stopping_ && waiting_.empty() && active_.empty()) break;
+      // A task queued before stopping_ still runs (run_between_steps refuses later ones).
+      if (stopping_ && waiting_.empty() && active_.empty() && tasks_.empty()) break;
       admit();
       active_count_ = active_.size();
       metrics_.set_queue(waiting_.size(), active_count_);
+      tasks.swap(tasks_);
     }
+    for (auto& task : tasks) task();  // its exception goes to the caller's future
     if (cancel_all_)
       for (auto& job : active_) job->stream->cancel();
     prefill_some();
@@ -139,12 +147,16 @@ void Scheduler::admit() {
         publish(*job, job->gen->finish(FinishReason::cancelled));
         continue;
       }
-      if (free_contexts_.empty()) {
-        job->context = std::make_unique<Context>(model_);
-      } else {
-        job->context = std::move(free_contexts_.back());
-        free_contexts_.pop_back();
-      }
+      // The lowest free slot: requests one after another all run in slot 0.
+      const auto slot = std::find_if(slots_.begin(), slots_.end(), [](const Slot& s) {
+        return !s.busy;
+      });  // one is free: fewer jobs than slots are active
+      if (!slot->context) slot->context = std::make_unique<Context>(model_);
+      slot->prompt = job->prompt;
+      slot->busy = true;
+      job->context = std::move(slot->context);
+      job->slot = static_cast<int>(slot - slots_.begin());
+      job->stream->slot = job->slot;
       active_.push_back(std::move(job));
     } catch (const std::exception& e) {
       fail(*job, e.what());
@@ -294,13 +306,98 @@ void Scheduler::publish(Job& job, const Generation::Step& step) {
 void Scheduler::retire_finished() {
   for (auto& job : active_) {
     if (!job->gen->done() && job->stream->error.empty()) continue;
-    free_contexts_.push_back(std::move(job->context));
+    Slot& slot = slots_[static_cast<size_t>(job->slot)];
+    slot.context = std::move(job->context);
+    slot.busy = false;
     job.reset();
   }
   std::erase(active_, nullptr);
   const std::lock_guard lock(mutex_);
   active_count_ = active_.size();
   metrics_.set_queue(waiting_.size(), active_count_);
+}
+
+void Scheduler::run_between_steps(std::function<void()> task) {
+  std::packaged_task<void()> queued(std::move(task));
+  std::future<void> done = queued.get_future();
+  {
+    const std::lock_guard lock(mutex_);
+    if (stopping_) throw Error("the server is shutting down");
+    tasks_.push_back(std::move(queued));
+  }
+  cv_.notify_one();
+  done.get();
+}
+
+void Scheduler::check_slot(int slot) const {
+  check(slot >= 0 && slot < options_.max_batch,
+        "no slot " + std::to_string(slot) + ": slots are 0 to " +
+            std::to_string(options_.max_batch - 1) + " (--parallel " +
+            std::to_string(options_.max_batch) + ")");
+  check(cache_ != nullptr, "the prefix cache is off (--cache-mb 0): no blocks to save or restore");
+}
+
+// Computed with a free slot's context (its KV is overwritten by its next
+// request anyway), or a passing one when every slot is busy.
+const KvFingerprint& Scheduler::fingerprint() {
+  if (fingerprint_) return *fingerprint_;
+  const auto slot =
+      std::find_if(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.busy; });
+  if (slot == slots_.end()) {
+    Context probe(model_);
+    fingerprint_ = kv_fingerprint(model_, *cache_, probe);
+  } else {
+    if (!slot->context) slot->context = std::make_unique<Context>(model_);
+    fingerprint_ = kv_fingerprint(model_, *cache_, *slot->context);
+  }
+  return *fingerprint_;
+}
+
+Scheduler::SlotFile Scheduler::save_slot(int slot, const std::filesystem::path& file) {
+  check_slot(slot);
+  SlotFile out;
+  run_between_steps([&] {
+    const auto start = Clock::now();
+    const std::vector<int32_t>& prompt = slots_[static_cast<size_t>(slot)].prompt;
+    const PrefixCache::Chain chain = cache_->match(prompt);
+    check(chain.size() > 0,
+          prompt.empty() ? "slot " + std::to_string(slot) +
+                               " has no prompt to save: it has served no request (or was erased)"
+                         : "slot " + std::to_string(slot) + "'s last prompt (" +
+                               std::to_string(prompt.size()) +
+                               " tokens) has no whole block in the prefix cache");
+    out.bytes = save_prefix_file(file, fingerprint(), *cache_, chain, prompt);
+    out.tokens = chain.tokens();
+    out.ms = seconds_since(start) * 1e3;
+  });
+  return out;
+}
+
+Scheduler::SlotFile Scheduler::restore_slot(int slot, const std::filesystem::path& file) {
+  check_slot(slot);
+  SlotFile out;
+  run_between_steps([&] {
+    const auto start = Clock::now();
+    RestoredPrefix restored = restore_prefix_file(file, fingerprint(), *cache_);
+    out.tokens = restored.tokens.size();
+    out.cached_tokens = restored.cached_tokens;
+    out.bytes = restored.bytes;
+    slots_[static_cast<size_t>(slot)].prompt = std::move(restored.tokens);
+    metrics_.set_prefix_cache(cache_->blocks(), cache_->bytes(), cache_->evictions());
+    out.ms = seconds_since(start) * 1e3;
+  });
+  return out;
+}
+
+size_t Scheduler::erase_slot(int slot) {
+  check_slot(slot);
+  size_t n = 0;
+  run_between_steps([&] {
+    std::vector<int32_t>& prompt = slots_[static_cast<size_t>(slot)].prompt;
+    n = prompt.size();
+    prompt.clear();
+  });
+  return n;
 }
 
 }  // namespace edgellm

@@ -71,6 +71,9 @@ void add_serve_options(CLI::App& app, ServeOptions& opt, const Deployment& deplo
                  "forced; -1 = no limit, 0 = no thinking")
       ->check(CLI::Range(-1, 1 << 30))
       ->capture_default_str();
+  app.add_option("--slot-save-path", so.slot_save_path,
+                 "directory for POST /slots/{id}?action=save|restore: prefix-cache files that "
+                 "keep a prompt's KV across restarts (off by default)");
   app.add_flag(
       "--no-lookup", [&](int64_t) { so.scheduler.lookup = false; },
       "no prompt-lookup decoding (on by default for a greedy request decoding alone)");
@@ -96,6 +99,15 @@ int run_serve(const Deployment& deployment, ServeOptions opt) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  if (!so.slot_save_path.empty()) {
+    if (so.scheduler.cache_mb == 0)
+      throw Error("--slot-save-path saves prefix-cache blocks: it needs --cache-mb > 0");
+    std::error_code ec;
+    std::filesystem::create_directories(so.slot_save_path, ec);
+    if (ec || !std::filesystem::is_directory(so.slot_save_path))
+      throw Error("--slot-save-path " + so.slot_save_path.string() + ": not a directory" +
+                  (ec ? " (" + ec.message() + ")" : ""));
+  }
   const std::filesystem::path dir = resolve_served_model(deployment, opt.model);
   if (so.model_name.empty()) so.model_name = model_id(dir);
   Model m;

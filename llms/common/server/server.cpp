@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anthropic_messages.h"
+#include "api_error.h"
 #include "connections.h"
 #include "edgellm/error.h"
 #include "edgellm/json_file.h"
@@ -20,20 +21,13 @@
 #include "edgellm/metrics.h"
 #include "edgellm/reasoning.h"
 #include "edgellm/tool_calls.h"
+#include "slots.h"
 
 namespace edgellm {
 
 using json = nlohmann::json;
 
 namespace {
-
-// An OpenAI-style error: {"error": {"message", "type", "param", "code"}}.
-struct ApiError {
-  int status;
-  std::string message;
-  std::string param;
-  std::string code;
-};
 
 std::string error_type(int status) {
   if (status == 404) return "not_found_error";
@@ -75,10 +69,6 @@ bool is_json_content_type(const std::string& value) {
     semi = next;
   }
   return true;
-}
-
-[[noreturn]] void bad(const std::string& param, const std::string& message) {
-  throw ApiError{400, message, param, ""};
 }
 
 const json* optional_field(const json& body, const char* name) {
@@ -611,6 +601,7 @@ struct Api {
         logprobs ? choice_logprobs(model.tokenizer(), chat, lp, offset) : json(nullptr);
     out["choices"] = json::array({choice});
     out["usage"] = usage(*stream);
+    out["id_slot"] = stream->slot;  // llama-server's field: the slot POST /slots/{id} saves
     res.set_content(dump(out), "application/json");
   }
 
@@ -728,6 +719,7 @@ struct Api {
             std::string last = chunk("", finish, pending.get());
             json tail = json::parse(last.substr(6));
             tail["usage"] = usage(*stream);
+            tail["id_slot"] = stream->slot;
             if (!send("data: " + dump(tail) + "\n\n")) return false;
             if (include_usage) {
               json u = head;
@@ -743,6 +735,24 @@ struct Api {
         [stream](bool success) {
           if (!success) stream->cancel();
         });
+  }
+
+  // POST /slots/{id}?action=save|restore|erase (slots.h).
+  void slots(const httplib::Request& req, httplib::Response& res,
+             const httplib::ContentReader& reader) {
+    const std::string text = read_body(req, res, reader);
+    json body;
+    if (!text.empty()) {
+      try {
+        body = parse_json(text, "the request body");
+      } catch (const Error& e) {
+        bad("", e.what());
+      }
+    }
+    res.set_content(slot_action(scheduler, options.slot_save_path, req.matches[1].str(),
+                                req.get_param_value("action"), body)
+                        .dump(),
+                    "application/json");
   }
 
   void models(httplib::Response& res) const {
@@ -857,6 +867,10 @@ Server::Server(const Model& model, const ServerOptions& options)
                                           const httplib::ContentReader& reader) {
     s.api.tokenize(req, res, reader);
   }));
+  http.Post(
+      R"(/slots/([^/]*))",
+      s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
+                       const httplib::ContentReader& reader) { s.api.slots(req, res, reader); }));
   // Statuses httplib sets itself (404 no route, 413 body too large, ...) get the same JSON shape.
   http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;

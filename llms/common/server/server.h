@@ -1,11 +1,13 @@
 // The OpenAI-compatible HTTP server (cpp-httplib): GET /v1/models,
 // POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics,
-// and Anthropic's POST /v1/messages (anthropic_messages.h) over the same chat route.
+// and Anthropic's POST /v1/messages (anthropic_messages.h) over the same chat route,
+// POST /slots/{id}?action=save|restore|erase (slots.h) with --slot-save-path.
 // Requests are validated here and answered with OpenAI-style JSON errors;
 // generation runs on the Scheduler's continuous batch.
 #pragma once
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -27,6 +29,9 @@ struct ServerOptions {
   // close is forced (-1: the model closes it); a request's reasoning_budget
   // (Anthropic: thinking.budget_tokens) takes its place.
   int reasoning_budget = -1;
+  // POST /slots/{id}?action=save|restore writes and reads prefix-cache files
+  // here (slots.h); empty: off.
+  std::filesystem::path slot_save_path;
   SchedulerOptions scheduler;
 };
 
