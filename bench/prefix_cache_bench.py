@@ -1,9 +1,11 @@
 """Prefix caching: time to first token with and without it, through `edgellm serve` (not a test).
 
-Two scenarios, each on a server with the prefix cache (the default) and one with --cache-mb 0:
+Three scenarios, each on a server with the prefix cache (the default) and one with --cache-mb 0:
 - a shared system prompt of ~1,500 tokens: the TTFT of a request that brings it first, then of
   requests that share it with another question (each repetition a new system prompt, so the first
   request is cold); target: the second <= 10% of the first.
+- clients with system prompts of their own (3 by default), their requests interleaved: each
+  second request must still find its own prefix among the others';
 - a 10-turn chat: each turn sends the whole conversation so far plus a new question; with the
   cache only the last reply and the new question are prefilled, so the per-turn TTFT stays flat.
 Holds the shared CPU lock (bench/serve_bench.py's) for the whole run.
@@ -83,6 +85,21 @@ def shared_system_prompt(server: Server, reps: int) -> dict[str, float]:
     }
 
 
+def interleaved_clients(server: Server, clients: int) -> dict[str, float]:
+    """Clients with system prompts of their own, their requests interleaved (A1 B1 C1, then
+    A2 B2 C2): each second request finds its prefix among the others'."""
+    systems = [{"role": "system", "content": system_prompt(100 + c)} for c in range(clients)]
+    first = [server.ask([s, {"role": "user", "content": "When do you open?"}], 4) for s in systems]
+    second = [
+        server.ask([s, {"role": "user", "content": "Do you sell cakes?"}], 4) for s in systems
+    ]
+    return {
+        "first": statistics.median(r[0] for r in first),
+        "second": statistics.median(r[0] for r in second),
+        "cached": statistics.median(r[3] for r in second),
+    }
+
+
 def chat_turns(server: Server, turns: int) -> list[tuple[float, int, int]]:
     """Per turn: (TTFT, prompt tokens, those cached)."""
     messages = [{"role": "system", "content": "You are a helpful assistant of a bakery."}]
@@ -99,27 +116,36 @@ def chat_turns(server: Server, turns: int) -> list[tuple[float, int, int]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--clients", type=int, default=3)
     args, lock = parse_and_lock(ap)
-    shared, chats = {}, {}
+    shared, mixed, chats = {}, {}, {}
     try:
         for label, extra in (("cache", []), ("no cache", ["--cache-mb", "0"])):
             server = Server(args.model, args.threads, *extra)
             try:
                 server.ask([{"role": "user", "content": "Hi"}], 2)  # warm the pages, not timed
                 shared[label] = shared_system_prompt(server, args.reps)
+                mixed[label] = interleaved_clients(server, args.clients)
                 chats[label] = chat_turns(server, args.turns)
             finally:
                 server.stop()
     finally:
         lock.close()
 
-    print("| server | TTFT 1st request ms | TTFT 2nd request ms | 2nd / 1st | cached tokens |")
-    print("|---|---|---|---|---|")
-    for label, r in shared.items():
-        print(
-            f"| {label} | {r['first'] * 1e3:.0f} | {r['second'] * 1e3:.0f} | "
-            f"{r['second'] / r['first']:.1%} | {r['cached']:.0f} |"
-        )
+    print(
+        "| scenario | server | TTFT 1st request ms | TTFT 2nd request ms | 2nd / 1st "
+        "| cached tokens |"
+    )
+    print("|---|---|---|---|---|---|")
+    for scenario, runs in (
+        ("shared system prompt", shared),
+        (f"{args.clients} clients interleaved", mixed),
+    ):
+        for label, r in runs.items():
+            print(
+                f"| {scenario} | {label} | {r['first'] * 1e3:.0f} | {r['second'] * 1e3:.0f} | "
+                f"{r['second'] / r['first']:.1%} | {r['cached']:.0f} |"
+            )
     print()
     print("| turn | prompt tokens | " + " | ".join(f"TTFT ms, cached ({k})" for k in chats) + " |")
     print("|---" * (2 + len(chats)) + "|")

@@ -123,13 +123,10 @@ def model_label(model: str) -> str:
     return str(path.relative_to(store)) if path.is_relative_to(store) else str(path)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--out", type=Path, help="replace the serving section of this markdown file")
-    args, lock = parse_and_lock(ap)
+def measure(args: argparse.Namespace, model: str) -> dict[int, list[dict]]:
+    """1 stream, then 8 at once, args.reps times, on one `edgellm serve` of `model`."""
     proc, client = start_server(
-        ["--model", args.model, "--threads", str(args.threads), "--max-context", "512"]
+        ["--model", model, "--threads", str(args.threads), "--max-context", "512"]
         # Batching alone: a lone greedy stream would otherwise draft by prompt lookup.
         + ["--parallel", "8", "--no-lookup"]
     )
@@ -141,41 +138,65 @@ def main() -> int:
             for streams in (1, 8):
                 results[streams].append(scenario(client, name, streams, args.tokens))
                 r = results[streams][-1]
-                print(f"rep {rep} streams {streams}: {r['aggregate']:.1f} tok/s aggregate")
+                print(
+                    f"{model_label(model)} rep {rep} streams {streams}: {r['aggregate']:.1f} tok/s"
+                )
     finally:
         proc.terminate()
         proc.wait()
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--out", type=Path, help="replace the serving section of this markdown file")
+    ap.add_argument("--no-gguf", action="store_true", help="not also the model's gguf/model.gguf")
+    args, lock = parse_and_lock(ap)
+    models = [args.model]
+    gguf = Path(args.model) / "gguf" / "model.gguf"
+    if not args.no_gguf and gguf.is_file():
+        models.append(str(gguf))
+    try:
+        runs = {m: measure(args, m) for m in models}
+    finally:
         lock.close()
 
-    def med(streams: int, key: str) -> float:
-        return statistics.median(r[key] for r in results[streams])
-
-    ratio = med(8, "aggregate") / med(1, "aggregate")
     rows = [
-        "| streams | aggregate tok/s | per-stream tok/s | TTFT ms | inter-token ms |",
-        "|---|---|---|---|---|",
+        "| model | streams | aggregate tok/s | per-stream tok/s | TTFT ms | inter-token ms |",
+        "|---|---|---|---|---|---|",
     ]
-    for s in (1, 8):
-        rows.append(
-            f"| {s} | {med(s, 'aggregate'):.1f} | {med(s, 'per_stream'):.1f} | "
-            f"{med(s, 'ttft') * 1e3:.0f} | {med(s, 'itl') * 1e3:.1f} |"
+    ratios = []
+    for model, results in runs.items():
+
+        def med(streams: int, key: str, results: dict = results) -> float:
+            return statistics.median(r[key] for r in results[streams])
+
+        for s in (1, 8):
+            rows.append(
+                f"| {model_label(model)} | {s} | {med(s, 'aggregate'):.1f} | "
+                f"{med(s, 'per_stream'):.1f} | {med(s, 'ttft') * 1e3:.0f} | "
+                f"{med(s, 'itl') * 1e3:.1f} |"
+            )
+        ratios.append(
+            f"**{med(8, 'aggregate') / med(1, 'aggregate'):.2f}x** ({model_label(model)})"
         )
     section = "\n".join(
         [
             BEGIN,
             "## Serving: continuous batching (bench/serve_bench.py)",
             "",
-            f"{datetime.date.today()}, {model_label(args.model)}, edgellm serve "
-            f"--threads {args.threads} --parallel 8, chat requests of {args.tokens} greedy tokens "
+            f"{datetime.date.today()}, {cpu_name()}, edgellm serve --threads {args.threads} "
+            f"--parallel 8 --no-lookup, chat requests of {args.tokens} greedy tokens "
             f"(ignore_eos), streaming through the openai client; medians of {args.reps} "
-            "repetitions, run under the shared CPU lock (the 2-core machine was shared, so "
-            "absolute numbers drift; the ratio is the measure).",
+            "repetitions, run under the shared CPU lock (absolute numbers drift with the "
+            "machine's load; the ratio is the measure).",
             "",
             *rows,
             "",
-            f"8 streams give **{ratio:.2f}x** the aggregate tokens/s of 1 stream (target >= 4x): "
-            "one decode step serves every running sequence, reading each weight once "
-            "(decode_batch / kernels::matmul_rows).",
+            f"8 streams give {' and '.join(ratios)} the aggregate tokens/s of 1 stream (target "
+            ">= 4x): one decode step serves every running sequence, reading each weight once "
+            "(decode_batch / kernels::matmul_rows, quant_matmul_rows).",
             END,
         ]
     )
@@ -188,6 +209,14 @@ def main() -> int:
             text = text.rstrip() + "\n\n" + section + "\n"
         args.out.write_text(text)
     return 0
+
+
+def cpu_name() -> str:
+    """lscpu's model name: the figures are this CPU's."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 if __name__ == "__main__":
