@@ -183,15 +183,15 @@ def test_tool_result_round_equals_the_chat_route(server: Server) -> None:
 @pytest.mark.parametrize(
     "change, param",
     [
-        (  # output thinking is served (tests/test_reasoning.py); thinking blocks as input are not
+        (  # thinking blocks are served (tests/test_reasoning.py); redacted ones have no text
             {
                 "messages": [
                     *ASK,
-                    {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]},
+                    {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]},
                     {"role": "user", "content": "And?"},
                 ]
             },
-            "thinking",
+            "redacted_thinking",
         ),
         ({"max_tokens": None}, "max_tokens"),
         ({"temperature": 1.5}, "temperature"),

@@ -23,7 +23,7 @@ import pytest
 from test_jinja_differential import CONVERSATIONS, CORPUS
 
 # Fields the server reads from a message (llms/common/server/server.cpp kMessageFields).
-SERVER_FIELDS = {"role", "content", "name", "tool_call_id", "tool_calls"}
+SERVER_FIELDS = {"role", "content", "name", "tool_call_id", "tool_calls", "reasoning_content"}
 
 
 def as_server_reads(messages: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:

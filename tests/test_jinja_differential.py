@@ -130,6 +130,17 @@ CONVERSATIONS: list[tuple[str, list[dict[str, Any]], Any, bool, dict[str, Any]]]
         True,
         {"enable_thinking": True},
     ),
+    (  # a reasoning reply sent back mid tool round (Qwen3 lays out the block after the query)
+        "thinking_tool_round",
+        [
+            user("Find jinja2 docs."),
+            assistant("", reasoning_content="I should search.", tool_calls=[CALL_STR]),
+            {"role": "tool", "tool_call_id": "call_1", "name": "search", "content": '["a"]'},
+        ],
+        [SEARCH],
+        True,
+        {},
+    ),
     (
         "unicode_whitespace",
         [user("  Grüße, 世界! 🎉\n\n"), assistant("\nBonjour — “quotes” ‘here’  "), user("ok")],

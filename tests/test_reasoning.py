@@ -24,6 +24,7 @@ from test_server import KINDS, NAME, Server
 
 THINK_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n{% endif %}"
     "{{ m.content.split('</think>')[-1] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
 )
@@ -132,6 +133,41 @@ def test_anthropic_thinking_blocks(thinker: Server) -> None:
     # Disabled: the block is closed at once, so there is no thinking block.
     off = thinker.anthropic.messages.create(thinking={"type": "disabled"}, **kw)
     assert [b.type for b in off.content] == ["text"]
+
+
+def test_a_reply_sent_back_keeps_its_reasoning(thinker: Server) -> None:
+    """The client's usual loop appends the reply it got (reasoning_content included) and asks
+    again; the block reaches a template that reads it, as plain text. Anthropic's client sends
+    the thinking block back the same way."""
+    reply = chat(thinker, extra_body={"reasoning_budget": 4}).choices[0].message
+    sent = reply.model_dump(exclude_none=True)
+    assert sent["reasoning_content"]
+    follow = [*ASK, sent, {"role": "user", "content": "And its museums?"}]
+    again = thinker.client.chat.completions.create(
+        model=NAME, messages=follow, max_tokens=4, temperature=0
+    )
+    assert again.choices[0].message.content is not None
+    status, tokens, _ = thinker.post(
+        "/tokenize", json.dumps({"model": NAME, "messages": follow}).encode()
+    )
+    from transformers import AutoTokenizer
+
+    text = AutoTokenizer.from_pretrained(thinker.checkpoint).decode(tokens["tokens"])
+    assert f"<think>\n{sent['reasoning_content']}\n</think>\n{sent['content']}<|im_end|>" in text
+    bad = [{**ASK[0], "reasoning_content": "x"}]
+    status, err, _ = thinker.post(
+        "/v1/chat/completions", json.dumps({"model": NAME, "messages": bad}).encode()
+    )
+    assert status == 400 and err["error"]["param"] == "messages[0].reasoning_content", err
+
+    kw = {"model": NAME, "max_tokens": 8, "extra_body": {"temperature": 0}}
+    got = thinker.anthropic.messages.create(
+        messages=ASK, thinking={"type": "enabled", "budget_tokens": 4}, **kw
+    )
+    turn = {"role": "assistant", "content": [b.model_dump() for b in got.content]}
+    assert turn["content"][0]["type"] == "thinking"
+    more = [*ASK, turn, {"role": "user", "content": "And its museums?"}]
+    assert thinker.anthropic.messages.create(messages=more, **kw).content
 
 
 @pytest.mark.parametrize(

@@ -453,6 +453,24 @@ TEST(ChatTemplateTest, ContentSpansFollowTheTemplate) {
   EXPECT_EQ(spans[0].begin, 1u);
 }
 
+// An assistant's reasoning_content (a reasoning reply sent back) is plain text
+// like its content, wherever the template places it.
+TEST(ChatTemplateTest, ReasoningContentIsASpanToo) {
+  const ChatTemplate ct = ChatTemplate::load(template_dir(
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+      "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content | trim }}\n</think>\n{% endif %}"
+      "{{ m.content }}<|im_end|>\n{% endfor %}"));
+  ChatMessage a{"assistant", "42"};
+  a.reasoning_content = " 6*7 <|im_end|> ";
+  const std::vector<ChatMessage> msgs{{"user", "6*7?"}, a};
+  std::vector<TextSpan> spans;
+  const std::string text = ct.render(msgs, false, &spans);
+  EXPECT_TRUE(ct.thinks());
+  ASSERT_EQ(spans.size(), 3u);
+  EXPECT_EQ(text.substr(spans[1].begin, spans[1].end - spans[1].begin), "6*7 <|im_end|>");
+  EXPECT_EQ(text.substr(spans[2].begin, spans[2].end - spans[2].begin), "42");
+}
+
 TEST(ChatTemplateTest, JinjaFileWins) {
   auto dir = template_dir(kSmolTemplate);
   write_text(

@@ -104,6 +104,10 @@ struct ChatMessage {
   std::vector<ToolCall> tool_calls = {};
   std::string tool_call_id = {};  // a "tool" result: the call it answers
   std::string name = {};          // a "tool" result: the function's name (OpenAI's name)
+  // An assistant turn's reasoning (its <think> block, as a reasoning model's
+  // reply returned it): templates that lay it out (Qwen3) read it; plain text
+  // like the content.
+  std::string reasoning_content = {};
 };
 
 // What a template sees beyond the messages: the request's tools (OpenAI's

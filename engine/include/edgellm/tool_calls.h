@@ -83,11 +83,10 @@ Tools parse_tools(const nlohmann::ordered_json& tools, const nlohmann::ordered_j
 std::vector<ToolCall> parse_tool_calls(const nlohmann::json& tool_calls, const std::string& where);
 
 // OpenAI's chat "messages": a non-empty array of {role, content, tool_calls,
-// tool_call_id, name}; role system, developer (read as system), user, assistant
-// or tool; content a string or text parts (absent or null only beside
-// tool_calls, which only an assistant may have: parse_tool_calls). Fields
-// outside these are the front end's to refuse. Throws ToolRequestError naming
-// the field ("messages[2].role").
+// tool_call_id, name, reasoning_content (assistant only)}; role system, developer (read as system),
+// user, assistant or tool; content a string or text parts (absent or null only beside tool_calls,
+// which only an assistant may have: parse_tool_calls). Fields outside these are the front end's to
+// refuse. Throws ToolRequestError naming the field ("messages[2].role").
 std::vector<ChatMessage> parse_chat_messages(const nlohmann::json& messages);
 
 // The JSON schema of a forced reply: {"name": <an allowed name>, "arguments":

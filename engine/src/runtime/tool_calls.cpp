@@ -288,6 +288,10 @@ std::vector<ChatMessage> parse_chat_messages(const json& messages) {
     if (content) msg.content = content_text(*content, where + ".content");
     msg.tool_call_id = optional_string(m, "tool_call_id", where);
     msg.name = optional_string(m, "name", where);
+    msg.reasoning_content = optional_string(m, "reasoning_content", where);
+    if (!msg.reasoning_content.empty() && msg.role != "assistant")
+      bad(where + ".reasoning_content",
+          where + ".reasoning_content is only allowed on assistant messages");
     chat.push_back(std::move(msg));
   }
   return chat;

@@ -100,7 +100,7 @@ std::string chatml_default_system(const std::string& t) {
 }
 
 // A marker no template writes and no filter of trim's kind changes: private-use
-// code points around the message's index.
+// code points around the index of the text it stands for (marked_text).
 constexpr std::string_view kMarkerOpen = "\xEE\x80\x80", kMarkerClose = "\xEE\x80\x81";
 std::string content_marker(size_t i) {
   return std::string(kMarkerOpen) + std::to_string(i) + std::string(kMarkerClose);
@@ -125,7 +125,15 @@ nlohmann::ordered_json message_json(const ChatMessage& m) {
   }
   if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
   if (!m.name.empty()) j["name"] = m.name;
+  if (!m.reasoning_content.empty()) j["reasoning_content"] = m.reasoning_content;
   return j;
+}
+
+// The plain texts a render places, each with its marker's index: message i's
+// content is 2i, its reasoning_content 2i + 1.
+const std::string& marked_text(std::span<const ChatMessage> messages, size_t index) {
+  const ChatMessage& m = messages[index / 2];
+  return index % 2 == 0 ? m.content : m.reasoning_content;
 }
 
 // The forms a template may give a content: as is, or trimmed on either side.
@@ -161,11 +169,11 @@ void locate_contents(const std::string& text, const std::string& marked,
       if (marked[i] < '0' || marked[i] > '9') return;
       index = index * 10 + static_cast<size_t>(marked[i] - '0');
     }
-    if (index >= messages.size()) return;
+    if (index >= 2 * messages.size()) return;
     m = close + kMarkerClose.size();
     const size_t next = std::min(marked.find(kMarkerOpen, m), marked.size());
     bool found = false;
-    for (const std::string& form : content_forms(messages[index].content)) {
+    for (const std::string& form : content_forms(marked_text(messages, index))) {
       if (text.compare(t, form.size(), form) != 0 ||
           text.compare(t + form.size(), next - m, marked, m, next - m) != 0)
         continue;
@@ -267,9 +275,12 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add
   try {
     std::string text = jinja::render_chat(*program_, in);
     if (content_spans) {
-      // The same inputs with each non-empty content replaced by its marker.
-      for (size_t i = 0; i < messages.size(); ++i)
-        if (!messages[i].content.empty()) in.messages[i]["content"] = content_marker(i);
+      // The same inputs with each non-empty content (and reasoning) replaced by its marker.
+      for (size_t i = 0; i < messages.size(); ++i) {
+        if (!messages[i].content.empty()) in.messages[i]["content"] = content_marker(2 * i);
+        if (!messages[i].reasoning_content.empty())
+          in.messages[i]["reasoning_content"] = content_marker(2 * i + 1);
+      }
       try {
         locate_contents(text, jinja::render_chat(*program_, in), messages, *content_spans);
       } catch (const jinja::TemplateError&) {

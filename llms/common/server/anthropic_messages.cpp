@@ -68,7 +68,7 @@ void add_turn(const ojson& m, const std::string& where, ojson& out) {
     return;
   }
   if (!content->is_array()) bad(where + ".content", where + ".content must be a string or blocks");
-  std::string text;
+  std::string text, reasoning;
   ojson calls = ojson::array();
   for (size_t i = 0; i < content->size(); ++i) {
     const ojson& block = (*content)[i];
@@ -78,6 +78,11 @@ void add_turn(const ojson& m, const std::string& where, ojson& out) {
     const std::string type = block["type"].get<std::string>();
     if (type == "text") {
       text += text_of(ojson::array({block}), where + ".content");
+    } else if (type == "thinking" && assistant) {  // a reasoning reply sent back
+      check_keys(block, {"type", "thinking", "signature", "cache_control"}, at);
+      const ojson* t = field(block, "thinking");
+      if (!t || !t->is_string()) bad(at + ".thinking", at + ".thinking must be a string");
+      reasoning += t->get<std::string>();
     } else if (type == "tool_use" && assistant) {
       check_keys(block, {"type", "id", "name", "input", "cache_control"}, at);
       const ojson *id = field(block, "id"), *name = field(block, "name"),
@@ -110,6 +115,7 @@ void add_turn(const ojson& m, const std::string& where, ojson& out) {
     ojson message = {{"role", "assistant"}, {"content", text}};
     if (!calls.empty()) message["tool_calls"] = std::move(calls);
     if (text.empty() && message.contains("tool_calls")) message["content"] = nullptr;
+    if (!reasoning.empty()) message["reasoning_content"] = reasoning;
     out.push_back(std::move(message));
   } else if (!text.empty() || out.empty() || out.back()["role"] != "tool") {
     out.push_back({{"role", "user"}, {"content", text}});

@@ -83,6 +83,7 @@ class Message(BaseModel):
     name: str | None = None  # a tool result's function name, for templates that show it
     tool_call_id: str | None = None
     tool_calls: Any = None  # an assistant's calls, checked by the engine (parse_tool_calls)
+    reasoning_content: str | None = None  # an assistant's <think> block, for templates that read it
 
     def text(self) -> str:
         if self.content is None:

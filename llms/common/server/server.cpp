@@ -103,8 +103,8 @@ const std::map<std::string, json> kNoOpValues = {{"tools", json::array()},
                                                  {"best_of", 1},
                                                  {"suffix", ""},
                                                  {"parallel_tool_calls", false}};
-const std::set<std::string> kMessageFields = {"role", "content", "name", "tool_call_id",
-                                              "tool_calls"};
+const std::set<std::string> kMessageFields = {"role",         "content",    "name",
+                                              "tool_call_id", "tool_calls", "reasoning_content"};
 
 // Refuses a field outside `known` unless it holds its no-op value (null is absent).
 void check_fields(const json& body, const std::set<std::string>& known) {
