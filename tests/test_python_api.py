@@ -245,3 +245,31 @@ def test_load_by_directory_and_gguf(edgellm: Any, llm: Any, smollm2_checkpoint: 
     # The answer itself on the exact path: the fast path's first token is a near tie here.
     exact = edgellm.load(str(gguf), threads=2, max_context=128, precision="exact")
     assert "Paris" in content(exact.chat(FRANCE, max_tokens=20))
+
+
+def test_a_reasoning_template_splits_the_reply(
+    edgellm: Any, smollm2_checkpoint: Path, tmp_path: Path
+) -> None:
+    """As the servers do (tests/test_reasoning.py): the <think> block is reasoning_content,
+    token for token what the prompt continues with, and the stream gives the same parts."""
+    from conftest import with_chat_template
+    from test_reasoning import ASK, THINK_TEMPLATE
+
+    model = with_chat_template(smollm2_checkpoint, tmp_path, THINK_TEMPLATE)
+    thinker = edgellm.load(str(model), threads=2, max_context=512)
+    reply = thinker.chat(ASK, max_tokens=20, reasoning_budget=6)
+    message = ChatCompletion.model_validate(reply).choices[0].message
+    m = thinker.model
+    prompt = edgellm.encode_conversation(
+        m.tokenizer, m.chat_template, [("user", ASK[0]["content"])]
+    )
+    alone = "".join(edgellm.generate(edgellm.Context(m), prompt, max_tokens=6))
+    assert message.model_extra["reasoning_content"] == alone.lstrip()
+    assert message.content and "</think>" not in message.content
+    parts = {"reasoning_content": "", "content": ""}
+    for chunk in thinker.chat(ASK, max_tokens=20, reasoning_budget=6, stream=True):
+        delta = ChatCompletionChunk.model_validate(chunk).choices[0].delta
+        parts["reasoning_content"] += (delta.model_extra or {}).get("reasoning_content") or ""
+        parts["content"] += delta.content or ""
+    assert parts == {"reasoning_content": alone.lstrip(), "content": message.content}
+    one_line_error(edgellm, lambda: thinker.chat(ASK, reasoning_budget=-2), "reasoning_budget")

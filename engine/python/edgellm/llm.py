@@ -11,6 +11,7 @@ edgellm_server's /v1/chat/completions and /v1/completions.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -25,7 +26,9 @@ from ._core import (
     Context,
     Error,
     Model,
+    ReasoningSplitter,
     Tools,
+    chat_reasoning,
     compile_response_format,
     encode_conversation,
     generate,
@@ -124,6 +127,7 @@ class LLM:
         tools: Sequence[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
+        reasoning_budget: int = -1,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """A chat.completion dict, or with stream=True an iterator of chat.completion.chunk dicts.
 
@@ -134,6 +138,9 @@ class LLM:
         (a ValueError) naming the construct. tools / tool_choice / parallel_tool_calls as in
         the OpenAI API (the server's rules, README "Tool calls"): a forced call is generated
         under its JSON schema (in place of response_format's), an auto reply is parsed for calls.
+        A template with <think> blocks (a reasoning model) gets the block as the message's
+        reasoning_content (streamed as reasoning_content deltas), free of response_format;
+        reasoning_budget >= 0 closes it after that many tokens (README "Reasoning models").
         """
         if not self.model.chat_template.available():
             raise Error(f"{self.path}: this model has no chat template; use complete()")
@@ -149,11 +156,22 @@ class LLM:
         )
         if spec.forced:  # the call's grammar takes the place of a response_format one
             options["grammar"] = spec.call_grammar()
+        if not _is_int(reasoning_budget) or reasoning_budget < -1:
+            raise Error(f"reasoning_budget must be an integer >= -1, got {reasoning_budget!r}")
+        reasoning = chat_reasoning(self.model, prompt, spec.forced, reasoning_budget)
+        split = ReasoningSplitter(reasoning[1]) if reasoning[0] else None
+        if split is not None:
+            options["reasoning"] = reasoning
         head = self._head("chatcmpl", "chat.completion.chunk" if stream else "chat.completion")
         if stream:
-            return self._chat_chunks(prompt, options, head, spec)
+            return self._chat_chunks(prompt, options, head, spec, split)
         text, run = self._run(prompt, options)
+        thought = ""
+        if split is not None:
+            thought, text = split.feed(text, True)
         message, finish = _reply(text, spec, _finish(run))
+        if thought:
+            message["reasoning_content"] = thought
         choice = {"index": 0, "message": message, "finish_reason": finish}
         return {**head, "choices": [choice], "usage": _usage(prompt, run)}
 
@@ -203,7 +221,12 @@ class LLM:
             return "".join(run), run
 
     def _chat_chunks(
-        self, prompt: list[int], options: dict[str, Any], head: dict[str, Any], spec: Tools
+        self,
+        prompt: list[int],
+        options: dict[str, Any],
+        head: dict[str, Any],
+        spec: Tools,
+        split: ReasoningSplitter | None,
     ) -> Iterator[dict[str, Any]]:
         def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
             return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -212,7 +235,12 @@ class LLM:
             run = generate(context, prompt, **options)
             yield chunk({"role": "assistant", "content": ""}, None)
             held = ""  # with tools, the reply is parsed once whole (as the server streams it)
-            for text in run:
+            for piece in itertools.chain(run, [None]) if split is not None else run:
+                text = piece or ""
+                if split is not None:  # the block's text apart (None: the reply ended)
+                    thought, text = split.feed(text, piece is None)
+                    if thought:
+                        yield chunk({"reasoning_content": thought}, None)
                 if text and spec.active:
                     held += text
                 elif text:
