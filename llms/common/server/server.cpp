@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -513,7 +515,25 @@ struct Api {
       if (scheduler.stopping()) throw ApiError{503, "the server is shutting down", "", ""};
       throw ApiError{429, "the request queue is full; retry later", "", "queue_full"};
     }
-    return stream;
+    return counted(std::move(stream));
+  }
+
+  // Replies still holding a request's stream (a streamed one until httplib drops
+  // its provider): stop() lets them write their last event, the shutdown error
+  // among them, before the sockets close.
+  std::atomic<int> open_replies{0};
+  struct OpenReply {
+    std::atomic<int>& n;
+    std::shared_ptr<RequestStream> stream;
+    OpenReply(std::atomic<int>& c, std::shared_ptr<RequestStream> s) : n(c), stream(std::move(s)) {
+      ++n;
+    }
+    ~OpenReply() { --n; }
+  };
+  // The same stream, its owners counted in open_replies (an aliasing pointer).
+  std::shared_ptr<RequestStream> counted(std::shared_ptr<RequestStream> stream) {
+    auto reply = std::make_shared<OpenReply>(open_replies, std::move(stream));
+    return {reply, reply->stream.get()};
   }
 
   // A forced call (tool_choice "required" or a named function) is generated
@@ -919,6 +939,10 @@ void Server::stop() {
   Impl& s = *impl_;
   if (s.stopped.exchange(true)) return;
   s.scheduler.shutdown(s.options.drain);
+  // Every request has ended by now; give the replies a moment to send their last event.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (s.api.open_replies > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   s.http.stop();
 }
 
