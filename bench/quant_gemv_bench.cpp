@@ -6,9 +6,12 @@
 // means the unpack/convert instructions are the limit.
 //
 // --rows times batched decode's matmul_rows (n independent tokens) instead of
-// one n-token matmul; --int8 quantizes the activations (VNNI) instead of fp32.
+// one n-token matmul; --int8 quantizes the activations (VNNI) instead of fp32;
+// --bf16 times the fast config's decode (avx512::quant_gemv_bf16: u4 formats
+// on bf16 x, the others fp32).
 //
-//   quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] [--reps R] [--rows] [--int8]
+//   quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] [--reps R] [--rows]
+//                    [--int8 | --bf16]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,7 +40,7 @@ QuantMatrix random_quant(BlockFormat f, size_t rows, size_t cols, std::mt19937& 
   return m;
 }
 
-bool g_rows = false;
+bool g_rows = false, g_bf16 = false;
 QuantPrecision g_precision = QuantPrecision::fp32;
 
 // Median over `reps` timed passes (after one warm-up) of a pass over `ms`, in
@@ -53,7 +56,9 @@ double gbytes_per_s(const std::vector<QuantMatrix>& ms, size_t n, ThreadPool& po
   auto pass = [&] {
     for (size_t k = 0; k < inner; ++k)
       for (const auto& m : ms) {
-        if (g_rows)
+        if (g_bf16)
+          avx512::quant_gemv_bf16(m, x.data(), n, y.data(), pool);
+        else if (g_rows)
           quant_matmul_rows(m, x.data(), n, y.data(), nullptr, pool, active_isa(), g_precision);
         else
           quant_matmul(m, x.data(), n, y.data(), nullptr, pool, active_isa(), g_precision);
@@ -90,12 +95,18 @@ int main(int argc, char** argv) {
       g_rows = true;
     else if (std::strcmp(argv[i], "--int8") == 0)
       g_precision = QuantPrecision::int8;
+    else if (std::strcmp(argv[i], "--bf16") == 0)
+      g_bf16 = true;
     else {
       std::fprintf(stderr,
                    "usage: quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] "
-                   "[--reps R] [--rows] [--int8]\n");
+                   "[--reps R] [--rows] [--int8 | --bf16]\n");
       return 2;
     }
+  }
+  if (g_bf16 && (g_precision == QuantPrecision::int8 || active_isa() < Isa::avx512)) {
+    std::fprintf(stderr, "quant_gemv_bench: --bf16 needs the avx512 tier and no --int8\n");
+    return 2;
   }
   if (threads < 1 || reps < 1 || n < 1) {
     std::fprintf(stderr, "quant_gemv_bench: --threads, --n and --reps must be positive\n");
@@ -104,8 +115,10 @@ int main(int argc, char** argv) {
   ThreadPool pool(threads), one(1);
   std::printf("isa %s, %s activations, n=%zu%s, %d threads (median of %d)\n",
               std::string(isa_name(active_isa())).c_str(),
-              g_precision == QuantPrecision::int8 ? "int8" : "fp32", n,
-              g_rows ? " independent rows (batched decode)" : "", pool.size(), reps);
+              g_bf16                                ? "bf16 (u4)"
+              : g_precision == QuantPrecision::int8 ? "int8"
+                                                    : "fp32",
+              n, g_rows ? " independent rows (batched decode)" : "", pool.size(), reps);
   std::printf("ceiling  plain read bandwidth over 512 MB: 1t %.1f GB/s, %dt %.1f GB/s\n",
               edgellm::measure_read_bandwidth(size_t{512} << 20, 1), pool.size(),
               edgellm::measure_read_bandwidth(size_t{512} << 20, pool.size()));

@@ -96,15 +96,18 @@ std::string_view gemm_activation_dtype(const ExecConfig& cfg) {
   return cfg.isa == Isa::amx ? "bf16x2" : "f32";  // avx512 runs bf16x2 as fp32
 }
 
+bool quant_decode_in_bf16(const ExecConfig& cfg) {
+  return cfg.gemm == GemmPrecision::bf16 && cfg.quant == QuantPrecision::fp32 &&
+         cfg.isa >= Isa::avx512;
+}
 bool quant_prefill_in_bf16(const ExecConfig& cfg, size_t n) {
-  if (cfg.gemm != GemmPrecision::bf16 || cfg.quant != QuantPrecision::fp32) return false;
-  if (cfg.isa == Isa::amx) return n >= amx::kMinQuantTokens;
-  return cfg.isa == Isa::avx512 && n >= avx512::kMinBf16QuantTokens;
+  if (!quant_decode_in_bf16(cfg)) return false;
+  return n >= (cfg.isa == Isa::amx ? amx::kMinQuantTokens : avx512::kMinBf16QuantTokens);
 }
 
 std::string quant_activation_dtype(const ExecConfig& cfg) {
   const std::string base(quant_precision_name(cfg.quant));
-  return quant_prefill_in_bf16(cfg, avx512::kMinBf16QuantTokens) ? base + " (prefill bf16)" : base;
+  return quant_decode_in_bf16(cfg) ? base + " (prefill bf16, decode bf16 on 4/5-bit blocks)" : base;
 }
 
 ExecConfig process_exec_config() {
@@ -196,12 +199,15 @@ const std::vector<KernelInfo>& registered_kernels() {
        "rows any, cols % 32 == 0, any n", quantized},
       {"matmul_u4", tiers(WeightFormat::quant),
        "W uint4 + fp32 scale (+ min) per 32 (GGUF Q4_0/Q4_1/Q4_K repacked), x/y fp32 (default); "
-       "avx512 fast prefill and amx (n >= 16) as matmul_i8",
+       "avx512 fast prefill and amx (n >= 16) as matmul_i8; avx512 / amx fast decode (n < 16): "
+       "x rounded to bf16 once, a row's block pair unpacked by VPERMW to bf16 (q - zero), "
+       "VDPBF16PS, scales and mins in fp32 (weights exact)",
        "rows any, cols % 32 == 0, any n", quantized},
       {"matmul_u5", tiers(WeightFormat::quant),
        "W uint5 (the uint4 block + a 32-bit plane of fifth bits) + fp32 scale (+ min) per 32 "
        "(GGUF Q5_0/Q5_1 in their own 22 / 24 bytes per 32), x/y fp32 (default); avx512 fast "
-       "prefill and amx (n >= 16) as matmul_i8",
+       "prefill and amx (n >= 16) as matmul_i8; fast decode as matmul_u4 (the fifth bits "
+       "added to the VPERMW indices through masks)",
        "rows any, cols % 32 == 0, any n", quantized},
       {"matmul_i8_int8x",
        {S, A2},

@@ -150,11 +150,15 @@ void set_gemm_precision(GemmPrecision p);  // tests, benchmarks
 std::string_view gemm_activation_dtype(const ExecConfig& cfg);
 // Whether a quantized GEMM over n tokens rounds x to bf16 once: the avx512
 // and amx tiers' prefill (quant_bf16_avx512.cpp, quant_amx.cpp) under the bf16
-// GEMM precision with fp32 quantized activations, from 16 tokens. Decode keeps
-// x fp32.
+// GEMM precision with fp32 quantized activations, from 16 tokens.
 bool quant_prefill_in_bf16(const ExecConfig& cfg, size_t n);
+// Whether the quantized matmul below that (decode, batched decode, short
+// prompts) rounds x to bf16 for u4 and u5 blocks (Q4_0, Q4_1, Q4_K, Q5_0,
+// Q5_1): the same tiers and config (quant_gemv_bf16_avx512.cpp). The i8
+// layout's decode keeps x fp32.
+bool quant_decode_in_bf16(const ExecConfig& cfg);
 // cfg.quant as the engine applies it: "int8", "fp32", or on the avx512 and
-// amx tiers' fast config "fp32 (prefill bf16)".
+// amx tiers' fast config "fp32 (prefill bf16, decode bf16 on 4/5-bit blocks)".
 std::string quant_activation_dtype(const ExecConfig& cfg);
 
 // How the n rows of a matmul's x relate.

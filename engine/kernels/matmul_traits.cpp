@@ -100,26 +100,39 @@ void quant_gemm(const PackedMatrix& w, const float* x, size_t n, float* y, Threa
                 const ExecConfig& cfg) {
   quant_matmul(*w.quant, x, n, y, w.bias, pool, T, cfg.quant);
 }
-// The avx512 and amx tiers' prefill under the fast GEMM precision (bf16) with
-// fp32 quantized activations: x rounded to bf16 once, VDPBF16PS per group
-// (quant_bf16_avx512.cpp) or one TDPBF16PS pass (quant_amx.cpp), weights,
-// scales and mins exact; everything else, decode included, as quant_gemm.
+// The avx512 and amx tiers under the fast GEMM precision (bf16) with fp32
+// quantized activations: prefill rounds x to bf16 once, VDPBF16PS per group
+// (quant_bf16_avx512.cpp) or one TDPBF16PS pass (quant_amx.cpp); below 16
+// tokens (decode, short prompts) u4 and u5 blocks take the bf16 GEMV
+// (quant_gemv_bf16_avx512.cpp); weights, scales and mins exact. Otherwise
+// quant_gemm.
 template <Isa T>
 void quant_gemm_bf16(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
                      const ExecConfig& cfg) {
-  if (!quant_prefill_in_bf16(cfg, n)) return quant_gemm<T>(w, x, n, y, pool, cfg);
-  if constexpr (T == Isa::amx)
-    amx::quant_matmul_bf16(*w.quant, x, n, y, pool);
-  else
-    avx512::quant_matmul_bf16(*w.quant, x, n, y, pool);
+  if (quant_prefill_in_bf16(cfg, n)) {
+    if constexpr (T == Isa::amx)
+      amx::quant_matmul_bf16(*w.quant, x, n, y, pool);
+    else
+      avx512::quant_matmul_bf16(*w.quant, x, n, y, pool);
+  } else if (quant_decode_in_bf16(cfg)) {
+    avx512::quant_gemv_bf16(*w.quant, x, n, y, pool);
+  } else {
+    return quant_gemm<T>(w, x, n, y, pool, cfg);
+  }
   if (const float* bias = w.bias)
     for (size_t t = 0; t < n; ++t)
       for (size_t r = 0; r < w.rows; ++r) y[t * w.rows + r] += bias[r];
 }
+// Batched decode: each token its own GEMV (quant_gemv_bf16 is per token too).
 template <Isa T>
 void quant_rows(const PackedMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool,
                 const ExecConfig& cfg) {
-  quant_matmul_rows(*w.quant, x, n, y, w.bias, pool, T, cfg.quant);
+  if (T < Isa::avx512 || !quant_decode_in_bf16(cfg))
+    return quant_matmul_rows(*w.quant, x, n, y, w.bias, pool, T, cfg.quant);
+  avx512::quant_gemv_bf16(*w.quant, x, n, y, pool);
+  if (const float* bias = w.bias)
+    for (size_t t = 0; t < n; ++t)
+      for (size_t r = 0; r < w.rows; ++r) y[t * w.rows + r] += bias[r];
 }
 void quant_unpack(const PackedMatrix& w, size_t r, float* out) {
   dequant_row(*w.quant, r, out);
@@ -130,8 +143,8 @@ size_t quant_bytes(const PackedMatrix& w) {
 
 template <Isa T>
 constexpr MatmulKernels quant_row() {
-  constexpr MatmulFn gemm = T >= Isa::avx512 ? quant_gemm_bf16<T> : quant_gemm<T>;
-  return {WeightFormat::quant, T, quant_gemm<T>, gemm, quant_rows<T>, quant_unpack, quant_bytes};
+  constexpr MatmulFn fast = T >= Isa::avx512 ? quant_gemm_bf16<T> : quant_gemm<T>;
+  return {WeightFormat::quant, T, fast, fast, quant_rows<T>, quant_unpack, quant_bytes};
 }
 
 }  // namespace

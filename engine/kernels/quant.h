@@ -25,6 +25,9 @@
 //   fp32 (default): x stays fp32; the integers q are converted to fp32 in
 //     registers and each block contributes scale * sum_j (q_j - zero) x_j
 //     + min * sum_j x_j: the dequantized weights times x, up to fp32 rounding.
+//     Under the fast GEMM precision (bf16) the avx512 and amx tiers round x to
+//     bf16 once instead (the weights stay exact): prefill on every layout,
+//     decode on u4 and u5 (avx512::quant_matmul_bf16 / quant_gemv_bf16).
 //   int8: x is quantized per block of 32 to int8 (scale = max|x| / 127) and
 //     blocks take integer dot products (AVX-VNNI), as llama.cpp does: ~0.4%
 //     relative rounding on x, which the gate measured at 20-40x HF bf16's
@@ -197,6 +200,14 @@ void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t 
 // quantized GEMM on the avx512 tier. The whole matrix, all n tokens, no bias.
 inline constexpr size_t kMinBf16QuantTokens = 16;
 void quant_matmul_bf16(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
+// Decode with bf16 activations (quant_gemv_bf16_avx512.cpp), the fast config's
+// quantized matmul below kMinBf16QuantTokens: u4 and u5 segments (Q4_0, Q4_1,
+// Q4_K, Q5_0, Q5_1) on x rounded to bf16 once (nearest even), their q - zero
+// exact in bf16, scales and mins in fp32; i8 segments on quant_rows_fp32 with
+// fp32 x. Each
+// token has its own GEMV's arithmetic, so any n is n single-token calls, bit
+// for bit (batched decode). The whole matrix, no bias.
+void quant_gemv_bf16(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 }  // namespace avx512
 
 // Prefill on AMX-BF16 tiles (quant_amx.cpp) on the amx tier (the CPU's tiles

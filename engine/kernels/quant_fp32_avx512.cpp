@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/vec_avx512.h"
+
 namespace edgellm::kernels::avx512 {
 namespace {
 
@@ -56,18 +58,8 @@ struct V {
       w[v] = _mm512_cvtepi32_ps(
           _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * v))));
   }
-  // Lane-wise partial sums of sum_i w[i] * b[i] over n values (w fp32 or
-  // IEEE half); the tail through masked loads, which never touch the masked-off
-  // elements.
   static F dot_lanes(const float* w, const uint16_t* w16, const float* b, size_t n) {
-    F acc = zero();
-    for (size_t i = 0; i < n; i += 16) {
-      const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
-      const F wv = w16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w16 + i))
-                       : _mm512_maskz_loadu_ps(m, w + i);
-      acc = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, b + i), acc);
-    }
-    return acc;
+    return avx512::dot_lanes(w, w16, b, n);
   }
 };
 

@@ -6,6 +6,9 @@
 
 #include <immintrin.h>
 
+#include <cstddef>
+#include <cstdint>
+
 namespace edgellm::kernels::avx512 {
 
 // 32 fp32 (x0: the first 16) as 32 bf16 in order: nearest even, as torch's
@@ -17,6 +20,20 @@ inline __m512i to_bf16(__m512 x0, __m512 x1, bool truncate) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
   }
   return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+}
+
+// Lane-wise partial sums of sum_i w[i] * b[i] over n values (w fp32, or IEEE
+// half when w16 is set); the tail through masked loads, which never touch the
+// masked-off elements. (The quantized kernels' zero-point and min terms.)
+inline __m512 dot_lanes(const float* w, const uint16_t* w16, const float* b, size_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    const __m512 wv = w16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w16 + i))
+                          : _mm512_maskz_loadu_ps(m, w + i);
+    acc = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, b + i), acc);
+  }
+  return acc;
 }
 
 // exp(x): x = n ln2 + r, exp(r) by a degree-6 polynomial, times 2^n by

@@ -621,6 +621,82 @@ TEST(QuantTest, AmxBf16PrefillMatchesTheRoundedReference) {
   check_bf16_prefill(amx::quant_matmul_bf16, amx::kMinQuantTokens);
 }
 
+// The fast config's quantized decode (avx512::quant_gemv_bf16): u4 and u5
+// segments against the scalar reference on x rounded to bf16 (nearest even), the other
+// layouts against it on x itself; odd block counts (the last block paired with
+// zeros), rows off the 4-row tile, 1..7 tokens (4-, 2- and 1-token tiles),
+// several segments; no write past the output. n tokens at once equal n
+// single-token calls bit for bit (batched decode). The check's power: with x
+// truncated to bf16 instead (Fault::bf16_truncate) it fails.
+TEST(QuantTest, Bf16GemvMatchesTheRoundedReference) {
+  if (detect_isa() < Isa::avx512) GTEST_SKIP() << "no AVX-512 BF16 on this CPU: not run";
+  std::mt19937 rng(31);
+  ThreadPool pool(2);
+  // The largest |got - want| over the outputs, in units of the fp32 tolerance.
+  auto worst = [&](const QuantMatrix& w, size_t n, const std::string& what) {
+    SCOPED_TRACE(what + " rows " + std::to_string(w.rows) + " cols " + std::to_string(w.cols) +
+                 " n " + std::to_string(n));
+    const auto x = random_x(n * w.cols, rng);
+    std::vector<float> xr(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xr[i] = round_to_bf16(x[i]);
+    std::vector<float> sums, sums_r;
+    const Fp32Acts acts = fp32_acts(x, n, w.cols, sums), acts_r = fp32_acts(xr, n, w.cols, sums_r);
+    std::vector<float> want(n * w.rows, NAN);
+    size_t base = 0;
+    for (const QuantSegment& s : w.segments) {
+      ref::quant_rows_fp32(s, s.layout != QuantLayout::i8 ? acts_r : acts, want.data() + base,
+                           w.rows, 0, s.rows);
+      base += s.rows;
+    }
+    const auto mag = abs_products(w, x, n);
+    std::vector<float> got(n * w.rows + 1, NAN);
+    got.back() = -7.0f;
+    avx512::quant_gemv_bf16(w, x.data(), n, got.data(), pool);
+    EXPECT_EQ(got.back(), -7.0f) << "wrote past the output";
+    double ratio = 0.0;
+    for (size_t i = 0; i + 1 < got.size(); ++i)
+      ratio = std::max(ratio, std::fabs(got[i] - want[i]) / fp32_tol(mag[i], w.cols));
+    // Token by token: the same bits.
+    std::vector<float> one(w.rows);
+    for (size_t t = 0; t < n; ++t) {
+      avx512::quant_gemv_bf16(w, x.data() + t * w.cols, 1, one.data(), pool);
+      EXPECT_EQ(std::memcmp(one.data(), got.data() + t * w.rows, w.rows * sizeof(float)), 0)
+          << "token " << t << " of " << n << " differs from its own GEMV";
+    }
+    return ratio;
+  };
+  std::vector<QuantMatrix> cases;
+  for (BlockFormat f : kFormats) {
+    const size_t unit = block_elems(f);
+    for (size_t rows : {1, 5, 17})
+      for (size_t cols : {unit, 3 * unit, 5 * unit})
+        cases.push_back(random_matrix(f, rows, cols, rng));
+  }
+  QuantMatrix mixed;
+  for (auto [f, rows] :
+       {std::pair{BlockFormat::q4_k, size_t{9}}, std::pair{BlockFormat::q6_k, size_t{7}},
+        std::pair{BlockFormat::q4_0, size_t{13}}, std::pair{BlockFormat::q5_0, size_t{6}},
+        std::pair{BlockFormat::q4_1, size_t{3}}}) {
+    const auto blocks = random_blocks(f, rows, 768, rng);
+    append_segment(mixed, repack_gguf(f, blocks.data(), rows, 768));
+  }
+  cases.push_back(std::move(mixed));
+  for (const QuantMatrix& w : cases)
+    for (size_t n : {1, 2, 3, 7}) {
+      const std::string what = w.segments.size() > 1 ? "mixed" : "one segment";
+      EXPECT_LE(worst(w, n, what), 1.0) << "outside the fp32 tolerance";
+    }
+  // Truncating x instead of rounding it: caught on the u4 and u5 formats.
+  fault::Scoped truncate(fault::Fault::bf16_truncate);
+  for (BlockFormat f : {BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q4_k, BlockFormat::q5_0,
+                        BlockFormat::q5_1}) {
+    double ratio = 0.0;
+    for (size_t rows : {5, 17})
+      ratio = std::max(ratio, worst(random_matrix(f, rows, block_elems(f), rng), 3, "truncated"));
+    EXPECT_GT(ratio, 1.0) << block_format_name(f) << ": truncation to bf16 went unnoticed";
+  }
+}
+
 // The AMX prefill GEMM (n >= 16 on the amx tier) against the scalar fp32
 // reference: every format, rows not a multiple of the 16-row panel or the
 // 32-row block, token counts not a multiple of the 32-token block, and a
