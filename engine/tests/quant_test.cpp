@@ -559,8 +559,8 @@ TEST(QuantTest, AmxTileModelMatchesSilicon) {
 // scalar fp32 reference run on x rounded as the kernel rounds it (bf16, nearest
 // even): the same product up to fp32 summation order, on every format, rows
 // off the 16-row panel, token counts off the 8-token tile, several segments.
-// A kernel that rounds differently (truncation) or drops a group is far outside
-// that tolerance.
+// A kernel that rounds differently is far outside that tolerance: x truncated
+// to bf16 (Fault::bf16_truncate) is shown to fail it.
 using QuantBf16Fn = void (*)(const QuantMatrix&, const float*, size_t, float*, ThreadPool&);
 
 // The amx tier's one-pass prefill (quant_amx.cpp, one bf16 part) is held to
@@ -568,8 +568,8 @@ using QuantBf16Fn = void (*)(const QuantMatrix&, const float*, size_t, float*, T
 void check_bf16_prefill(QuantBf16Fn kernel, size_t min_tokens) {
   std::mt19937 rng(29);
   ThreadPool pool(2);
-  auto check = [&](const QuantMatrix& w, size_t n, const std::string& what) {
-    if (n < min_tokens) return;
+  // The largest |got - want| over the outputs, in units of the fp32 tolerance.
+  auto worst = [&](const QuantMatrix& w, size_t n, const std::string& what) {
     SCOPED_TRACE(what + " rows " + std::to_string(w.rows) + " cols " + std::to_string(w.cols) +
                  " n " + std::to_string(n));
     const auto x = random_x(n * w.cols, rng);
@@ -587,9 +587,14 @@ void check_bf16_prefill(QuantBf16Fn kernel, size_t min_tokens) {
     std::vector<float> got(n * w.rows + 1, NAN);
     got.back() = -7.0f;
     kernel(w, x.data(), n, got.data(), pool);
-    ASSERT_EQ(got.back(), -7.0f) << "wrote past the output";
+    EXPECT_EQ(got.back(), -7.0f) << "wrote past the output";
+    double ratio = 0.0;
     for (size_t i = 0; i + 1 < got.size(); ++i)
-      ASSERT_NEAR(got[i], want[i], fp32_tol(mag[i], w.cols)) << "at " << i;
+      ratio = std::max(ratio, std::fabs(got[i] - want[i]) / fp32_tol(mag[i], w.cols));
+    return ratio;
+  };
+  auto check = [&](const QuantMatrix& w, size_t n, const std::string& what) {
+    if (n >= min_tokens) EXPECT_LE(worst(w, n, what), 1.0) << "outside the fp32 tolerance";
   };
   for (BlockFormat f : kFormats) {
     const size_t unit = block_elems(f);
@@ -608,6 +613,13 @@ void check_bf16_prefill(QuantBf16Fn kernel, size_t min_tokens) {
     append_segment(mixed, repack_gguf(f, blocks.data(), rows, 256));
   }
   for (size_t n : {9, 16, 40}) check(mixed, n, "mixed segments");
+  // Truncating x instead of rounding it (Fault::bf16_truncate): caught.
+  fault::Scoped truncate(fault::Fault::bf16_truncate);
+  for (BlockFormat f : {BlockFormat::q4_0, BlockFormat::q5_0, BlockFormat::q8_0}) {
+    const QuantMatrix w = random_matrix(f, 17, block_elems(f), rng);
+    EXPECT_GT(worst(w, std::max<size_t>(min_tokens, 17), "truncated"), 1.0)
+        << block_format_name(f) << ": truncation to bf16 went unnoticed";
+  }
 }
 
 TEST(QuantTest, Bf16PrefillMatchesTheRoundedReference) {
