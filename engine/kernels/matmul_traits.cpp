@@ -100,6 +100,12 @@ void quant_gemm(const PackedMatrix& w, const float* x, size_t n, float* y, Threa
                 const ExecConfig& cfg) {
   quant_matmul(*w.quant, x, n, y, w.bias, pool, T, cfg.quant);
 }
+// y[t][r] += bias[r] for the kernels that take no bias themselves.
+void add_bias(const PackedMatrix& w, size_t n, float* y) {
+  if (const float* bias = w.bias)
+    for (size_t t = 0; t < n; ++t)
+      for (size_t r = 0; r < w.rows; ++r) y[t * w.rows + r] += bias[r];
+}
 // The avx512 and amx tiers under the fast GEMM precision (bf16) with fp32
 // quantized activations: prefill rounds x to bf16 once, VDPBF16PS per group
 // (quant_bf16_avx512.cpp) or one TDPBF16PS pass (quant_amx.cpp); below 16
@@ -119,9 +125,7 @@ void quant_gemm_bf16(const PackedMatrix& w, const float* x, size_t n, float* y, 
   } else {
     return quant_gemm<T>(w, x, n, y, pool, cfg);
   }
-  if (const float* bias = w.bias)
-    for (size_t t = 0; t < n; ++t)
-      for (size_t r = 0; r < w.rows; ++r) y[t * w.rows + r] += bias[r];
+  add_bias(w, n, y);
 }
 // Batched decode: each token its own GEMV (quant_gemv_bf16 is per token too).
 template <Isa T>
@@ -130,9 +134,7 @@ void quant_rows(const PackedMatrix& w, const float* x, size_t n, float* y, Threa
   if (T < Isa::avx512 || !quant_decode_in_bf16(cfg))
     return quant_matmul_rows(*w.quant, x, n, y, w.bias, pool, T, cfg.quant);
   avx512::quant_gemv_bf16(*w.quant, x, n, y, pool);
-  if (const float* bias = w.bias)
-    for (size_t t = 0; t < n; ++t)
-      for (size_t r = 0; r < w.rows; ++r) y[t * w.rows + r] += bias[r];
+  add_bias(w, n, y);
 }
 void quant_unpack(const PackedMatrix& w, size_t r, float* out) {
   dequant_row(*w.quant, r, out);
