@@ -555,6 +555,38 @@ TEST(QuantTest, AmxTileModelMatchesSilicon) {
   }
 }
 
+// The bf16-activation kernels' check: kernel(w, x, n, y) against the scalar
+// fp32 reference run on x rounded as the kernel rounds it (bf16, nearest even)
+// for the segments `rounded` picks, on x itself for the others. Returns the
+// largest |got - want| over the outputs in units of the fp32 tolerance, and
+// the outputs in `got`; a write past the output fails the test.
+template <class Kernel, class Rounded>
+double bf16_worst(const QuantMatrix& w, const std::vector<float>& x, size_t n, Kernel kernel,
+                  Rounded rounded, std::vector<float>& got) {
+  SCOPED_TRACE("rows " + std::to_string(w.rows) + " cols " + std::to_string(w.cols) + " n " +
+               std::to_string(n));
+  std::vector<float> xr(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xr[i] = round_to_bf16(x[i]);
+  std::vector<float> sums, sums_r;
+  const Fp32Acts acts = fp32_acts(x, n, w.cols, sums), acts_r = fp32_acts(xr, n, w.cols, sums_r);
+  std::vector<float> want(n * w.rows, NAN);
+  size_t base = 0;
+  for (const QuantSegment& s : w.segments) {
+    ref::quant_rows_fp32(s, rounded(s) ? acts_r : acts, want.data() + base, w.rows, 0, s.rows);
+    base += s.rows;
+  }
+  const auto mag = abs_products(w, xr, n);
+  got.assign(n * w.rows + 1, NAN);
+  got.back() = -7.0f;
+  kernel(w, x.data(), n, got.data());
+  EXPECT_EQ(got.back(), -7.0f) << "wrote past the output";
+  got.pop_back();
+  double ratio = 0.0;
+  for (size_t i = 0; i < got.size(); ++i)
+    ratio = std::max(ratio, std::fabs(got[i] - want[i]) / fp32_tol(mag[i], w.cols));
+  return ratio;
+}
+
 // The bf16-activation prefill GEMM (avx512 tier, the fast config) against the
 // scalar fp32 reference run on x rounded as the kernel rounds it (bf16, nearest
 // even): the same product up to fp32 summation order, on every format, rows
@@ -570,31 +602,17 @@ void check_bf16_prefill(QuantBf16Fn kernel, size_t min_tokens) {
   ThreadPool pool(2);
   // The largest |got - want| over the outputs, in units of the fp32 tolerance.
   auto worst = [&](const QuantMatrix& w, size_t n, const std::string& what) {
-    SCOPED_TRACE(what + " rows " + std::to_string(w.rows) + " cols " + std::to_string(w.cols) +
-                 " n " + std::to_string(n));
-    const auto x = random_x(n * w.cols, rng);
-    std::vector<float> xr(x.size());
-    for (size_t i = 0; i < x.size(); ++i) xr[i] = round_to_bf16(x[i]);
-    std::vector<float> sums;
-    const Fp32Acts acts = fp32_acts(xr, n, w.cols, sums);
-    std::vector<float> want(n * w.rows, NAN);
-    size_t base = 0;
-    for (const QuantSegment& s : w.segments) {
-      ref::quant_rows_fp32(s, acts, want.data() + base, w.rows, 0, s.rows);
-      base += s.rows;
-    }
-    const auto mag = abs_products(w, xr, n);
-    std::vector<float> got(n * w.rows + 1, NAN);
-    got.back() = -7.0f;
-    kernel(w, x.data(), n, got.data(), pool);
-    EXPECT_EQ(got.back(), -7.0f) << "wrote past the output";
-    double ratio = 0.0;
-    for (size_t i = 0; i + 1 < got.size(); ++i)
-      ratio = std::max(ratio, std::fabs(got[i] - want[i]) / fp32_tol(mag[i], w.cols));
-    return ratio;
+    SCOPED_TRACE(what);
+    std::vector<float> got;
+    return bf16_worst(
+        w, random_x(n * w.cols, rng), n,
+        [&](const QuantMatrix& m, const float* x, size_t k, float* y) { kernel(m, x, k, y, pool); },
+        [](const QuantSegment&) { return true; }, got);
   };
   auto check = [&](const QuantMatrix& w, size_t n, const std::string& what) {
-    if (n >= min_tokens) EXPECT_LE(worst(w, n, what), 1.0) << "outside the fp32 tolerance";
+    if (n >= min_tokens) {
+      EXPECT_LE(worst(w, n, what), 1.0) << "outside the fp32 tolerance";
+    }
   };
   for (BlockFormat f : kFormats) {
     const size_t unit = block_elems(f);
@@ -646,28 +664,15 @@ TEST(QuantTest, Bf16GemvMatchesTheRoundedReference) {
   ThreadPool pool(2);
   // The largest |got - want| over the outputs, in units of the fp32 tolerance.
   auto worst = [&](const QuantMatrix& w, size_t n, const std::string& what) {
-    SCOPED_TRACE(what + " rows " + std::to_string(w.rows) + " cols " + std::to_string(w.cols) +
-                 " n " + std::to_string(n));
+    SCOPED_TRACE(what);
     const auto x = random_x(n * w.cols, rng);
-    std::vector<float> xr(x.size());
-    for (size_t i = 0; i < x.size(); ++i) xr[i] = round_to_bf16(x[i]);
-    std::vector<float> sums, sums_r;
-    const Fp32Acts acts = fp32_acts(x, n, w.cols, sums), acts_r = fp32_acts(xr, n, w.cols, sums_r);
-    std::vector<float> want(n * w.rows, NAN);
-    size_t base = 0;
-    for (const QuantSegment& s : w.segments) {
-      ref::quant_rows_fp32(s, s.layout != QuantLayout::i8 ? acts_r : acts, want.data() + base,
-                           w.rows, 0, s.rows);
-      base += s.rows;
-    }
-    const auto mag = abs_products(w, x, n);
-    std::vector<float> got(n * w.rows + 1, NAN);
-    got.back() = -7.0f;
-    avx512::quant_gemv_bf16(w, x.data(), n, got.data(), pool);
-    EXPECT_EQ(got.back(), -7.0f) << "wrote past the output";
-    double ratio = 0.0;
-    for (size_t i = 0; i + 1 < got.size(); ++i)
-      ratio = std::max(ratio, std::fabs(got[i] - want[i]) / fp32_tol(mag[i], w.cols));
+    std::vector<float> got;
+    const double ratio = bf16_worst(
+        w, x, n,
+        [&](const QuantMatrix& m, const float* xs, size_t k, float* y) {
+          avx512::quant_gemv_bf16(m, xs, k, y, pool);
+        },
+        [](const QuantSegment& s) { return s.layout != QuantLayout::i8; }, got);
     // Token by token: the same bits.
     std::vector<float> one(w.rows);
     for (size_t t = 0; t < n; ++t) {
