@@ -12,8 +12,10 @@
 //   kv      block_bytes x blocks: each block's Context::save_kv bytes
 //   check   u64: a hash of every byte before it
 // A file is only read back by a cache of the same fingerprint (the header
-// fields up to blocks); anything else, and a short or corrupt file, is an
-// Error naming the file and the difference, and caches nothing.
+// fields up to blocks); anything else, and a short, long or corrupt file, is
+// an Error naming the file and the difference, and caches nothing. Files are
+// named by clients and live in a folder others may write to: they are never
+// read or written outside it, and never waited on (runtime/confined_dir.h).
 #pragma once
 
 #include <cstddef>
@@ -39,6 +41,10 @@ struct KvFingerprint {
   // base model and its fine-tune), precisions and ISA tiers whenever their KV
   // bytes do, which is exactly when a block could not be reused.
   uint64_t model_hash = 0;
+  // Not in the file: the bounds a file's contents must fit here, checked
+  // before anything is allocated for them.
+  size_t max_tokens = 0;   // the model's context: no saved prompt is longer
+  int32_t vocab_size = 0;  // every token id is in [0, vocab_size)
 };
 
 // The fingerprint of `cache`'s blocks for `model`. `probe` is any Context of
@@ -46,23 +52,39 @@ struct KvFingerprint {
 // prefill, a few milliseconds on a small model).
 KvFingerprint kv_fingerprint(const Model& model, const PrefixCache& cache, Context& probe);
 
-// Writes the blocks of `chain`, the cached prefix of `tokens`, to `path`
-// atomically (a hidden temporary file beside it, flushed, then renamed over
-// it). Returns the bytes written; Error when the file cannot be written.
-size_t save_prefix_file(const std::filesystem::path& path, const KvFingerprint& fingerprint,
-                        const PrefixCache& cache, const PrefixCache::Chain& chain,
-                        std::span<const int32_t> tokens);
-
-struct RestoredPrefix {
-  std::vector<int32_t> tokens;  // the prompt prefix the file's blocks cover
-  size_t cached_tokens = 0;     // of those, now in the cache (fewer when the budget is full)
-  size_t bytes = 0;             // the file's size
+// A prompt prefix's cached blocks copied out of the cache: what a file holds.
+// The cache is the scheduler thread's and a file may be slow, so the blocks
+// are copied there (memory only) and the file is read or written elsewhere.
+struct PrefixBlocks {
+  std::vector<int32_t> tokens;  // the prompt prefix the blocks cover: whole blocks
+  std::vector<uint8_t> kv;      // each block's Context::save_kv bytes, block_bytes apiece
 };
 
-// Checks a file save_prefix_file wrote (fingerprint, size, check hash) and
-// stores its blocks in `cache`. Error for a missing, short or corrupt file, or
-// one another fingerprint wrote; nothing is cached then.
-RestoredPrefix restore_prefix_file(const std::filesystem::path& path,
-                                   const KvFingerprint& fingerprint, PrefixCache& cache);
+// The blocks of `chain`, the cached prefix of `tokens`.
+PrefixBlocks copy_prefix_blocks(const PrefixCache& cache, const PrefixCache::Chain& chain,
+                                std::span<const int32_t> tokens);
+
+// Stores `blocks` in `cache`, first to last while they fit its budget; returns
+// the tokens they cover that are now cached.
+size_t cache_prefix_blocks(const PrefixBlocks& blocks, PrefixCache& cache);
+
+// Writes `blocks` to the file `name` in the folder `dir` (one plain path
+// component) atomically, never through a symbolic link or other file of that
+// name (runtime/confined_dir.h, internal). Returns the bytes written; Error when
+// the file cannot be written.
+size_t save_prefix_file(const std::filesystem::path& dir, const std::string& name,
+                        const KvFingerprint& fingerprint, const PrefixBlocks& blocks);
+
+struct LoadedPrefix {
+  PrefixBlocks blocks;
+  size_t bytes = 0;  // the file's size
+};
+
+// Reads and checks a file save_prefix_file wrote: a regular file of the
+// folder (a symbolic link, FIFO or device is refused without waiting on it),
+// of this fingerprint, no longer than the context, whole (its check hash) and
+// whose token ids are in the vocabulary. Error naming the file otherwise.
+LoadedPrefix load_prefix_file(const std::filesystem::path& dir, const std::string& name,
+                              const KvFingerprint& fingerprint);
 
 }  // namespace edgellm

@@ -22,9 +22,11 @@
 // the lowest free one) that remembers the prompt of the last request it
 // served. save_slot() writes that prompt's cached blocks to a file and
 // restore_slot() reads such a file back into the cache (prefix_cache_file.h),
-// so a long system prompt survives a restart. Both run on the scheduler thread
-// between two steps, as queued tasks the caller waits for: the cache and the
-// contexts are that thread's alone.
+// so a long system prompt survives a restart. The cache and the contexts are
+// the scheduler thread's alone, and a file may be slow: the blocks are copied
+// out of, or into, the cache on the scheduler thread between two steps (queued
+// tasks the caller waits for, memory only), and the file is written or read
+// on the caller's thread, so no file ever delays a step.
 #pragma once
 
 #include <atomic>
@@ -103,16 +105,18 @@ class Scheduler {
     size_t tokens = 0;         // the prompt tokens the file's blocks cover
     size_t cached_tokens = 0;  // restore: of those, now in the cache (fewer once it is full)
     size_t bytes = 0;          // the file's size
-    double ms = 0;             // on the scheduler thread (the wait for a step not counted)
+    double ms = 0;             // the whole action, the file's I/O included
   };
-  // The cached blocks of the last prompt `slot` served, written to `file`
-  // (atomically). Error when the slot is out of range, the cache is off, none
-  // of that prompt is cached, or the file cannot be written.
-  SlotFile save_slot(int slot, const std::filesystem::path& file);
-  // A file save_slot wrote (by this model and arithmetic) into the cache,
-  // whose prompt becomes the slot's last. Error when it is missing, short,
-  // corrupt or another model's (then nothing is cached).
-  SlotFile restore_slot(int slot, const std::filesystem::path& file);
+  // The cached blocks of the last prompt `slot` served, written to the file
+  // `name` in the folder `dir` (atomically, never outside it). Error when the
+  // slot is out of range, the cache is off, none of that prompt is cached, or
+  // the file cannot be written.
+  SlotFile save_slot(int slot, const std::filesystem::path& dir, const std::string& name);
+  // The file `name` in `dir`, which save_slot wrote (by this model and
+  // arithmetic), into the cache; its prompt becomes the slot's last. Error when
+  // it is missing, not a regular file, short, corrupt, another model's or
+  // holds ids outside the vocabulary (then nothing is cached).
+  SlotFile restore_slot(int slot, const std::filesystem::path& dir, const std::string& name);
   // The slot forgets its last prompt (its blocks stay cached until evicted);
   // returns that prompt's length.
   size_t erase_slot(int slot);
@@ -160,6 +164,9 @@ class Scheduler {
   std::vector<std::unique_ptr<Job>> active_;
   std::vector<Slot> slots_;                   // max_batch of them
   std::optional<KvFingerprint> fingerprint_;  // of the cache's blocks, at the first slot file
+  // One slot file at a time: its blocks' copy in memory is at most one
+  // context's KV, however many clients save or restore at once.
+  std::mutex slot_file_mutex_;
   std::thread thread_;
 };
 

@@ -1,18 +1,14 @@
 #include "edgellm/prefix_cache_file.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <memory>
-#include <system_error>
 
 #include "edgellm/error.h"
+#include "runtime/confined_dir.h"
 
 namespace edgellm {
 
@@ -79,11 +75,6 @@ template <typename T>
 void hash_value(Hasher& h, T v) {
   h.update(&v, sizeof v);
 }
-
-struct FileCloser {
-  void operator()(FILE* f) const { std::fclose(f); }
-};
-using File = std::unique_ptr<FILE, FileCloser>;
 
 std::string errno_text() {
   return std::strerror(errno);
@@ -192,67 +183,82 @@ KvFingerprint kv_fingerprint(const Model& model, const PrefixCache& cache, Conte
     hash_value(h, v);
   h.update(fp.kv_dtype.data(), fp.kv_dtype.size());
   fp.model_hash = h.digest();
+  fp.max_tokens = static_cast<size_t>(model.max_context());
+  fp.vocab_size = c.vocab_size;
   return fp;
 }
 
-size_t save_prefix_file(const std::filesystem::path& path, const KvFingerprint& fingerprint,
-                        const PrefixCache& cache, const PrefixCache::Chain& chain,
-                        std::span<const int32_t> tokens) {
-  check(chain.tokens() <= tokens.size() && cache.block_tokens() == fingerprint.block_tokens &&
-            cache.block_bytes() == fingerprint.block_bytes,
-        "save_prefix_file: a chain of another prompt, or a fingerprint of another cache");
-  const std::string name = path.string();
-  // Hidden (a leading '.') so that no file a client may name is ever the temporary.
-  std::string hidden = ".";
-  hidden += path.filename().string();
-  hidden += ".tmp";
-  hidden += std::to_string(getpid());
-  const std::filesystem::path tmp = path.parent_path() / hidden;
-  File f(std::fopen(tmp.c_str(), "wb"));
-  if (!f) throw Error(name + ": cannot write (" + errno_text() + ")");
-  Writer w(f.get());
-  write_header(w, fingerprint, chain.size());
-  w.put(tokens.data(), chain.tokens() * sizeof(int32_t));
+PrefixBlocks copy_prefix_blocks(const PrefixCache& cache, const PrefixCache::Chain& chain,
+                                std::span<const int32_t> tokens) {
+  check(chain.tokens() <= tokens.size(), "copy_prefix_blocks: a chain of another prompt");
+  PrefixBlocks out;
+  out.tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(chain.tokens()));
+  out.kv.reserve(chain.size() * cache.block_bytes());
   for (size_t i = 0; i < chain.size(); ++i) {
     const std::span<const uint8_t> kv = cache.block_kv(chain, i);
-    w.put(kv.data(), kv.size());
+    out.kv.insert(out.kv.end(), kv.begin(), kv.end());
   }
-  const uint64_t sum = w.hash.digest();
-  w.put(sum);
-  bool ok = w.ok && std::fflush(f.get()) == 0 && fsync(fileno(f.get())) == 0;
-  const std::string why = errno_text();
-  ok = std::fclose(f.release()) == 0 && ok;
-  std::error_code ec;
-  if (ok) std::filesystem::rename(tmp, path, ec);
-  if (!ok || ec) {
-    std::filesystem::remove(tmp, ec);
-    throw Error(name + ": cannot write (" + (ok ? ec.message() : why) + ")");
-  }
-  return w.bytes;
+  return out;
 }
 
-RestoredPrefix restore_prefix_file(const std::filesystem::path& path,
-                                   const KvFingerprint& fingerprint, PrefixCache& cache) {
-  const std::string name = path.string();
-  File f(std::fopen(path.c_str(), "rb"));
-  if (!f) throw Error(name + ": cannot open (" + errno_text() + ")");
-  struct stat st {};
-  if (fstat(fileno(f.get()), &st) != 0 || !S_ISREG(st.st_mode))
-    throw Error(name + ": not a regular file");
-  const auto size = static_cast<uint64_t>(st.st_size);
+size_t cache_prefix_blocks(const PrefixBlocks& blocks, PrefixCache& cache) {
+  const size_t block_tokens = cache.block_tokens(), block_bytes = cache.block_bytes();
+  const size_t n = blocks.tokens.size() / block_tokens;
+  check(n * block_tokens == blocks.tokens.size() && n * block_bytes == blocks.kv.size(),
+        "cache_prefix_blocks: blocks of another cache's size");
+  const std::span<const int32_t> tokens(blocks.tokens);
+  const std::span<const uint8_t> kv(blocks.kv);
+  PrefixCache::Chain chain;
+  size_t cached = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!cache.append(chain, tokens.subspan(i * block_tokens, block_tokens),
+                      kv.subspan(i * block_bytes, block_bytes)))
+      break;
+    cached += block_tokens;
+  }
+  return cached;
+}
+
+size_t save_prefix_file(const std::filesystem::path& dir, const std::string& name,
+                        const KvFingerprint& fingerprint, const PrefixBlocks& blocks) {
+  const uint64_t n = blocks.tokens.size() / std::max<uint32_t>(fingerprint.block_tokens, 1);
+  check(n * fingerprint.block_tokens == blocks.tokens.size() &&
+            n * fingerprint.block_bytes == blocks.kv.size(),
+        "save_prefix_file: blocks of another cache than the fingerprint's");
+  const ConfinedDir folder(dir);
+  size_t bytes = 0;
+  folder.replace(name, [&](FILE* f) {
+    Writer w(f);
+    write_header(w, fingerprint, n);
+    w.put(blocks.tokens.data(), blocks.tokens.size() * sizeof(int32_t));
+    w.put(blocks.kv.data(), blocks.kv.size());
+    const uint64_t sum = w.hash.digest();
+    w.put(sum);
+    bytes = w.bytes;
+    return w.ok;
+  });
+  return bytes;
+}
+
+LoadedPrefix load_prefix_file(const std::filesystem::path& dir, const std::string& name,
+                              const KvFingerprint& fingerprint) {
+  const ConfinedDir folder(dir);
+  const std::string path = folder.path_of(name);
+  uint64_t size = 0;
+  const File f = folder.open_regular(name, size);
   if (size < kHeaderBytes + sizeof(uint64_t))
-    throw Error(name + ": not a prefix-cache file (" + std::to_string(size) +
+    throw Error(path + ": not a prefix-cache file (" + std::to_string(size) +
                 " bytes, shorter than the header)");
 
   std::array<uint8_t, kHeaderBytes> header;
-  read_exact(f.get(), header.data(), header.size(), name);
+  read_exact(f.get(), header.data(), header.size(), path);
   const uint8_t* p = header.data();
   if (!std::equal(kMagic.begin(), kMagic.end(), reinterpret_cast<const char*>(p)))
-    throw Error(name + ": not a prefix-cache file (no EDGLKVPC magic)");
+    throw Error(path + ": not a prefix-cache file (no EDGLKVPC magic)");
   p += kMagic.size();
   const auto version = take<uint32_t>(p);
   if (version != kVersion)
-    throw Error(name + ": prefix-cache file version " + std::to_string(version) +
+    throw Error(path + ": prefix-cache file version " + std::to_string(version) +
                 "; this build reads version " + std::to_string(kVersion));
   KvFingerprint file;
   file.block_tokens = take<uint32_t>(p);
@@ -265,47 +271,47 @@ RestoredPrefix restore_prefix_file(const std::filesystem::path& path,
   file.model_hash = take<uint64_t>(p);
   const auto blocks = take<uint64_t>(p);
   if (const std::string diff = differences(file, fingerprint); !diff.empty())
-    throw Error(name + ": saved from another model or KV layout: " + diff);
+    throw Error(path + ": saved from another model or KV layout: " + diff);
   if (file.model_hash != fingerprint.model_hash)
-    throw Error(name + ": saved by another model or arithmetic (model hash " +
+    throw Error(path + ": saved by another model or arithmetic (model hash " +
                 hex(file.model_hash) + ", here " + hex(fingerprint.model_hash) + ")");
+  // Before anything is allocated for them: a saved prompt fits the context.
+  const uint64_t max_blocks = fingerprint.max_tokens / file.block_tokens;
+  if (blocks > max_blocks)
+    throw Error(path + ": its header promises " + std::to_string(blocks) + " blocks of " +
+                std::to_string(file.block_tokens) + " tokens, more than the context of " +
+                std::to_string(fingerprint.max_tokens) + " tokens holds (" +
+                std::to_string(max_blocks) + ")");
 
   const uint64_t per_block = uint64_t{file.block_tokens} * sizeof(int32_t) + file.block_bytes;
   const uint64_t body = size - kHeaderBytes - sizeof(uint64_t);
-  if (blocks > body / per_block || blocks * per_block != body)
-    throw Error(name + ": truncated or padded (" + std::to_string(size) +
+  if (blocks * per_block != body)
+    throw Error(path + ": truncated or padded (" + std::to_string(size) +
                 " bytes; its header promises " + std::to_string(blocks) + " blocks of " +
                 std::to_string(per_block) + " bytes after a " + std::to_string(kHeaderBytes) +
                 "-byte header, and an 8-byte check)");
 
-  // First the whole file against its check, so that a corrupt one caches nothing.
+  // The whole file against its check, so that a corrupt one caches nothing.
+  LoadedPrefix out;
+  out.bytes = static_cast<size_t>(size);
+  PrefixBlocks& b = out.blocks;
+  b.tokens.resize(static_cast<size_t>(blocks * file.block_tokens));
+  b.kv.resize(static_cast<size_t>(blocks * file.block_bytes));
+  read_exact(f.get(), b.tokens.data(), b.tokens.size() * sizeof(int32_t), path);
+  read_exact(f.get(), b.kv.data(), b.kv.size(), path);
+  uint64_t sum = 0;
+  read_exact(f.get(), &sum, sizeof sum, path);
   Hasher h;
   h.update(header.data(), header.size());
-  std::vector<uint8_t> buf(size_t{1} << 20);
-  for (uint64_t left = body; left > 0;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
-    read_exact(f.get(), buf.data(), n, name);
-    h.update(buf.data(), n);
-    left -= n;
-  }
-  uint64_t sum = 0;
-  read_exact(f.get(), &sum, sizeof sum, name);
-  if (sum != h.digest()) throw Error(name + ": corrupt (its check does not match its contents)");
-
-  RestoredPrefix out;
-  out.bytes = static_cast<size_t>(size);
-  out.tokens.resize(static_cast<size_t>(blocks * file.block_tokens));
-  if (std::fseek(f.get(), static_cast<long>(kHeaderBytes), SEEK_SET) != 0)
-    throw Error(name + ": seek failed (" + errno_text() + ")");
-  read_exact(f.get(), out.tokens.data(), out.tokens.size() * sizeof(int32_t), name);
-  std::vector<uint8_t> kv(static_cast<size_t>(file.block_bytes));
-  PrefixCache::Chain chain;
-  const std::span<const int32_t> all(out.tokens);
-  for (size_t i = 0; i < blocks; ++i) {
-    read_exact(f.get(), kv.data(), kv.size(), name);
-    if (!cache.append(chain, all.subspan(i * file.block_tokens, file.block_tokens), kv)) break;
-    out.cached_tokens += file.block_tokens;
-  }
+  h.update(b.tokens.data(), b.tokens.size() * sizeof(int32_t));
+  h.update(b.kv.data(), b.kv.size());
+  if (sum != h.digest()) throw Error(path + ": corrupt (its check does not match its contents)");
+  // A whole file may still have been written by hand: its ids index the vocabulary.
+  for (size_t i = 0; i < b.tokens.size(); ++i)
+    if (b.tokens[i] < 0 || b.tokens[i] >= fingerprint.vocab_size)
+      throw Error(path + ": token id " + std::to_string(b.tokens[i]) + " at position " +
+                  std::to_string(i) + " is outside the vocabulary of " +
+                  std::to_string(fingerprint.vocab_size) + " tokens");
   return out;
 }
 

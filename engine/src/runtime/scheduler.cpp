@@ -353,11 +353,14 @@ const KvFingerprint& Scheduler::fingerprint() {
   return *fingerprint_;
 }
 
-Scheduler::SlotFile Scheduler::save_slot(int slot, const std::filesystem::path& file) {
+Scheduler::SlotFile Scheduler::save_slot(int slot, const std::filesystem::path& dir,
+                                         const std::string& name) {
   check_slot(slot);
-  SlotFile out;
+  const std::lock_guard one_file(slot_file_mutex_);
+  const auto start = Clock::now();
+  KvFingerprint fp;
+  PrefixBlocks blocks;
   run_between_steps([&] {
-    const auto start = Clock::now();
     const std::vector<int32_t>& prompt = slots_[static_cast<size_t>(slot)].prompt;
     const PrefixCache::Chain chain = cache_->match(prompt);
     check(chain.size() > 0,
@@ -366,26 +369,33 @@ Scheduler::SlotFile Scheduler::save_slot(int slot, const std::filesystem::path& 
                          : "slot " + std::to_string(slot) + "'s last prompt (" +
                                std::to_string(prompt.size()) +
                                " tokens) has no whole block in the prefix cache");
-    out.bytes = save_prefix_file(file, fingerprint(), *cache_, chain, prompt);
-    out.tokens = chain.tokens();
-    out.ms = seconds_since(start) * 1e3;
+    fp = fingerprint();
+    blocks = copy_prefix_blocks(*cache_, chain, prompt);
   });
+  SlotFile out;
+  out.bytes = save_prefix_file(dir, name, fp, blocks);
+  out.tokens = blocks.tokens.size();
+  out.ms = seconds_since(start) * 1e3;
   return out;
 }
 
-Scheduler::SlotFile Scheduler::restore_slot(int slot, const std::filesystem::path& file) {
+Scheduler::SlotFile Scheduler::restore_slot(int slot, const std::filesystem::path& dir,
+                                            const std::string& name) {
   check_slot(slot);
+  const std::lock_guard one_file(slot_file_mutex_);
+  const auto start = Clock::now();
+  KvFingerprint fp;
+  run_between_steps([&] { fp = fingerprint(); });
+  LoadedPrefix loaded = load_prefix_file(dir, name, fp);
   SlotFile out;
+  out.tokens = loaded.blocks.tokens.size();
+  out.bytes = loaded.bytes;
   run_between_steps([&] {
-    const auto start = Clock::now();
-    RestoredPrefix restored = restore_prefix_file(file, fingerprint(), *cache_);
-    out.tokens = restored.tokens.size();
-    out.cached_tokens = restored.cached_tokens;
-    out.bytes = restored.bytes;
-    slots_[static_cast<size_t>(slot)].prompt = std::move(restored.tokens);
+    out.cached_tokens = cache_prefix_blocks(loaded.blocks, *cache_);
+    slots_[static_cast<size_t>(slot)].prompt = std::move(loaded.blocks.tokens);
     metrics_.set_prefix_cache(cache_->blocks(), cache_->bytes(), cache_->evictions());
-    out.ms = seconds_since(start) * 1e3;
   });
+  out.ms = seconds_since(start) * 1e3;
   return out;
 }
 

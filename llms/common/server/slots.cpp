@@ -60,14 +60,14 @@ json slot_action(Scheduler& scheduler, const std::filesystem::path& dir, const s
   try {
     if (action == "erase") return {{"id_slot", slot}, {"n_erased", scheduler.erase_slot(slot)}};
     if (action == "save") {
-      const Scheduler::SlotFile r = scheduler.save_slot(slot, dir / filename);
+      const Scheduler::SlotFile r = scheduler.save_slot(slot, dir, filename);
       return {{"id_slot", slot},
               {"filename", filename},
               {"n_saved", r.tokens},
               {"n_written", r.bytes},
               {"timings", {{"save_ms", r.ms}}}};
     }
-    const Scheduler::SlotFile r = scheduler.restore_slot(slot, dir / filename);
+    const Scheduler::SlotFile r = scheduler.restore_slot(slot, dir, filename);
     return {{"id_slot", slot},        {"filename", filename},
             {"n_restored", r.tokens}, {"n_cached", r.cached_tokens},
             {"n_read", r.bytes},      {"timings", {{"restore_ms", r.ms}}}};
