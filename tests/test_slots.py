@@ -4,13 +4,21 @@ A long system prompt's KV, saved from one server and restored into a new one, se
 request that starts with it: the same greedy answer as a cold server, its prefix reported as
 cached, and a time to first token a fraction of the cold one. Bad names, ids, actions and files
 (truncated, corrupt, another arithmetic's or model's) get one 400 each; the server stays up.
+A hostile slot folder (symbolic links at a saved or temporary name, a FIFO, a leased file) never
+makes the server write outside it or stall: each refusal comes at once, /health answers within
+a second and a stream decoding meanwhile keeps its pace.
 """
 
 from __future__ import annotations
 
+import fcntl
+import itertools
 import json
+import os
 import shutil
+import signal
 import statistics
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -63,11 +71,11 @@ class ErrorReply(BaseModel):
     error: dict[str, Any]
 
 
-def post(server: Server, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+def post(server: Server, path: str, body: Any, timeout: float = 120) -> tuple[int, dict[str, Any]]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     req = urllib.request.Request(server.url + path, data=data, method="POST", headers=JSON)
     try:
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         reply = json.loads(e.read())
@@ -265,3 +273,177 @@ def test_slot_routes_are_off_by_default(smollm2_checkpoint: Path) -> None:
         assert e["code"] == "slot_saving_off"
     finally:
         assert s.stop() == 0
+
+
+class Stream:
+    """A greedy stream of `n` tokens decoding in the background: the times its chunks came."""
+
+    def __init__(self, server: Server, n: int) -> None:
+        self.times: list[float] = []
+        self.completion_tokens = 0
+        self.thread = threading.Thread(target=self.run, args=(server, n))
+        self.thread.start()
+
+    def run(self, server: Server, n: int) -> None:
+        stream = server.client.chat.completions.create(
+            model=NAME,
+            messages=[{"role": "user", "content": "Tell me a long story about a bakery."}],
+            max_tokens=n,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                self.times.append(time.perf_counter())
+            if chunk.usage:
+                self.completion_tokens = chunk.usage.completion_tokens
+
+    def wait_for_tokens(self, n: int) -> None:
+        deadline = time.perf_counter() + 60
+        while len(self.times) < n and self.thread.is_alive() and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        assert len(self.times) >= n, "the stream did not start"
+
+    def join(self) -> None:
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive()
+
+    def during(self, start: float, end: float) -> int:
+        return sum(start <= t <= end for t in self.times)
+
+
+def quick_refusal(server: Server, name: str, *words: str) -> float:
+    """Restores `name`: a 400 naming it and `words`; returns how long it took. /health answers
+    within a second right after."""
+    start = time.perf_counter()
+    status, reply = post(server, "/slots/0?action=restore", {"filename": name}, timeout=30)
+    took = time.perf_counter() - start
+    assert status == 400, reply
+    for w in (name, *words):
+        assert w in reply["error"]["message"], reply
+    health = time.perf_counter()
+    assert server.get("/health")[0] == 200
+    assert time.perf_counter() - health < 1.0
+    return took
+
+
+@pytest.fixture
+def sigio_ignored():
+    """A broken lease signals its holder with SIGIO, whose default action ends the process."""
+    previous = signal.signal(signal.SIGIO, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGIO, previous)
+
+
+def test_a_hostile_slot_folder_neither_leaks_nor_stalls(
+    smollm2_checkpoint: Path, tmp_path: Path, sigio_ignored: None
+) -> None:
+    d, outside = tmp_path / "slots", tmp_path / "outside"
+    d.mkdir()
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_text("keep")
+    s = Server(
+        smollm2_checkpoint, "--slot-save-path", str(d), "--parallel", "2", max_context=CONTEXT
+    )
+    try:
+        body = {"model": NAME, "messages": messages(SAVED_QUESTION), "max_tokens": 1}
+        post(s, "/v1/chat/completions", body)
+        good = slot(s, "save", "good.bin")
+
+        # A link at the saved name, and at the temporary name a save used to write first
+        # (DIR/.NAME.tmp<pid>): the save replaces the first and never touches the second.
+        (d / "link.bin").symlink_to(victim)
+        (d / f".old.bin.tmp{s.proc.pid}").symlink_to(victim)
+        assert slot(s, "save", "link.bin").n_written == good.n_written
+        assert slot(s, "save", "old.bin").n_written == good.n_written
+        assert victim.read_text() == "keep" and sorted(p.name for p in outside.iterdir()) == [
+            "victim"
+        ]
+        assert (d / "link.bin").is_file() and not (d / "link.bin").is_symlink()
+        assert (d / f".old.bin.tmp{s.proc.pid}").is_symlink()
+
+        # A link to a good slot file outside the folder is not followed.
+        shutil.copy(d / "good.bin", outside / "good.bin")
+        (d / "out.bin").symlink_to(outside / "good.bin")
+        quick_refusal(s, "out.bin", "a symbolic link, which is not followed")
+
+        # While a stream decodes: a FIFO nobody writes to (an open() that waits for a writer)
+        # and a leased file (an open() that waits up to /proc/sys/fs/lease-break-time, 45 s, for
+        # the lease's holder) are refused at once, and the stream never pauses for them.
+        os.mkfifo(d / "fifo.bin")
+        shutil.copy(d / "good.bin", d / "leased.bin")
+        lease = os.open(d / "leased.bin", os.O_RDONLY)
+        fcntl.fcntl(lease, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        stream = Stream(s, 400)
+        try:
+            stream.wait_for_tokens(5)
+            start = time.perf_counter()
+            took = [
+                quick_refusal(s, "fifo.bin", "not a regular file (a FIFO)"),
+                quick_refusal(s, "leased.bin", "busy (another process holds a lease"),
+                quick_refusal(s, "fifo.bin", "not a regular file (a FIFO)"),
+            ]
+            end = time.perf_counter()
+        finally:
+            stream.join()
+            os.close(lease)
+        assert max(took) < 1.0, took
+        assert stream.during(end, end + 3600) > 0, "the stream went on after the attack"
+        assert stream.completion_tokens == 400
+        status, reply = post(s, "/slots/0?action=restore", {"filename": "leased.bin"})
+        assert status == 200, reply  # the lease gone, the file restores
+        report_line(
+            "slot save/restore",
+            f"hostile slot folder: FIFO and leased file refused in {max(took) * 1e3:.0f} ms "
+            f"(a stream decoding meanwhile: {stream.during(start, end)} tokens during the attack)",
+        )
+    finally:
+        assert s.stop() == 0
+    assert victim.read_text() == "keep"
+
+
+def test_a_stream_keeps_its_pace_while_slots_are_saved_and_restored(
+    smollm2_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The scheduler thread only copies a slot's blocks; writing and reading the file (here
+    about 45 MB, written and flushed to disk each time) happen beside the decoding streams."""
+    s = Server(
+        smollm2_checkpoint,
+        "--slot-save-path",
+        str(tmp_path),
+        "--parallel",
+        "2",
+        max_context=CONTEXT,
+    )
+    try:
+        body = {"model": NAME, "messages": messages(SAVED_QUESTION), "max_tokens": 1}
+        post(s, "/v1/chat/completions", body)
+        warm = slot(s, "save", "warm.bin")  # the fingerprint's probe prefill, once
+        stream = Stream(s, 600)
+        ops: list[tuple[float, float]] = []
+        try:
+            stream.wait_for_tokens(5)
+            for i in range(4):
+                start = time.perf_counter()
+                slot(s, "save", f"s{i}.bin")
+                slot(s, "restore", f"s{i}.bin")
+                ops.append((start, time.perf_counter()))
+        finally:
+            stream.join()
+    finally:
+        assert s.stop() == 0
+    gaps = [b - a for a, b in itertools.pairwise(stream.times)]
+    tokens_during = sum(stream.during(a, b) for a, b in ops)
+    op_ms = statistics.median(b - a for a, b in ops) * 1e3
+    line = (
+        f"a stream beside 4 save+restore pairs of a {warm.n_written / 1e6:.0f} MB slot file: "
+        f"pair median {op_ms:.0f} ms, {tokens_during} tokens streamed during them, longest gap "
+        f"{max(gaps) * 1e3:.0f} ms (median {statistics.median(gaps) * 1e3:.0f} ms)"
+    )
+    print(line)
+    report_line("slot save/restore", line)
+    assert stream.completion_tokens == 600 and tokens_during > 0, line
+    assert max(gaps) < 1.0, line  # the budget /health has too
