@@ -45,7 +45,7 @@ TINY = {
     "num_key_value_heads": 2,
     "head_dim": 24,
     "vocab_size": 49152,
-    "max_position_embeddings": 512,
+    "max_position_embeddings": 4096,  # stage 2's corpus documents fit (make verify)
     "rms_norm_eps": 1e-5,
 }
 
@@ -87,6 +87,39 @@ CONFIGS: dict[str, tuple[str, dict]] = {
             "rope_theta": 1000000.0,
             "tie_word_embeddings": True,
             "rope_scaling": {"rope_type": "linear", "factor": 2.5},
+        },
+    ),
+    # Every layer windowed, narrower than the test's token list (decode crosses it).
+    "mistral-tiny": (
+        "MistralConfig",
+        {**TINY, "rope_theta": 20000.0, "sliding_window": 6, "tie_word_embeddings": False},
+    ),
+    # Granite's four multipliers, none 1, and attention_bias (o_proj's bias included).
+    "granite-tiny": (
+        "GraniteConfig",
+        {
+            **TINY,
+            "rope_theta": 30000.0,
+            "attention_bias": True,
+            "embedding_multiplier": 3.0,
+            "residual_multiplier": 0.4,
+            "attention_multiplier": 0.3,
+            "logits_scaling": 2.5,
+        },
+    ),
+    # NoPE layers that are not HF's default every-4th alone (layer 1 as well as layer 3).
+    "smollm3-tiny": (
+        "SmolLM3Config",
+        {
+            **TINY,
+            "num_hidden_layers": 4,
+            "rope_theta": 40000.0,
+            "no_rope_layers": [1, 0, 1, 0],
+            "tie_word_embeddings": True,
+            # HF's default ids (128000-128004) lie outside the tiny vocabulary.
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
         },
     ),
     "gemma3-tiny": (

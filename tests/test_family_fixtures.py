@@ -28,7 +28,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 from make_fixture import CONFIGS, SAVE_OPTIONS  # noqa: E402
 
-FIXTURES = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "gemma3-tiny"]
+FIXTURES = [
+    "llama-tiny",
+    "qwen2-tiny",
+    "qwen3-tiny",
+    "gemma3-tiny",
+    "mistral-tiny",
+    "granite-tiny",
+    "smollm3-tiny",
+]
 TOKENS = [1, 504, 3101, 42, 77, 19000, 8, 260, 4431, 12, 999, 31, 5, 48000, 600, 2, 7, 300]
 PROMPT_LEN = 5
 SPLIT = 7  # the continued prefill: [0, SPLIT) first, then the rest at start_pos = SPLIT

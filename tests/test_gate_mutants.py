@@ -47,6 +47,9 @@ GEMMA_DIR = SMOLLM2_DIR.parent / "gemma3-270m"
 MODELS = {"smollm2": SMOLLM2_DIR, "gemma3": GEMMA_DIR}
 FOLDERS = {"smollm2": "smollm2_135m", "gemma3": "gemma3_270m"}  # deployment of each model
 WINDOW = 16  # Gemma's sliding window in the window mutant's checkpoint: the prompts cross it
+# The families proven on tiny random fixtures: the clean engine passes the gate on each, and
+# mutants of each family's own switches fail it (FAMILY_MUTANTS below).
+FAMILY_FIXTURES = ("mistral-tiny", "granite-tiny", "smollm3-tiny")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,10 +92,10 @@ def altered_checkpoint(
     return dst
 
 
-def _capture_subject(model: str, model_dir: Path, choice: str) -> Subject:
+def _capture_subject(folder: str, model_dir: Path, choice: str) -> Subject:
     from verify.runners.hf_runner import HfRunner
 
-    deployment = load_deployment(REPO / "llms" / FOLDERS[model])
+    deployment = load_deployment(REPO / "llms" / folder)
     config = load_verify_config(deployment, model_dir, choice)
     prompts = load_prompts(PROMPTS_DIR / f"{config.variant}.txt")[:VERIFY]
     chat = config.prompt_format == "chat"
@@ -116,21 +119,25 @@ def _capture_subject(model: str, model_dir: Path, choice: str) -> Subject:
 
 
 @pytest.fixture(scope="session")
-def subjects(engine_binding: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """subjects(model, config_changes) -> Subject, captured on first use."""
+def subjects(
+    engine_binding: Any, tmp_path_factory: pytest.TempPathFactory, family_fixture: Any
+) -> Any:
+    """subjects(model, config_changes) -> Subject, captured on first use. A family fixture
+    (scripts/make_fixture.py) is judged as SmolLM2's deployment judges a checkpoint of it:
+    its prompts, through the chat template it borrows with SmolLM2's tokenizer."""
     cache: dict[tuple[str, str], Subject] = {}
 
     def get(model: str, changes: dict[str, Any] | None = None) -> Subject:
         key = (model, json.dumps(changes, sort_keys=True))
         if key not in cache:
-            src = MODELS[model]
+            src = family_fixture(model) if model in FAMILY_FIXTURES else MODELS[model]
             if not (src / "config.json").is_file():
                 missing_model(f"no checkpoint at {src}: run `make fetch`")
-            choice = "instruct" if model == "smollm2" else "base"
+            choice = "base" if model == "gemma3" else "instruct"
             if changes:
                 dst = tmp_path_factory.mktemp(model) / "ckpt"
                 src = altered_checkpoint(src, dst, None, changes)
-            cache[key] = _capture_subject(model, src, choice)
+            cache[key] = _capture_subject(FOLDERS.get(model, "smollm2_135m"), src, choice)
         return cache[key]
 
     return get
@@ -176,7 +183,7 @@ def _engine(model_dir: Path, s: Subject) -> EngineRunner:
     return EngineRunner(model_dir, max_context=s.config.max_context)
 
 
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model", [*MODELS, *FAMILY_FIXTURES])
 def test_clean_engine_passes(model: str, subjects: Any) -> None:
     s = subjects(model)
     runner = _engine(s.config.model_dir, s)
@@ -288,6 +295,40 @@ WEIGHT_MUTANTS: dict[str, WeightMutant] = {
         reference_changes={"sliding_window": WINDOW},
     ),
 }
+
+
+MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny",)
+
+# Each family's own logic, broken in the engine's copy of the config (HF reads the original).
+FAMILY_MUTANTS: dict[str, WeightMutant] = {
+    "sliding window ignored (Mistral as Llama)": WeightMutant(
+        MISTRAL, config=lambda c: {"sliding_window": None}
+    ),
+    "sliding window off by one": WeightMutant(
+        MISTRAL, config=lambda c: {"sliding_window": c["sliding_window"] + 1}
+    ),
+    "residual_multiplier dropped": WeightMutant(
+        GRANITE, config=lambda c: {"residual_multiplier": 1.0}
+    ),
+    "embedding_multiplier dropped": WeightMutant(
+        GRANITE, config=lambda c: {"embedding_multiplier": 1.0}
+    ),
+    "attention scale 1/sqrt(head_dim), not attention_multiplier": WeightMutant(
+        GRANITE, config=lambda c: {"attention_multiplier": c["head_dim"] ** -0.5}
+    ),
+    "logits_scaling dropped": WeightMutant(GRANITE, config=lambda c: {"logits_scaling": 1.0}),
+    "o_proj bias dropped": WeightMutant(
+        GRANITE,
+        lambda t, c: [t[k].zero_() for k in t if k.endswith("o_proj.bias")],
+    ),
+    "RoPE applied on the NoPE layer": WeightMutant(
+        SMOLLM3, config=lambda c: {"no_rope_layers": [1] * c["num_hidden_layers"]}
+    ),
+    "RoPE skipped on a RoPE layer": WeightMutant(
+        SMOLLM3, config=lambda c: {"no_rope_layers": [0] * c["num_hidden_layers"]}
+    ),
+}
+WEIGHT_MUTANTS.update(FAMILY_MUTANTS)
 
 
 def _cases(mutants: dict[str, Any]) -> list[Any]:

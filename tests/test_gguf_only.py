@@ -291,7 +291,10 @@ ARCH = {
     "qwen2-tiny": "qwen2",
     "qwen3-tiny": "qwen3",
     "gemma3-tiny": "gemma3",
+    "granite-tiny": "granite",
+    "smollm3-tiny": "smollm3",
 }
+PERMUTED = ("llama", "granite", "smollm3")  # archs whose converter is llama.cpp's LlamaModel
 
 
 def gguf_name(arch: str, hf: str) -> str:
@@ -372,13 +375,18 @@ def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
         writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
         writer.add_rope_freq_base_swa(cfg["rope_local_base_freq"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch == "granite":
+        writer.add_embedding_scale(cfg["embedding_multiplier"])
+        writer.add_residual_scale(cfg["residual_multiplier"])
+        writer.add_attention_scale(cfg["attention_multiplier"])
+        writer.add_logit_scale(cfg["logits_scaling"])
     add_smollm2_vocab(writer)
     for hf, w in weights.items():
         if hf == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue
-        if arch == "llama" and ".q_proj." in hf:
+        if arch in PERMUTED and ".q_proj." in hf:
             w = permute(w, cfg["num_attention_heads"])
-        if arch == "llama" and ".k_proj." in hf:
+        if arch in PERMUTED and ".k_proj." in hf:
             w = permute(w, cfg["num_key_value_heads"])
         if arch == "gemma3" and hf.endswith("norm.weight"):
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's (1 + w)
@@ -398,6 +406,9 @@ def fixture_pair(
     # hard-codes Gemma 3's query scale as 1/sqrt(head_dim).
     if "query_pre_attn_scalar" in cfg:
         cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+    # ... and SmolLM3's NoPE layers as every 4th.
+    if "no_rope_layers" in cfg:
+        cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(cfg["num_hidden_layers"])]
     # The GGUF carries smollm2's vocabulary and its special ids (<|im_start|>, <|im_end|>).
     cfg["bos_token_id"], cfg["eos_token_id"] = 1, 2
     (fixture / "generation_config.json").unlink(missing_ok=True)  # transformers' default ids
@@ -437,7 +448,9 @@ def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_run: list[str
         timeout=120,
     )
     assert_one_line_error(
-        proc, "architecture 'mamba' is not supported", "(supported: gemma3, llama, qwen2, qwen3)"
+        proc,
+        "architecture 'mamba' is not supported",
+        "(supported: gemma3, granite, llama, qwen2, qwen3, smollm3)",
     )
 
 

@@ -58,6 +58,86 @@ TEST(ConfigTest, Gemma3LayersAndScales) {
   EXPECT_FLOAT_EQ(c.layers[5].rope_theta, 1e6f);
 }
 
+// kLlama with another architecture and extra fields (a JSON object's tail spliced in).
+ModelConfig config_of(const std::string& arch, const std::string& extra) {
+  std::string text = kLlama;
+  text.replace(text.find("LlamaForCausalLM"), 16, arch);
+  text.insert(text.rfind('}'), extra.empty() ? "" : ", " + extra);
+  auto dir = make_temp_dir("config");
+  write_text(dir / "config.json", text);
+  return load_model_config(dir / "config.json");
+}
+
+std::vector<int> windows(const ModelConfig& c) {
+  std::vector<int> w;
+  for (const LayerSpec& l : c.layers) w.push_back(l.sliding_window);
+  return w;
+}
+
+// Which layers slide, as transformers decides per family (each case checked against HF's
+// config classes: MistralConfig's default window is 4096, Qwen2's max_window_layers 28).
+TEST(ConfigTest, SlidingWindowsFollowEachFamily) {
+  EXPECT_EQ(windows(config_of("MistralForCausalLM", "")), (std::vector<int>{4096, 4096}));
+  EXPECT_EQ(windows(config_of("MistralForCausalLM", R"("sliding_window": null)")),
+            (std::vector<int>{0, 0}));
+  EXPECT_EQ(windows(config_of("MistralForCausalLM", R"("sliding_window": 7)")),
+            (std::vector<int>{7, 7}));
+  EXPECT_EQ(windows(config_of("Qwen2ForCausalLM", R"("sliding_window": 7)")),
+            (std::vector<int>{0, 0}));  // use_sliding_window is false by default
+  EXPECT_EQ(windows(config_of("Qwen2ForCausalLM",
+                              R"("use_sliding_window": true, "sliding_window": 7,
+                                 "max_window_layers": 1)")),
+            (std::vector<int>{0, 7}));
+  EXPECT_EQ(windows(config_of("Qwen3ForCausalLM",
+                              R"("use_sliding_window": true, "sliding_window": 5,
+                                 "layer_types": ["sliding_attention", "full_attention"])")),
+            (std::vector<int>{5, 0}));
+  EXPECT_EQ(windows(config_of("LlamaForCausalLM", R"("sliding_window": 7)")),
+            (std::vector<int>{0, 0}));  // HF's Llama has no window
+  EXPECT_NE(error_of(R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "vocab_size": 100, "layer_types": ["sliding_attention", "full_attention"]})")
+                .find("use_sliding_window is false"),
+            std::string::npos);
+}
+
+TEST(ConfigTest, GraniteMultipliersAndOutputBias) {
+  const ModelConfig g = config_of("GraniteForCausalLM",
+                                  R"("embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                                     "attention_multiplier": 0.0078125, "logits_scaling": 8.0,
+                                     "attention_bias": true)");
+  EXPECT_FLOAT_EQ(g.embedding_scale, 12.0f);
+  EXPECT_FLOAT_EQ(g.residual_scale, 0.22f);
+  EXPECT_FLOAT_EQ(g.query_scale, 0.0078125f);  // replaces 1/sqrt(head_dim)
+  EXPECT_FLOAT_EQ(g.logit_divisor, 8.0f);
+  EXPECT_TRUE(g.attention_bias && g.attention_out_bias);
+  // Qwen2: q/k/v biases without the field, never o_proj's; Mistral: none, whatever it says.
+  const ModelConfig q = config_of("Qwen2ForCausalLM", "");
+  EXPECT_TRUE(q.attention_bias && !q.attention_out_bias);
+  const ModelConfig m = config_of("MistralForCausalLM", R"("attention_bias": true)");
+  EXPECT_FALSE(m.attention_bias || m.attention_out_bias);
+}
+
+TEST(ConfigTest, SmolLM3NoPeLayers) {
+  std::string layers = R"("num_hidden_layers": 8)";
+  std::string text = kLlama;
+  text.replace(text.find(R"("num_hidden_layers": 2)"), 22, layers);
+  auto dir = make_temp_dir("config");
+  text.replace(text.find("LlamaForCausalLM"), 16, "SmolLM3ForCausalLM");
+  write_text(dir / "config.json", text);
+  const ModelConfig c = load_model_config(dir / "config.json");
+  for (size_t i = 0; i < c.layers.size(); ++i)
+    EXPECT_EQ(c.layers[i].rope, (i + 1) % 4 != 0) << i;  // HF's default interval: every 4th
+  const ModelConfig listed = config_of("SmolLM3ForCausalLM", R"("no_rope_layers": [0, 1])");
+  EXPECT_FALSE(listed.layers[0].rope);
+  EXPECT_TRUE(listed.layers[1].rope);
+  EXPECT_NE(error_of(R"({"architectures": ["SmolLM3ForCausalLM"], "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "vocab_size": 100, "no_rope_layers": [1, 2]})")
+                .find("no_rope_layers"),
+            std::string::npos);
+}
+
 TEST(ConfigTest, RejectsBadInputWithFieldName) {
   EXPECT_NE(error_of("{not json").find("config.json: parse error at byte"), std::string::npos);
   EXPECT_NE(error_of(R"({"architectures": ["BertModel"], "hidden_size": 8})").find("BertModel"),

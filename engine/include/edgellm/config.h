@@ -26,6 +26,7 @@ struct LayerSpec {
   int sliding_window = 0;  // 0 = attend to every earlier position
   float rope_theta = 10000.0f;
   bool rope_scaled = true;  // whether rope_scaling applies to this layer
+  bool rope = true;         // false: a NoPE layer (SmolLM3's every 4th), positions unrotated
 };
 
 struct ModelConfig {
@@ -44,6 +45,7 @@ struct ModelConfig {
   Activation hidden_act = Activation::silu;
 
   bool attention_bias = false;       // Qwen2: q/k/v projections carry a bias
+  bool attention_out_bias = false;   // Llama / Granite attention_bias: o_proj has one too
   bool qk_norm = false;              // Qwen3, Gemma 3: RMSNorm over each head of q and k
   bool sandwich_norms = false;       // Gemma 3: extra norms after attention and after the MLP
   bool norm_adds_one = false;        // Gemma: RMSNorm applies (1 + w); folded in at load time
@@ -51,6 +53,8 @@ struct ModelConfig {
   float query_scale = 0.0f;          // multiplies q·k; 1/sqrt(head_dim) unless configured
   float final_logit_softcap = 0.0f;  // 0 = off
   float attn_logit_softcap = 0.0f;   // 0 = off
+  float residual_scale = 1.0f;       // Granite: each block's output times residual_multiplier
+  float logit_divisor = 1.0f;        // Granite: logits / logits_scaling
 
   std::vector<LayerSpec> layers;
   int bos_token_id = -1;

@@ -1,6 +1,7 @@
 // config.json -> ModelConfig. Every field the forward pass depends on is
 // validated here, so a bad or unsupported config fails with one line naming
 // the file and field instead of deep inside the forward pass.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -36,6 +37,13 @@ struct Reader {
   }
   int positive_int_or(const char* key, int fallback) const {
     return has(key) ? positive_int(key) : fallback;
+  }
+  int count_or(const char* key, int fallback) const {  // 0 allowed
+    if (!has(key)) return fallback;
+    if (!j[key].is_number_integer() || j[key].get<long long>() < 0 ||
+        j[key].get<long long>() > INT32_MAX)
+      fail(key, "must be a non-negative integer" + got(key));
+    return j[key].get<int>();
   }
   // A float field: finite and representable (1e300 would become inf as a float).
   float number_or(const char* key, float fallback) const {
@@ -82,9 +90,9 @@ struct Reader {
 // Far above any published model (Llama 3.1 405B has 126 layers).
 constexpr int kMaxLayers = 1 << 14;
 
-const std::set<std::string> kSupported = {"LlamaForCausalLM", "MistralForCausalLM",
-                                          "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                          "Gemma3ForCausalLM"};
+const std::set<std::string> kSupported = {
+    "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM", "GraniteForCausalLM", "SmolLM3ForCausalLM"};
 
 std::string supported_list() {
   std::string s;
@@ -128,11 +136,79 @@ void read_eos(const Reader& r, ModelConfig& c) {
   }
 }
 
+// Which layers attend through a sliding window, and its width, as transformers decides:
+// Gemma 3 by layer_types (else every sliding_window_pattern-th layer is global); Mistral
+// windows every layer (sliding_window absent means HF's default 4096, null means none);
+// Qwen2/3 and SmolLM3 by layer_types when use_sliding_window is set, else (Qwen) the layers
+// from max_window_layers on. Llama and Granite have no window.
+std::pair<int, std::vector<bool>> sliding_layers(const Reader& r, const ModelConfig& c) {
+  const std::string& arch = c.architecture;
+  const size_t n = static_cast<size_t>(c.num_layers);
+  std::vector<bool> sliding(n, false);
+  if (arch == "MistralForCausalLM") {
+    if (r.j.contains("sliding_window") && r.j["sliding_window"].is_null()) return {0, sliding};
+    sliding.assign(n, true);
+    return {r.positive_int_or("sliding_window", 4096), sliding};
+  }
+  const bool gemma = arch == "Gemma3ForCausalLM";
+  const bool qwen =
+      arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "SmolLM3ForCausalLM";
+  if (!gemma && !qwen) return {0, sliding};
+  // Qwen's window exists only with use_sliding_window (HF sets it to None otherwise).
+  const bool windowed = gemma || r.bool_or("use_sliding_window", false);
+  if (r.has("layer_types")) {
+    const json& lt = r.j["layer_types"];
+    if (!lt.is_array() || lt.size() != n)
+      r.fail("layer_types", "must list one entry per layer (" + std::to_string(n) + ")");
+    for (size_t i = 0; i < n; ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
+      if (t != "sliding_attention" && t != "full_attention")
+        r.fail("layer_types",
+               "entry " + std::to_string(i) + " must be sliding_attention or full_attention");
+      sliding[i] = t == "sliding_attention";
+    }
+    if (!windowed && std::find(sliding.begin(), sliding.end(), true) != sliding.end())
+      r.fail("layer_types", "lists sliding_attention layers but use_sliding_window is false");
+  } else if (gemma) {
+    const int pattern = r.positive_int_or("sliding_window_pattern", 6);
+    for (int i = 0; i < c.num_layers; ++i) sliding[i] = (i + 1) % pattern != 0;
+  } else if (windowed) {
+    const int first = r.count_or("max_window_layers", 28);
+    for (int i = first; i < c.num_layers; ++i) sliding[i] = true;
+  }
+  if (!windowed) return {0, sliding};
+  return {r.positive_int_or("sliding_window", gemma ? 512 : 4096), sliding};
+}
+
+// SmolLM3's no_rope_layers: 1 = the layer rotates q and k, 0 = NoPE. Absent, HF makes every
+// no_rope_layer_interval-th layer (default 4) NoPE.
+void read_nope_layers(const Reader& r, ModelConfig& c) {
+  const size_t n = c.layers.size();
+  if (!r.has("no_rope_layers")) {
+    const int every = r.positive_int_or("no_rope_layer_interval", 4);
+    for (size_t i = 0; i < n; ++i) c.layers[i].rope = (i + 1) % every != 0;
+    return;
+  }
+  const json& v = r.j["no_rope_layers"];
+  if (!v.is_array() || v.size() != n)
+    r.fail("no_rope_layers", "must list one 0 or 1 per layer (" + std::to_string(n) + ")");
+  for (size_t i = 0; i < n; ++i) {
+    if (v[i] != 0 && v[i] != 1)
+      r.fail("no_rope_layers", "entry " + std::to_string(i) + " must be 0 or 1");
+    c.layers[i].rope = v[i] == 1;
+  }
+}
+
 }  // namespace
 
 void apply_architecture_switches(ModelConfig& c) {
   const bool gemma = c.architecture == "Gemma3ForCausalLM";
-  c.attention_bias = c.attention_bias || c.architecture == "Qwen2ForCausalLM";
+  // Qwen2 hard-codes q/k/v biases and no o_proj bias; Mistral has none at all (HF ignores
+  // attention_bias there); the others give all four projections a bias with attention_bias.
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  if (c.architecture == "MistralForCausalLM") c.attention_bias = false;
+  c.attention_bias = c.attention_bias || qwen2;
+  c.attention_out_bias = c.attention_bias && !qwen2;
   c.qk_norm = c.architecture == "Qwen3ForCausalLM" || gemma;
   c.sandwich_norms = gemma;
   c.norm_adds_one = gemma;
@@ -187,10 +263,10 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
            "'" + act + "' is not supported (supported: silu, gelu_pytorch_tanh)");
   }
   if (r.bool_or("mlp_bias", false)) r.fail("mlp_bias", "true is not supported");
-  if (r.bool_or("use_sliding_window", false) && !gemma)
-    r.fail("use_sliding_window", "true is not supported");
 
-  c.tie_word_embeddings = r.bool_or("tie_word_embeddings", gemma);
+  // Absent, the config class's default (save_pretrained omits a value equal to it).
+  c.tie_word_embeddings =
+      r.bool_or("tie_word_embeddings", gemma || c.architecture == "SmolLM3ForCausalLM");
   c.attention_bias = r.bool_or("attention_bias", false);
   apply_architecture_switches(c);
   if (gemma) {
@@ -200,34 +276,26 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
     // attn_logit_softcapping is not read: transformers' Gemma3Attention never passes it to
     // the attention function, so Gemma 3 runs without it (tests/test_family_fixtures.py).
   }
+  if (c.architecture == "GraniteForCausalLM") {
+    // Granite's four multipliers (HF GraniteModel); attention_multiplier replaces
+    // 1/sqrt(head_dim) outright.
+    c.embedding_scale = r.positive_number_or("embedding_multiplier", 1.0f);
+    c.residual_scale = r.positive_number_or("residual_multiplier", 1.0f);
+    c.query_scale = r.positive_number_or("attention_multiplier", 1.0f);
+    c.logit_divisor = r.positive_number_or("logits_scaling", 1.0f);
+  }
   read_rope_scaling(r, c);
 
   const float rope_theta = r.positive_number_or("rope_theta", gemma ? 1e6f : 10000.0f);
   c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{0, rope_theta, true});
-  if (gemma) {
-    // Local (sliding) layers use their own RoPE base without scaling; global ones the main base.
-    const int window = r.positive_int_or("sliding_window", 512);
-    const float local_theta = r.positive_number_or("rope_local_base_freq", 10000.0f);
-    std::vector<bool> sliding(static_cast<size_t>(c.num_layers));
-    if (r.has("layer_types")) {
-      const json& lt = j["layer_types"];
-      if (!lt.is_array() || lt.size() != static_cast<size_t>(c.num_layers))
-        r.fail("layer_types",
-               "must list one entry per layer (" + std::to_string(c.num_layers) + ")");
-      for (size_t i = 0; i < lt.size(); ++i) {
-        const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
-        if (t != "sliding_attention" && t != "full_attention")
-          r.fail("layer_types",
-                 "entry " + std::to_string(i) + " must be sliding_attention or full_attention");
-        sliding[i] = t == "sliding_attention";
-      }
-    } else {
-      const int pattern = r.positive_int_or("sliding_window_pattern", 6);
-      for (int i = 0; i < c.num_layers; ++i) sliding[i] = (i + 1) % pattern != 0;
-    }
-    for (int i = 0; i < c.num_layers; ++i)
-      if (sliding[i]) c.layers[i] = LayerSpec{window, local_theta, false};
-  }
+  const auto [window, sliding] = sliding_layers(r, c);
+  // Gemma's local layers use their own RoPE base without scaling; global ones the main base.
+  const LayerSpec local =
+      gemma ? LayerSpec{window, r.positive_number_or("rope_local_base_freq", 10000.0f), false}
+            : LayerSpec{window, rope_theta, true};
+  for (int i = 0; i < c.num_layers; ++i)
+    if (sliding[i]) c.layers[i] = local;
+  if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
 
   if (r.has("bos_token_id"))
     c.bos_token_id = r.token_id(j["bos_token_id"], "bos_token_id", c.vocab_size);

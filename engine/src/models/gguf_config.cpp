@@ -58,6 +58,8 @@ const char* hf_architecture(const std::string& arch) {
   if (arch == "qwen2") return "Qwen2ForCausalLM";
   if (arch == "qwen3") return "Qwen3ForCausalLM";
   if (arch == "gemma3") return "Gemma3ForCausalLM";
+  if (arch == "granite") return "GraniteForCausalLM";
+  if (arch == "smollm3") return "SmolLM3ForCausalLM";
   return nullptr;
 }
 
@@ -155,7 +157,8 @@ std::vector<bool> sliding_layers(const Meta& m, int layers) {
 }  // namespace
 
 const std::vector<std::string>& supported_gguf_architectures() {
-  static const std::vector<std::string> kArchs = {"gemma3", "llama", "qwen2", "qwen3"};
+  static const std::vector<std::string> kArchs = {"gemma3", "granite", "llama",
+                                                  "qwen2",  "qwen3",   "smollm3"};
   return kArchs;
 }
 
@@ -203,9 +206,18 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   c.hidden_act = gemma ? Activation::gelu_tanh : Activation::silu;
   c.attention_bias = g.find("blk.0.attn_q.bias") != nullptr;
   apply_architecture_switches(c);
+  c.attention_out_bias = g.find("blk.0.attn_output.bias") != nullptr;
   const float rope_theta = m.positive_float("rope.freq_base", 10000.0f);
   read_rope_scaling(m, rope_theta, c);
   c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{0, rope_theta, true});
+  if (*arch == "granite") {  // llama.cpp's names for Granite's four multipliers
+    c.embedding_scale = m.positive_float("embedding_scale", 1.0f);
+    c.residual_scale = m.positive_float("residual_scale", 1.0f);
+    c.query_scale = m.positive_float("attention.scale", c.query_scale);
+    c.logit_divisor = m.positive_float("logit_scale", 1.0f);
+  }
+  if (*arch == "smollm3")  // llama.cpp hard-codes SmolLM3's NoPE layers: every 4th
+    for (int i = 0; i < c.num_layers; ++i) c.layers[i].rope = (i + 1) % 4 != 0;
   if (gemma) {
     // llama.cpp (LLM_ARCH_GEMMA3): 1/sqrt(head_dim), except 27B (62 layers): hidden/heads.
     const int scalar = c.num_layers == 62 ? c.hidden_size / c.num_heads : c.head_dim;

@@ -197,7 +197,8 @@ std::optional<std::string> hf_tensor_name(const std::string& arch, const std::st
 // (h, half, i) is GGUF row (h, i, half). Other architectures keep HF's order.
 std::vector<int32_t> unpermute_order(const std::string& arch, const std::string& hf_name,
                                      size_t rows, const ModelConfig& c) {
-  if (arch != "llama") return {};
+  // Granite's and SmolLM3's converters are the Llama converter's subclasses.
+  if (arch != "llama" && arch != "granite" && arch != "smollm3") return {};
   int heads = 0;
   if (hf_name.find(".self_attn.q_proj.") != std::string::npos) heads = c.num_heads;
   if (hf_name.find(".self_attn.k_proj.") != std::string::npos) heads = c.num_kv_heads;
@@ -259,7 +260,9 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
                  .file = g.path()};
     for (auto d = t.dims.rbegin(); d != t.dims.rend(); ++d)
       v.shape.push_back(static_cast<int64_t>(*d));
-    std::vector<int32_t> order = unpermute_order(arch, *hf, t.rows(), config);
+    // A vector's (a bias's) rows are its elements: Q/K biases are permuted as the weights' rows.
+    const size_t rows = t.dims.size() == 1 ? t.numel() : t.rows();
+    std::vector<int32_t> order = unpermute_order(arch, *hf, rows, config);
     if (!is_float(t.type)) {
       check(t.dims.size() == 2, g.path() + ": tensor '" + name + "' is quantized but not a matrix");
       w->source.gguf.emplace(*hf, GgufMatrix{.format = runnable_format(g.path(), t),
@@ -278,8 +281,8 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
         v.nbytes = t.nbytes;
       } else {
         std::vector<float>& out = w->owned.emplace_back(t.numel());
-        const size_t cols = t.cols();
-        for (size_t r = 0; r < t.rows(); ++r) {
+        const size_t cols = t.numel() / rows;
+        for (size_t r = 0; r < rows; ++r) {
           const size_t src = order.empty() ? r : static_cast<size_t>(order[r]);
           for (size_t i = 0; i < cols; ++i) {
             const float x = float_element(t, src * cols + i);

@@ -215,6 +215,17 @@ void Transformer::ensure_scratch(Scratch& s, size_t n) const {
   s.tokens = n;
 }
 
+void Transformer::add_residual(Scratch& s, size_t n) {
+  const size_t H = c_.hidden_size;
+  Profiler::Scope z(prof_, Zone::residual);
+  for_tokens(n, [&](size_t t) {
+    float* out = &s.proj[t * H];
+    if (c_.residual_scale != 1.0f)  // Granite: residual + out * residual_multiplier, as HF rounds
+      for (size_t i = 0; i < H; ++i) out[i] *= c_.residual_scale;
+    kernels::add(&s.x[t * H], out, H, cfg_.isa);
+  });
+}
+
 void Transformer::attention_block(size_t l, Scratch& s, std::span<const SequenceRows> seqs,
                                   size_t n, kernels::Batch batch) {
   const LayerWeights& L = weights_.layers[l];
@@ -254,7 +265,8 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
         float* row = &s.qkv[t * qkv_width];
         const float* cos = &rope.cos[pos * D / 2];
         const float* sin = &rope.sin[pos * D / 2];
-        kernels::rope(row, nh + nkv, D, cos, sin, cfg_.isa);  // q heads and k heads are contiguous
+        if (c_.layers[l].rope)  // q heads and k heads are contiguous
+          kernels::rope(row, nh + nkv, D, cos, sin, cfg_.isa);
         std::memcpy(&s.q[t * nh * D], row, nh * D * sizeof(float));
         for (size_t h = 0; h < nkv; ++h) {
           const size_t slot = layer_cache + (h * max_context_ + pos) * D;
@@ -327,8 +339,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
                        cfg_.isa);
     });
   }
-  Profiler::Scope z(prof_, Zone::residual);
-  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H, cfg_.isa); });
+  add_residual(s, n);
 }
 
 void Transformer::mlp_block(size_t l, Scratch& s, size_t n, kernels::Batch batch) {
@@ -367,8 +378,7 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n, kernels::Batch batch
                        cfg_.isa);
     });
   }
-  Profiler::Scope z(prof_, Zone::residual);
-  for_tokens(n, [&](size_t t) { kernels::add(&s.x[t * H], &s.proj[t * H], H, cfg_.isa); });
+  add_residual(s, n);
 }
 
 void Transformer::forward(KvCache& kv, Scratch& s, const int32_t* tokens, size_t n, size_t start,
@@ -425,11 +435,11 @@ void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int3
       capture->logits.resize(n * head.rows);
       kernels::matmul(head, s.xn.data(), n, capture->logits.data(), pool_, cfg_,
                       kernels::Batch::independent);
+      finish_logits(capture->logits.data(), capture->logits.size());
       std::copy_n(&capture->logits[(n - 1) * head.rows], head.rows, seqs[0].logits);
-      if (c_.final_logit_softcap > 0.0f)
-        for (float& v : capture->logits)
-          v = c_.final_logit_softcap * std::tanh(v / c_.final_logit_softcap);
-    } else if (independent) {
+      return;
+    }
+    if (independent) {
       s.logits.resize(rows * head.rows);
       kernels::matmul(head, s.xn.data(), rows, s.logits.data(), pool_, cfg_, batch);
       for (size_t i = 0; i < rows; ++i)
@@ -437,11 +447,16 @@ void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int3
     } else {
       kernels::matmul(head, &s.xn[(n - 1) * H], 1, seqs[0].logits, pool_, cfg_);
     }
-    if (c_.final_logit_softcap > 0.0f) {
-      const float cap = c_.final_logit_softcap;
-      for (const SequenceRows& seq : seqs)
-        for (size_t i = 0; i < head.rows; ++i) seq.logits[i] = cap * std::tanh(seq.logits[i] / cap);
-    }
+    for (const SequenceRows& seq : seqs) finish_logits(seq.logits, head.rows);
+  }
+}
+
+void Transformer::finish_logits(float* logits, size_t n) const {
+  if (c_.logit_divisor != 1.0f)
+    for (size_t i = 0; i < n; ++i) logits[i] /= c_.logit_divisor;
+  if (c_.final_logit_softcap > 0.0f) {
+    const float cap = c_.final_logit_softcap;
+    for (size_t i = 0; i < n; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
   }
 }
 

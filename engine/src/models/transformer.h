@@ -127,6 +127,10 @@ class Transformer {
   void attention_block(size_t layer, Scratch& s, std::span<const SequenceRows> seqs, size_t n,
                        kernels::Batch batch);
   void mlp_block(size_t layer, Scratch& s, size_t n, kernels::Batch batch);
+  // x += proj (times the residual multiplier) for n rows: each block's last step.
+  void add_residual(Scratch& s, size_t n);
+  // Granite's logit divisor, then the final softcap, in place.
+  void finish_logits(float* logits, size_t n) const;
   // fn(t) for each of n tokens: split across the pool for a prefill, inline for
   // the few rows of a decode step (a dispatch costs more than their work). Each
   // token's arithmetic is the same either way.

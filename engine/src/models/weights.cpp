@@ -166,7 +166,8 @@ kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const
 // One layer's checkpoint tensors, looked up and shape-checked (no data read).
 struct LayerTensors {
   const TensorView *attn_norm, *q, *k, *v, *o, *ffn_norm, *gate, *up, *down;
-  const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // Qwen2
+  const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // attention_bias
+  const TensorView* o_bias = nullptr;                                        // attention_out_bias
   const TensorView *q_norm = nullptr, *k_norm = nullptr;                     // qk_norm
   const TensorView *post_attn_norm = nullptr, *post_ffn_norm = nullptr;      // Gemma sandwich
 };
@@ -189,6 +190,7 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
     t.k_bias = req("self_attn.k_proj.bias", {kv_rows});
     t.v_bias = req("self_attn.v_proj.bias", {kv_rows});
   }
+  if (c.attention_out_bias) t.o_bias = req("self_attn.o_proj.bias", {H});
   if (c.qk_norm) {
     t.q_norm = req("self_attn.q_norm.weight", {D});
     t.k_norm = req("self_attn.k_norm.weight", {D});
@@ -239,7 +241,7 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
   for (const LayerTensors& t : plan.layers)
     for (const TensorView* v :
          {t.attn_norm, t.q, t.k, t.v, t.o, t.ffn_norm, t.gate, t.up, t.down, t.q_bias, t.k_bias,
-          t.v_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm})
+          t.v_bias, t.o_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm})
       add(v);
   add(plan.final_norm);
   add(plan.lm_head);
@@ -268,6 +270,7 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     L.k_norm = to_float(*t.k_norm, norm_add);
   }
   L.o_proj = pack(quant, {t.o}, bytes, isa);
+  if (c.attention_out_bias) L.o_proj.bias = kernels::Bias(to_float(*t.o_bias, 0.0f));
   if (c.sandwich_norms) {
     L.post_attn_norm = to_float(*t.post_attn_norm, norm_add);
     L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
