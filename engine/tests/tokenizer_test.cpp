@@ -428,8 +428,8 @@ TEST(ChatTemplateTest, EosTokenAndKwargsReachTheTemplate) {
 
 // Each content's bytes are found in the text however the template treats the
 // rest (trim, prefixes, a default system turn), so special-token text a user
-// types stays plain; where the template branches on the content, the spans
-// stop there rather than guess.
+// types stays plain; where the template branches on the content, whatever
+// cannot be matched to the template's own text is plain too, never guessed.
 TEST(ChatTemplateTest, ContentSpansFollowTheTemplate) {
   const ChatTemplate ct = ChatTemplate::load(template_dir(
       "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n"
@@ -448,9 +448,13 @@ TEST(ChatTemplateTest, ContentSpansFollowTheTemplate) {
   spans.clear();
   EXPECT_EQ(branching.render(three, false, &spans), "[a][b]X[x]");
   // The third content changed the template's text before it: "b" is not
-  // followed by what the template wrote after it, so the spans end at "a".
-  ASSERT_EQ(spans.size(), 1u);
+  // followed by what the template wrote after it. The walk from the start
+  // proves "[a][", the walk from the end "]"; the rest, "b]X[x", is plain.
+  ASSERT_EQ(spans.size(), 2u);
   EXPECT_EQ(spans[0].begin, 1u);
+  EXPECT_EQ(spans[0].end, 2u);
+  EXPECT_EQ(spans[1].begin, 4u);
+  EXPECT_EQ(spans[1].end, 9u);
 }
 
 // An assistant's reasoning_content (a reasoning reply sent back) is plain text

@@ -45,6 +45,10 @@ class Tokenizer {
   // text in those ranges the ids equal encode(text, add_special_tokens).
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens,
                               std::span<const TextSpan> plain) const;
+  // The special tokens encode(text, false, plain) yields, in order, found
+  // without tokenizing the rest of the text (a cheap pass).
+  std::vector<int32_t> special_tokens_in(std::string_view text,
+                                         std::span<const TextSpan> plain = {}) const;
   // Equal to HF `tokenizer.decode(ids, skip_special_tokens=...)`.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
@@ -134,11 +138,14 @@ class ChatTemplate {
   bool available() const { return program_ || !parse_error_.empty(); }
   // Throws Error for a template that failed to parse (naming the construct and
   // line) or that refuses the conversation (raise_exception: jinja::RaisedError).
-  // `content_spans`, when given, receives where each message's content landed
-  // in the returned text, for Tokenizer::encode's plain ranges.
+  // `plain_spans`, when given, receives the byte ranges of the returned text
+  // to read as plain text (Tokenizer::encode): where each message's content and
+  // reasoning landed, and any stretch not proven to be the template's own text
+  // (where the template rewrote a content). `template_text` receives the same
+  // render with every content replaced by a marker: the template's own text.
   std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                     std::vector<TextSpan>* content_spans = nullptr,
-                     const TemplateInputs& inputs = {}) const;
+                     std::vector<TextSpan>* plain_spans = nullptr,
+                     const TemplateInputs& inputs = {}, std::string* template_text = nullptr) const;
   // The family its markers show (chatml, gemma, llama3), else "jinja"; "none"
   // without a template. For display: every template renders the same way.
   const std::string& name() const { return name_; }
@@ -173,6 +180,9 @@ class ChatTemplate {
 
 // The tokens of a rendered conversation, with every message's content encoded
 // as plain text (see Tokenizer::encode): what chat and the server feed the model.
+// Fails closed (Error, a 400): special-token text in any other string of the
+// request, or special tokens that differ from the template's own (a template
+// that rewrites message text so that it cannot be located), is refused.
 std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                          std::span<const ChatMessage> messages,
                                          bool add_generation_prompt,

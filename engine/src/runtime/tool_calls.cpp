@@ -377,25 +377,35 @@ std::string forced_call_prefix(const ChatTemplate& chat) {
   return chat.renders_tools() ? chat.call_prefix() : std::string(kForcedCallPrefix);
 }
 
+namespace {
+
+// What the template reads beside the messages.
+TemplateInputs template_inputs(const ChatTemplate& chat, const Tools& tools,
+                               const ojson& template_kwargs) {
+  TemplateInputs inputs;
+  if (template_kwargs.is_object()) inputs.kwargs = template_kwargs;
+  if (chat.renders_tools()) inputs.tools = tools_json(tools);
+  return inputs;
+}
+
+}  // namespace
+
 std::string render_conversation(const ChatTemplate& chat, std::span<const ChatMessage> messages,
                                 bool add_generation_prompt, const Tools& tools,
                                 const ojson& template_kwargs,
                                 std::vector<TextSpan>* content_spans) {
-  TemplateInputs inputs;
-  if (template_kwargs.is_object()) inputs.kwargs = template_kwargs;
-  if (chat.renders_tools()) inputs.tools = tools_json(tools);
   const std::vector<ChatMessage> turns = tool_conversation(chat, messages, tools);
-  return chat.render(turns, add_generation_prompt, content_spans, inputs);
+  return chat.render(turns, add_generation_prompt, content_spans,
+                     template_inputs(chat, tools, template_kwargs));
 }
 
 std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                          std::span<const ChatMessage> messages,
                                          bool add_generation_prompt, const Tools& tools,
                                          const ojson& template_kwargs) {
-  std::vector<TextSpan> contents;
-  const std::string text =
-      render_conversation(chat, messages, add_generation_prompt, tools, template_kwargs, &contents);
-  std::vector<int32_t> ids = tokenizer.encode(text, /*add_special_tokens=*/false, contents);
+  std::vector<int32_t> ids =
+      encode_conversation(tokenizer, chat, tool_conversation(chat, messages, tools),
+                          add_generation_prompt, template_inputs(chat, tools, template_kwargs));
   const std::string prefix = forced_call_prefix(chat);
   if (add_generation_prompt && tools.forced() && !prefix.empty()) {
     const std::vector<int32_t> tag = tokenizer.encode(prefix, /*add_special_tokens=*/false);

@@ -148,42 +148,163 @@ std::vector<std::string> content_forms(const std::string& c) {
   return forms;
 }
 
-// Matches `text` against `marked` (the same render with contents as markers):
-// the template's own text must agree byte for byte, and each marker must stand
-// for one form of its content followed by the next stretch of template text.
-// Stops at the first place they part (a template that branches on the
-// content), keeping the spans found before it.
-void locate_contents(const std::string& text, const std::string& marked,
-                     std::span<const ChatMessage> messages, std::vector<TextSpan>& spans) {
-  size_t t = 0, m = 0;
+// The marker render cut into the template's own text and the markers between.
+struct Piece {
+  static constexpr size_t kLiteral = static_cast<size_t>(-1);
+  std::string_view literal;  // the template's own text (when index is kLiteral)
+  size_t index = kLiteral;   // a marker: the index of the text it stands for
+};
+
+std::vector<Piece> marker_pieces(std::string_view marked, size_t marker_count) {
+  std::vector<Piece> pieces;
+  size_t from = 0, search = 0;
   while (true) {
-    const size_t open = marked.find(kMarkerOpen, m);
-    if (open == std::string::npos) return;
-    if (text.compare(t, open - m, marked, m, open - m) != 0) return;
-    t += open - m;
+    const size_t open = marked.find(kMarkerOpen, search);
+    if (open == std::string_view::npos) break;
     const size_t digits = open + kMarkerOpen.size();
     const size_t close = marked.find(kMarkerClose, digits);
-    if (close == std::string::npos) return;
     size_t index = 0;
-    for (size_t i = digits; i < close; ++i) {
-      if (marked[i] < '0' || marked[i] > '9') return;
+    bool valid = close != std::string_view::npos && close > digits && close - digits < 8;
+    for (size_t i = digits; valid && i < close; ++i) {
+      valid = marked[i] >= '0' && marked[i] <= '9';
       index = index * 10 + static_cast<size_t>(marked[i] - '0');
     }
-    if (index >= 2 * messages.size()) return;
-    m = close + kMarkerClose.size();
-    const size_t next = std::min(marked.find(kMarkerOpen, m), marked.size());
+    search = digits;
+    if (!valid || index >= marker_count) continue;  // not a marker the render placed
+    pieces.push_back({marked.substr(from, open - from)});
+    pieces.push_back({{}, index});
+    from = search = close + kMarkerClose.size();
+  }
+  pieces.push_back({marked.substr(from)});
+  return pieces;
+}
+
+size_t common_prefix(std::string_view a, std::string_view b) {
+  return static_cast<size_t>(
+      std::mismatch(a.begin(), a.begin() + std::min(a.size(), b.size()), b.begin()).first -
+      a.begin());
+}
+
+size_t common_suffix(std::string_view a, std::string_view b) {
+  return static_cast<size_t>(
+      std::mismatch(a.rbegin(), a.rbegin() + std::min(a.size(), b.size()), b.rbegin()).first -
+      a.rbegin());
+}
+
+// The byte ranges of `text` (the real render) to read as plain text, from its
+// alignment with `marked` (the same render with every content as a marker).
+// The invariant: text outside them is proven to be the template's own text,
+// equal byte for byte to the marker render's at the same place. The walk goes
+// forward from the start and backward from the end: the template's text must
+// agree exactly, and a marker stands for one form of its content only when the
+// template's text beside it agrees too. Where the two renders part (a template
+// that rewrites a content: Qwen3 splits reasoning off at </think>), everything
+// between the two walks is plain, so no content is ever read as special tokens.
+std::vector<TextSpan> align_plain_spans(std::string_view text, std::string_view marked,
+                                        std::span<const ChatMessage> messages) {
+  const std::vector<Piece> pieces = marker_pieces(marked, 2 * messages.size());
+  const auto literal_at = [&](size_t p) {
+    return p < pieces.size() && pieces[p].index == Piece::kLiteral ? pieces[p].literal
+                                                                   : std::string_view();
+  };
+  std::vector<TextSpan> spans;
+  size_t t = 0, p = 0;
+  for (; p < pieces.size(); ++p) {
+    if (pieces[p].index == Piece::kLiteral) {
+      const size_t same = common_prefix(text.substr(t), pieces[p].literal);
+      t += same;
+      if (same < pieces[p].literal.size()) break;
+      continue;
+    }
+    const std::string_view next = literal_at(p + 1);
     bool found = false;
-    for (const std::string& form : content_forms(marked_text(messages, index))) {
-      if (text.compare(t, form.size(), form) != 0 ||
-          text.compare(t + form.size(), next - m, marked, m, next - m) != 0)
+    for (const std::string& form : content_forms(marked_text(messages, pieces[p].index))) {
+      if (text.substr(t, form.size()) != form || text.substr(t + form.size(), next.size()) != next)
         continue;
       if (!form.empty()) spans.push_back({t, t + form.size()});
       t += form.size();
       found = true;
       break;
     }
-    if (!found) return;
+    if (!found) break;
   }
+  size_t e = text.size();
+  for (size_t q = pieces.size(); q > p;) {
+    --q;
+    if (pieces[q].index == Piece::kLiteral) {
+      const size_t same = common_suffix(text.substr(t, e - t), pieces[q].literal);
+      e -= same;
+      if (same < pieces[q].literal.size() || q == p) break;
+      continue;
+    }
+    if (q == p) break;  // the marker the forward walk could not place
+    const std::string_view before = literal_at(q - 1);
+    bool found = false;
+    for (const std::string& form : content_forms(marked_text(messages, pieces[q].index))) {
+      if (e < t + before.size() + form.size() ||
+          text.substr(e - form.size(), form.size()) != form ||
+          text.substr(e - form.size() - before.size(), before.size()) != before)
+        continue;
+      if (!form.empty()) spans.push_back({e - form.size(), e});
+      e -= form.size();
+      found = true;
+      break;
+    }
+    if (!found) break;
+  }
+  if (t < e) spans.push_back({t, e});  // what neither walk proved
+  return spans;
+}
+
+// The marker render with each marker replaced by the text it stands for: the
+// render a template that never rewrites a content would give.
+std::string with_contents(std::string_view marked, std::span<const ChatMessage> messages) {
+  std::string out;
+  for (const Piece& piece : marker_pieces(marked, 2 * messages.size()))
+    out += piece.index == Piece::kLiteral ? std::string(piece.literal)
+                                          : marked_text(messages, piece.index);
+  return out;
+}
+
+// Strings of the request the template reads besides the contents (tool calls,
+// names, ids, the tools, chat_template_kwargs) are not located in the text, so
+// they may hold no special-token text: refused, naming where.
+void refuse_special_text(const Tokenizer& tokenizer, const nlohmann::ordered_json& value,
+                         const std::string& where) {
+  std::vector<const nlohmann::ordered_json*> stack = {&value};
+  const auto check = [&](const std::string& s) {
+    const std::vector<int32_t> found = tokenizer.special_tokens_in(s);
+    if (!found.empty())
+      throw Error("chat template: " + where + " holds the special token \"" +
+                  tokenizer.decode(std::span(found.data(), 1)) +
+                  "\": only message contents may (they are read as plain text)");
+  };
+  while (!stack.empty()) {  // iterative: a request's JSON may nest deeply
+    const nlohmann::ordered_json& v = *stack.back();
+    stack.pop_back();
+    if (v.is_string()) check(v.get_ref<const std::string&>());
+    if (v.is_object())
+      for (const auto& [key, item] : v.items()) {
+        check(key);
+        stack.push_back(&item);
+      }
+    if (v.is_array())
+      for (const auto& item : v) stack.push_back(&item);
+  }
+}
+
+std::string token_counts(const Tokenizer& tokenizer, std::span<const int32_t> a,
+                         std::span<const int32_t> b, const char* a_name, const char* b_name) {
+  const size_t at = static_cast<size_t>(
+      std::mismatch(a.begin(), a.begin() + std::min(a.size(), b.size()), b.begin()).first -
+      a.begin());
+  const int32_t id = at < a.size() ? a[at] : b[at];
+  const auto count = [&](std::span<const int32_t> s) {
+    return std::to_string(std::count(s.begin(), s.end(), id));
+  };
+  const std::string counts = count(a) + " " + a_name + ", " + count(b) + " " + b_name;
+  return "\"" + tokenizer.decode(std::span(&id, 1)) +
+         "\": " + (count(a) == count(b) ? "in another order, " : "") + counts;
 }
 
 }  // namespace
@@ -260,8 +381,8 @@ ChatTemplate ChatTemplate::from_text(const std::string& tmpl, const std::string&
 }
 
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                 std::vector<TextSpan>* content_spans,
-                                 const TemplateInputs& inputs) const {
+                                 std::vector<TextSpan>* plain_spans, const TemplateInputs& inputs,
+                                 std::string* template_text) const {
   if (!available())
     throw Error("chat template: the model has none (no chat_template in tokenizer_config.json)");
   if (!program_) throw Error(source_ + ": the chat template cannot be used: " + parse_error_);
@@ -274,18 +395,23 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add
   for (const ChatMessage& m : messages) in.messages.push_back(message_json(m));
   try {
     std::string text = jinja::render_chat(*program_, in);
-    if (content_spans) {
+    if (plain_spans || template_text) {
       // The same inputs with each non-empty content (and reasoning) replaced by its marker.
       for (size_t i = 0; i < messages.size(); ++i) {
         if (!messages[i].content.empty()) in.messages[i]["content"] = content_marker(2 * i);
         if (!messages[i].reasoning_content.empty())
           in.messages[i]["reasoning_content"] = content_marker(2 * i + 1);
       }
+      std::string marked;
       try {
-        locate_contents(text, jinja::render_chat(*program_, in), messages, *content_spans);
-      } catch (const jinja::TemplateError&) {
-        // A template that reads the content itself (parses it, ...): no spans.
+        marked = jinja::render_chat(*program_, in);
+      } catch (const jinja::TemplateError& e) {
+        // A template that reads the content itself (parses it, ...): nothing can be proven.
+        throw Error(source_ + ": chat template: it fails when message contents are replaced by " +
+                    "markers (" + e.what() + "), so message text cannot be kept plain");
       }
+      if (plain_spans) *plain_spans = align_plain_spans(text, marked, messages);
+      if (template_text) *template_text = std::move(marked);
     }
     return text;
   } catch (const jinja::RaisedError& e) {
@@ -298,9 +424,42 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add
 std::vector<int32_t> encode_conversation(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                          std::span<const ChatMessage> messages,
                                          bool add_generation_prompt, const TemplateInputs& inputs) {
-  std::vector<TextSpan> contents;
-  const std::string text = chat.render(messages, add_generation_prompt, &contents, inputs);
-  return tokenizer.encode(text, /*add_special_tokens=*/false, contents);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const nlohmann::ordered_json message = message_json(messages[i]);
+    for (const auto& [key, value] : message.items())
+      if (key != "content" && key != "reasoning_content")
+        refuse_special_text(tokenizer, value, "messages[" + std::to_string(i) + "]." + key);
+  }
+  refuse_special_text(tokenizer, inputs.tools, "tools");
+  refuse_special_text(tokenizer, inputs.kwargs, "chat_template_kwargs");
+  std::vector<TextSpan> plain;
+  std::string marked;
+  const std::string text = chat.render(messages, add_generation_prompt, &plain, inputs, &marked);
+  std::vector<int32_t> ids = tokenizer.encode(text, /*add_special_tokens=*/false, plain);
+  // Fail closed. The encoding's special tokens are exactly the template's own
+  // (those of the marker render), in order; and the real render's special-token
+  // text is the template's plus the contents' where the marker render places
+  // them, so a template that rewrote a content (dropping or moving its text)
+  // cannot have led the alignment to take content for template text.
+  std::vector<int32_t> got;
+  for (const int32_t id : ids)
+    if (tokenizer.is_special(id)) got.push_back(id);
+  const std::vector<int32_t> own = tokenizer.special_tokens_in(marked);
+  const std::vector<int32_t> rendered = tokenizer.special_tokens_in(text);
+  const std::vector<int32_t> expected =
+      tokenizer.special_tokens_in(with_contents(marked, messages));
+  std::string why;
+  if (got != own)
+    why = token_counts(tokenizer, got, own, "in the prompt", "written by the template");
+  else if (rendered != expected)
+    why = token_counts(tokenizer, rendered, expected, "in the rendered text",
+                       "in the template's text and the messages");
+  if (!why.empty())
+    throw Error(
+        "chat template: the template rewrites message text, so special tokens cannot be "
+        "kept to its own (" +
+        why + "); refused so that message text is never read as control tokens");
+  return ids;
 }
 
 }  // namespace edgellm

@@ -142,20 +142,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return encode(text, add_special_tokens, {});
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens,
-                                       std::span<const TextSpan> plain) const {
-  const Impl& m = *impl_;
-  std::vector<int32_t> ids;
-  if (add_special_tokens && m.post_processor)
-    ids.insert(ids.end(), m.post_processor->prefix.begin(), m.post_processor->prefix.end());
-
+std::vector<tok::Segment> Tokenizer::Impl::split_added(std::string_view text,
+                                                       std::span<const TextSpan> plain) const {
   // Regexes need valid UTF-8; like Python's errors="replace", bad bytes become U+FFFD.
   std::vector<tok::Segment> segments;
   segments.push_back(
       {tok::is_valid_utf8(text) ? std::string(text) : tok::utf8_lossy(text), -1, true});
   std::vector<std::pair<size_t, size_t>> plain_ranges;
   for (const TextSpan& p : plain) plain_ranges.emplace_back(p.begin, p.end);
-  m.added.split(segments, /*normalized_tokens=*/false, plain_ranges);
+  added.split(segments, /*normalized_tokens=*/false, plain_ranges);
   // Normalization moves bytes, so from here on a segment that touched a plain
   // span is plain as a whole (chat markers are normalized=false tokens, so
   // they were already split off above).
@@ -163,11 +158,21 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
     for (const auto& [b, e] : plain_ranges)
       s.plain = s.plain || (s.token < 0 && s.offset < e && b < s.offset + s.text.size());
   }
-  if (m.normalizer) {
+  if (normalizer) {
     for (tok::Segment& s : segments)
-      if (s.token < 0) m.normalizer->normalize(s.text);
+      if (s.token < 0) normalizer->normalize(s.text);
   }
-  m.added.split(segments, /*normalized_tokens=*/true);
+  added.split(segments, /*normalized_tokens=*/true);
+  return segments;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens,
+                                       std::span<const TextSpan> plain) const {
+  const Impl& m = *impl_;
+  std::vector<int32_t> ids;
+  if (add_special_tokens && m.post_processor)
+    ids.insert(ids.end(), m.post_processor->prefix.begin(), m.post_processor->prefix.end());
+  std::vector<tok::Segment> segments = m.split_added(text, plain);
 
   std::vector<tok::Piece> pieces;
   for (tok::Segment& s : segments) {
@@ -229,6 +234,14 @@ int32_t Tokenizer::token_to_id(std::string_view token) const {
 
 size_t Tokenizer::vocab_size() const {
   return std::max(impl_->model->id_count(), static_cast<size_t>(impl_->added.max_id() + 1));
+}
+
+std::vector<int32_t> Tokenizer::special_tokens_in(std::string_view text,
+                                                  std::span<const TextSpan> plain) const {
+  std::vector<int32_t> ids;
+  for (const tok::Segment& s : impl_->split_added(text, plain))
+    if (s.token >= 0 && is_special(s.token)) ids.push_back(s.token);
+  return ids;
 }
 
 bool Tokenizer::is_special(int32_t id) const {

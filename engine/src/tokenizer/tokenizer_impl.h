@@ -36,6 +36,10 @@ struct Tokenizer::Impl {
                                      std::unique_ptr<tok::Model> model = nullptr);
   // What transformers' tokenizer class changes on top of tokenizer.json.
   void apply_config(const tok::json& config, const std::string& where);
+  // The input split around its added tokens (HF's first stages, before the
+  // pre-tokenizer): special tokens are not matched in the `plain` ranges.
+  std::vector<tok::Segment> split_added(std::string_view text,
+                                        std::span<const TextSpan> plain) const;
   // The token string HF's decoder sees for `id`, or nullptr for unknown ids.
   const std::string* id_to_token(int32_t id) const;
   // tokenizers' Tokenizer::decode, without transformers' clean-up.
