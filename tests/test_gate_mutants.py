@@ -49,7 +49,7 @@ FOLDERS = {"smollm2": "smollm2_135m", "gemma3": "gemma3_270m"}  # deployment of 
 WINDOW = 16  # Gemma's sliding window in the window mutant's checkpoint: the prompts cross it
 # The families proven on tiny random fixtures: the clean engine passes the gate on each, and
 # mutants of each family's own switches fail it (FAMILY_MUTANTS below).
-FAMILY_FIXTURES = ("mistral-tiny", "granite-tiny", "smollm3-tiny")
+FAMILY_FIXTURES = ("mistral-tiny", "granite-tiny", "smollm3-tiny", "olmo2-tiny")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,6 +298,8 @@ WEIGHT_MUTANTS: dict[str, WeightMutant] = {
 
 
 MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny",)
+OLMO2 = ("olmo2-tiny",)
+
 
 # Each family's own logic, broken in the engine's copy of the config (HF reads the original).
 FAMILY_MUTANTS: dict[str, WeightMutant] = {
@@ -323,6 +325,16 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
     ),
     "RoPE applied on the NoPE layer": WeightMutant(
         SMOLLM3, config=lambda c: {"no_rope_layers": [1] * c["num_hidden_layers"]}
+    ),
+    "QK-norm weights not applied": WeightMutant(
+        OLMO2,
+        lambda t, c: [t[k].fill_(1.0) for k in t if k.endswith(("q_norm.weight", "k_norm.weight"))],
+    ),
+    "post-feedforward norm weight not applied": WeightMutant(
+        OLMO2,
+        lambda t, c: [
+            t[k].fill_(1.0) for k in t if k.endswith("post_feedforward_layernorm.weight")
+        ],
     ),
     "RoPE skipped on a RoPE layer": WeightMutant(
         SMOLLM3, config=lambda c: {"no_rope_layers": [0] * c["num_hidden_layers"]}

@@ -232,7 +232,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   const size_t H = c_.hidden_size, D = c_.head_dim;
   const size_t nh = c_.num_heads, nkv = c_.num_kv_heads;
   const size_t qkv_width = (nh + 2 * nkv) * D;
-  {
+  if (c_.pre_norms) {
     Profiler::Scope z(prof_, Zone::norm);
     for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.x[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H], cfg_.isa);
@@ -241,9 +241,17 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   {
     Profiler::Scope z(prof_, Zone::qkv_proj, static_cast<double>(L.qkv.byte_size()),
                       2.0 * n * L.qkv.rows * L.qkv.cols);
-    kernels::matmul(L.qkv, s.xn.data(), n, s.qkv.data(), pool_, cfg_, batch);
+    kernels::matmul(L.qkv, block_input(s), n, s.qkv.data(), pool_, cfg_, batch);
   }
-  if (c_.qk_norm) {
+  if (c_.qk_norm_whole) {
+    Profiler::Scope z(prof_, Zone::qk_norm);
+    for_tokens(n, [&](size_t t) {
+      float* row = &s.qkv[t * qkv_width];
+      kernels::rmsnorm(row, L.q_norm.data(), nh * D, c_.rms_norm_eps, row, cfg_.isa);
+      kernels::rmsnorm(row + nh * D, L.k_norm.data(), nkv * D, c_.rms_norm_eps, row + nh * D,
+                       cfg_.isa);
+    });
+  } else if (c_.qk_norm) {
     Profiler::Scope z(prof_, Zone::qk_norm);
     for_tokens(n, [&](size_t t) {
       float* row = &s.qkv[t * qkv_width];
@@ -345,7 +353,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
 void Transformer::mlp_block(size_t l, Scratch& s, size_t n, kernels::Batch batch) {
   const LayerWeights& L = weights_.layers[l];
   const size_t H = c_.hidden_size, I = c_.intermediate_size;
-  {
+  if (c_.pre_norms) {
     Profiler::Scope z(prof_, Zone::norm);
     for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.x[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H], cfg_.isa);
@@ -354,7 +362,7 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n, kernels::Batch batch
   {
     Profiler::Scope z(prof_, Zone::gate_up_proj, static_cast<double>(L.gate_up.byte_size()),
                       2.0 * n * L.gate_up.rows * L.gate_up.cols);
-    kernels::matmul(L.gate_up, s.xn.data(), n, s.gate_up.data(), pool_, cfg_, batch);
+    kernels::matmul(L.gate_up, block_input(s), n, s.gate_up.data(), pool_, cfg_, batch);
   }
   {
     Profiler::Scope z(prof_, Zone::activation);

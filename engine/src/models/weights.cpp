@@ -165,7 +165,8 @@ kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const
 
 // One layer's checkpoint tensors, looked up and shape-checked (no data read).
 struct LayerTensors {
-  const TensorView *attn_norm, *q, *k, *v, *o, *ffn_norm, *gate, *up, *down;
+  const TensorView *attn_norm = nullptr, *ffn_norm = nullptr;  // pre_norms only
+  const TensorView *q, *k, *v, *o, *gate, *up, *down;
   const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // attention_bias
   const TensorView* o_bias = nullptr;                                        // attention_out_bias
   const TensorView *q_norm = nullptr, *k_norm = nullptr;                     // qk_norm
@@ -180,7 +181,7 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
     return &src.required(p + name, std::move(shape));
   };
   LayerTensors t;
-  t.attn_norm = req("input_layernorm.weight", {H});
+  if (c.pre_norms) t.attn_norm = req("input_layernorm.weight", {H});
   t.q = req("self_attn.q_proj.weight", {q_rows, H});
   t.k = req("self_attn.k_proj.weight", {kv_rows, H});
   t.v = req("self_attn.v_proj.weight", {kv_rows, H});
@@ -192,14 +193,14 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
   }
   if (c.attention_out_bias) t.o_bias = req("self_attn.o_proj.bias", {H});
   if (c.qk_norm) {
-    t.q_norm = req("self_attn.q_norm.weight", {D});
-    t.k_norm = req("self_attn.k_norm.weight", {D});
+    t.q_norm = req("self_attn.q_norm.weight", {c.qk_norm_whole ? q_rows : D});
+    t.k_norm = req("self_attn.k_norm.weight", {c.qk_norm_whole ? kv_rows : D});
   }
   if (c.sandwich_norms) {
-    // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the
-    // MLP.
+    // Gemma 3 / OLMo 2: post_attention_layernorm follows attention; Gemma's
+    // pre_feedforward_layernorm precedes the MLP.
     t.post_attn_norm = req("post_attention_layernorm.weight", {H});
-    t.ffn_norm = req("pre_feedforward_layernorm.weight", {H});
+    if (c.pre_norms) t.ffn_norm = req("pre_feedforward_layernorm.weight", {H});
     t.post_ffn_norm = req("post_feedforward_layernorm.weight", {H});
   } else {
     // Llama family: post_attention_layernorm is the norm before the MLP.
@@ -255,7 +256,7 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
                         kernels::Isa isa, size_t& bytes) {
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
   LayerWeights L;
-  L.attn_norm = to_float(*t.attn_norm, norm_add);
+  if (c.pre_norms) L.attn_norm = to_float(*t.attn_norm, norm_add);
   L.qkv = pack(quant, {t.q, t.k, t.v}, bytes, isa);
   if (c.attention_bias) {
     std::vector<float> bias;
@@ -275,7 +276,7 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     L.post_attn_norm = to_float(*t.post_attn_norm, norm_add);
     L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
   }
-  L.ffn_norm = to_float(*t.ffn_norm, norm_add);
+  if (c.pre_norms) L.ffn_norm = to_float(*t.ffn_norm, norm_add);
   L.gate_up = pack(quant, {t.gate, t.up}, bytes, isa);
   L.down = pack(quant, {t.down}, bytes, isa);
   return L;
