@@ -6,8 +6,8 @@
 // What compiles (anything else is refused, naming the keyword: fail closed):
 // type (one or a list), properties / required / additionalProperties,
 // propertyNames (a free key's minLength / maxLength), items /
-// minItems / maxItems, enum, const, anyOf, $ref to #/$defs/... or
-// #/definitions/... (recursion included), minLength / maxLength, an integer's
+// minItems / maxItems, enum, const, anyOf, $ref to a local JSON pointer
+// (#/$defs/..., #/definitions/..., #; recursion included), minLength / maxLength, an integer's
 // minimum / maximum / exclusiveMinimum / exclusiveMaximum, and the
 // annotations (title, description, default, examples, $schema, $id, $comment).
 // Objects are emitted with their declared properties in declared order,
