@@ -153,7 +153,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
   nb::exception<edgellm::Error> error(m, "Error", PyExc_RuntimeError);
   bind_tools(m, error);
   bind_jinja(m);
-  nb::exception<edgellm::JsonSchemaError>(m, "JsonSchemaError", PyExc_ValueError);
+  // An edgellm.Error (as every input error) and a ValueError (as before).
+  nb::exception<edgellm::JsonSchemaError>(m, "JsonSchemaError",
+                                          nb::make_tuple(error, nb::handle(PyExc_ValueError)));
   nb::class_<PyGrammar>(m, "JsonGrammar",
                         "A compiled JSON schema: generate(..., grammar=) keeps the output a "
                         "document it accepts.");

@@ -273,7 +273,7 @@ struct Api {
     if (!optional_field(body, "tools") && !optional_field(body, "tool_choice") &&
         !optional_field(body, "parallel_tool_calls"))
       return {};
-    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(text);
+    const nlohmann::ordered_json ordered = parse_ordered_json(text, "the request body");
     auto get = [&](const char* name) {
       auto it = ordered.find(name);
       return it == ordered.end() ? nlohmann::ordered_json(nullptr) : *it;
@@ -408,7 +408,7 @@ struct Api {
       // declared order (json sorts keys): objects are emitted in that order.
       try {
         o.grammar = response_format_grammar(
-            nlohmann::ordered_json::parse(text).at("response_format").dump());
+            parse_ordered_json(text, "the request body").at("response_format").dump());
       } catch (const JsonSchemaError& e) {
         bad("response_format", e.what());
       }
