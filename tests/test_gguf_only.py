@@ -21,12 +21,15 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, STORE, assert_one_line_error, missing_model
+from conftest import REPO, STORE, assert_one_line_error, edgellm_cmd, missing_model
+from test_server import free_port
 from test_tokenizer import CORPUS
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -177,6 +180,38 @@ def test_python_api_chats_with_a_bare_gguf(tmp_path: Path, edgellm_package: Any)
     assert bare.model.chat_template.name() == "chatml"
     assert say(path) == say(store)
     assert "Paris" in say(path, precision="exact")
+
+
+def test_a_bare_file_name_in_the_current_folder(
+    tmp_path: Path, smollm2_run: list[str], edgellm_package: Any, monkeypatch: Any
+) -> None:
+    """`--model model.gguf`, no folder: the file in the current folder, as ./model.gguf is
+    (its folder is '.', not an empty path taken for a checkpoint directory), in `run`,
+    `serve` and edgellm.load."""
+    path = alone(store_gguf("smollm2-135m-instruct"), tmp_path)
+    here = {"cwd": path.parent, "capture_output": True, "text": True, "timeout": 300}
+    run = subprocess.run([*smollm2_run, "--model", path.name, "--n-tokens", "4"], **here)
+    assert run.returncode == 0, run.stderr
+    port = free_port()
+    serve = [*edgellm_cmd("serve"), "--model", path.name, "--port", str(port), "--threads", "2"]
+    proc = subprocess.Popen(serve, cwd=path.parent, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert time.time() < deadline, "serve did not come up"
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    monkeypatch.chdir(path.parent)
+    llm = edgellm_package.load(path.name, threads=2, max_context=128)
+    assert llm.chat([{"role": "user", "content": "Hi"}], 4)["choices"][0]["message"]["content"]
 
 
 # ------------------------------------------------------- GGUFs written here by gguf-py
