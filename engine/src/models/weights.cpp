@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "edgellm/bf16.h"
@@ -220,6 +221,30 @@ struct WeightPlan {
   size_t bytes = 0;           // what load_weights will allocate
 };
 
+// Why the config has no place for `name` (the flag that would make one), or "".
+std::string missing_switch(const std::string& name, const ModelConfig& c) {
+  if (name.ends_with("_proj.bias")) return " (attention_bias is false)";
+  if (name.find("q_norm.") != std::string::npos || name.find("k_norm.") != std::string::npos)
+    return " (it has no QK-norm)";
+  if (name.find("feedforward_layernorm.") != std::string::npos)
+    return " (it has no sandwich norms)";
+  if (name.starts_with("model.layers."))
+    return " (num_hidden_layers is " + std::to_string(c.num_layers) + ")";
+  return "";
+}
+
+// A tensor the plan leaves unread is a file that does not fit its declared
+// architecture (a Qwen2 file declared as Llama loses its q/k/v bias): refused,
+// never silently run without it. Old checkpoints' RoPE buffers are not weights.
+void check_all_planned(const Checkpoint& ckpt, const ModelConfig& c,
+                       const std::set<const TensorView*>& planned) {
+  for (const auto& [name, t] : ckpt.tensors()) {
+    if (planned.contains(&t) || name.ends_with(".rotary_emb.inv_freq")) continue;
+    throw Error(t.file + ": tensor '" + name + "' is unexpected for " + c.architecture +
+                missing_switch(name, c) + ": the file does not fit its declared architecture");
+  }
+}
+
 WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
   TensorSource src(ckpt);
   const int64_t H = c.hidden_size, V = c.vocab_size;
@@ -232,6 +257,7 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
         "checkpoint: tensor 'lm_head.weight' is missing and config.json does not tie word "
         "embeddings");
   plan.lm_head = head && !c.tie_word_embeddings ? head : plan.embed;
+  std::set<const TensorView*> planned = {plan.embed, plan.final_norm, head};
   // Matrices become bf16, vectors fp32; an untied embedding is copied too.
   auto add = [&](const TensorView* t) {
     if (t) plan.bytes += static_cast<size_t>(t->numel()) * (t->shape.size() == 2 ? 2 : 4);
@@ -239,8 +265,11 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
   for (const LayerTensors& t : plan.layers)
     for (const TensorView* v :
          {t.attn_norm, t.q, t.k, t.v, t.o, t.ffn_norm, t.gate, t.up, t.down, t.q_bias, t.k_bias,
-          t.v_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm})
+          t.v_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm}) {
       add(v);
+      planned.insert(v);
+    }
+  check_all_planned(ckpt, c, planned);
   add(plan.final_norm);
   add(plan.lm_head);
   if (plan.lm_head != plan.embed) add(plan.embed);
