@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -374,10 +375,16 @@ def llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
 
 
 def write_fixture_gguf(
-    fixture: Path, name: str, out: Path, arch: str = "", extra: dict[str, Any] | None = None
+    fixture: Path,
+    name: str,
+    out: Path,
+    arch: str = "",
+    extra: dict[str, Any] | None = None,
+    edit: Callable[[Any], None] | None = None,
 ) -> None:
     """The fixture's weights and config as llama.cpp's converter would write them (F32),
-    declared as `arch` (default: the fixture's own), with `extra` GGUF tensors."""
+    declared as `arch` (default: the fixture's own), with `extra` GGUF tensors and what
+    `edit` adds to the writer."""
     import torch
     from safetensors.torch import load_file
 
@@ -423,6 +430,8 @@ def write_fixture_gguf(
         writer.add_tensor(gguf_name(arch, hf), np.ascontiguousarray(w, dtype=np.float32))
     for name_in_gguf, w in (extra or {}).items():
         writer.add_tensor(name_in_gguf, w)
+    if edit:
+        edit(writer)
     finish(writer)
 
 
