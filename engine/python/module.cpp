@@ -400,7 +400,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def_prop_ro("num_layers", [](const edgellm::Session& s) { return s.config().num_layers; })
       .def_prop_ro("hidden_size", [](const edgellm::Session& s) { return s.config().hidden_size; })
       .def_prop_ro("eos_token_ids",
-                   [](const edgellm::Session& s) { return s.config().eos_token_ids; });
+                   [](const edgellm::Session& s) { return s.config().eos_token_ids; })
+      .def_prop_ro("rounded_weights", &edgellm::Session::rounded_weights,
+                   "'F32' / 'F16': matrices rounded to bf16 at load; '': held exactly");
 
   // The model store and the engine's rules for model paths (edgellm/model_store.h).
   // The deployment descriptors belong to the applications, which bind them
@@ -522,7 +524,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           "the arithmetic resolved at setup")
       .def_prop_ro("vocab_size", [](const edgellm::Model& s) { return s.config().vocab_size; })
       .def_prop_ro("eos_token_ids",
-                   [](const edgellm::Model& s) { return s.config().eos_token_ids; });
+                   [](const edgellm::Model& s) { return s.config().eos_token_ids; })
+      .def_prop_ro("rounded_weights", &edgellm::Model::rounded_weights,
+                   "'F32' / 'F16': matrices rounded to bf16 at load; '': held exactly");
 
   nb::class_<edgellm::Context>(m, "Context",
                                "One sequence of a Model: its KV cache, scratch and position. "

@@ -48,6 +48,9 @@ std::shared_ptr<const JsonGrammar> response_format_grammar(std::string_view resp
   only({"name", "schema", "strict", "description"}, js, "json_schema.");
   if (js.contains("strict") && !js.at("strict").is_boolean() && !js.at("strict").is_null())
     malformed("json_schema.strict must be a boolean");
+  for (const char* key : {"name", "description"})
+    if (js.contains(key) && !js.at(key).is_string() && !js.at(key).is_null())
+      malformed(std::string("json_schema.") + key + " must be a string");
   if (!js.contains("schema") || js.at("schema").is_null())
     malformed("json_schema.schema is required");
   try {

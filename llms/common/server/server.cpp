@@ -118,6 +118,20 @@ void check_fields(const json& body, const std::set<std::string>& known) {
   }
 }
 
+// `user`, `metadata` and `store` change nothing, but hold the types OpenAI
+// documents: a wrong one is as much a client bug as anywhere else.
+void check_ignored_fields(const json& body) {
+  if (const json* v = optional_field(body, "user"); v && !v->is_string())
+    bad("user", "'user' must be a string");
+  if (const json* v = optional_field(body, "store"); v && !v->is_boolean())
+    bad("store", "'store' must be a boolean");
+  if (const json* v = optional_field(body, "metadata")) {
+    if (!v->is_object()) bad("metadata", "'metadata' must be an object of strings");
+    for (const auto& [key, value] : v->items())
+      if (!value.is_string()) bad("metadata", "'metadata." + key + "' must be a string");
+  }
+}
+
 // What every generation request shares, parsed and checked.
 struct GenerationRequest {
   std::vector<int32_t> prompt;
@@ -344,6 +358,7 @@ struct Api {
     o.sampling.seed = std::random_device{}();
     if (const json* v = optional_field(body, "n"); v && *v != 1)
       bad("n", "only n = 1 is supported");
+    check_ignored_fields(body);
     int max_tokens = -1;
     for (const char* name : {"max_tokens", "max_completion_tokens"}) {
       if (const json* v = optional_field(body, name)) {
@@ -848,6 +863,8 @@ struct Server::Impl {
         fail(e);
       } catch (const Error& e) {
         fail({400, e.what(), "", ""});
+      } catch (const std::exception& e) {  // a bug: still in the route's own shape
+        fail({500, std::string("internal error: ") + e.what(), "", ""});
       }
     };
   }
