@@ -338,8 +338,11 @@ def llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
-def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
-    """The fixture's weights and config as llama.cpp's converter would write them (F32)."""
+def write_fixture_gguf(
+    fixture: Path, name: str, out: Path, chat_template: str | None = None
+) -> None:
+    """The fixture's weights and config as llama.cpp's converter would write them (F32),
+    with `chat_template` as its tokenizer.chat_template when given."""
     import torch
     from safetensors.torch import load_file
 
@@ -373,6 +376,8 @@ def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
         writer.add_rope_freq_base_swa(cfg["rope_local_base_freq"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     add_smollm2_vocab(writer)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     for hf, w in weights.items():
         if hf == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue

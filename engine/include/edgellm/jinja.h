@@ -62,8 +62,9 @@ class LimitError : public TemplateError {
 // with its RSS growth bounded by max_memory plus a few strings of max_output
 // being built (under 256 MB in all; tests/test_hostile_templates.py measures).
 struct Limits {
-  // Template text: 1 MB parses to ~100-200 MB of nodes at worst ({{a}} repeated).
-  size_t max_source = size_t{1} << 20;
+  // Template text: its nodes take up to ~300x its size ({{1+1+...}} repeated),
+  // so 256 KB parses to under 100 MB (the largest real template is 17 KB).
+  size_t max_source = size_t{256} << 10;
   size_t max_output = size_t{16} << 20;  // bytes of rendered text, and of any one string
   // Live bytes of the strings, lists, dicts and scopes a render holds (its
   // context included): what a render can pin at once.

@@ -1157,7 +1157,7 @@ Value percent_format(const Value& format, const Value& args, int line) {
         text = pad + text;
       }
     }
-    out += text;
+    append_checked(out, text);
   }
   if (next < items.size() && !mapping && (is_tuple || next == 0))
     fail("not all arguments converted during string formatting");

@@ -82,8 +82,9 @@ Interp::~Interp() {
 }
 
 Scope* Interp::new_scope(Scope* parent) {
-  budget.acquire(sizeof(Scope) + kScopeVarsBytes);
+  budget.acquire(sizeof(Scope));
   scopes_.emplace_back();
+  scopes_.back().bytes = sizeof(Scope);
   scopes_.back().parent = parent;
   scopes_.back().index = scopes_.size() - 1;
   return &scopes_.back();
@@ -91,13 +92,13 @@ Scope* Interp::new_scope(Scope* parent) {
 
 void Interp::free_scopes(size_t mark) {
   while (scopes_.size() > std::max(mark, pinned_)) {
+    budget.release(scopes_.back().bytes);
     scopes_.pop_back();
-    budget.release(sizeof(Scope) + kScopeVarsBytes);
   }
 }
 
 std::shared_ptr<Namespace> Interp::new_namespace() {
-  budget.acquire(sizeof(Namespace) + kScopeVarsBytes);
+  budget.acquire(sizeof(Namespace) + Scope::kVarBytes);
   namespaces_.push_back(std::make_shared<Namespace>());
   return namespaces_.back();
 }
@@ -163,6 +164,7 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
         const Stmt* m = &st;
         Scope* closure = &s;
         pin(s);
+        budget.acquire(kCallableBytes);
         Value fn = Value::function(st.text, [m, closure](Interp& in, CallArgs& args, int line) {
           return in.call_macro(*m, closure, args, Value::undefined(), line);
         });
@@ -173,6 +175,7 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
         const Stmt* m = &st;
         Scope* closure = &s;
         pin(s);
+        budget.acquire(kCallableBytes);
         Value caller =
             Value::function("caller", [m, closure](Interp& in, CallArgs& args, int line) {
               return in.call_macro(*m, closure, args, Value::undefined(), line);

@@ -26,6 +26,9 @@ struct Scope {
   std::vector<std::pair<std::string, Value>> vars;
   Scope* parent = nullptr;
   size_t index = 0;  // its place in Interp::scopes_
+  size_t bytes = 0;  // charged to the render's budget (its struct and variables)
+  // What one variable costs: its entry, its name and the vector's slack.
+  static constexpr size_t kVarBytes = sizeof(std::pair<std::string, Value>) * 2 + 32;
   const Value* find(const std::string& name) const {
     for (const Scope* s = this; s; s = s->parent) {
       charge_work(s->vars.size() * kLookupBytes);  // a linear search
@@ -40,6 +43,10 @@ struct Scope {
         old = std::move(v);
         return;
       }
+    if (Budget* b = active_budget()) {
+      b->acquire(kVarBytes);
+      bytes += kVarBytes;
+    }
     vars.emplace_back(name, std::move(v));
   }
 };
@@ -100,9 +107,9 @@ class Interp {
     ~ScopeMark() { in.free_scopes(mark); }
   };
 
-  // What a scope costs beyond its struct: the variables a template sets in it
-  // are named in its source, so a few.
-  static constexpr size_t kScopeVarsBytes = 256;
+  // What a callable a macro or call block defines costs (never given back:
+  // it pins its scope).
+  static constexpr size_t kCallableBytes = 256;
 
   int depth_ = 0;
   std::vector<std::shared_ptr<Namespace>> namespaces_;
