@@ -175,7 +175,8 @@ def dispatch_template() -> str:
         for k, (name, template, _) in enumerate(CASES)
     )
     chatml = "{{ '<|im_start|>user\\n' + case + '<|im_end|>\\n<|im_start|>assistant\\n' }}"
-    return f"{{%- set case = messages[-1]['content'] -%}}{branches}{{%- else -%}}{chatml}{{%- endif -%}}"
+    head = "{%- set case = messages[-1]['content'] -%}"
+    return f"{head}{branches}{{%- else -%}}{chatml}{{%- endif -%}}"
 
 
 @pytest.fixture(scope="module")

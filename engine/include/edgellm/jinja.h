@@ -55,26 +55,26 @@ class LimitError : public TemplateError {
   using TemplateError::TemplateError;
 };
 
-// The budget of one template. Real chat templates (tests/data/chat_templates,
-// the largest 17 KB) render a conversation that fills any context window with
-// a few MB of work and well under 1 MB live; these leave them orders of
-// magnitude of room while a hostile template ends in about a second at most,
-// with its RSS growth bounded by max_memory plus a few strings of max_output
-// being built (under 256 MB in all; tests/test_hostile_templates.py measures).
+// The budget of one template. The corpus (tests/data/chat_templates, the
+// largest 17 KB) rendering a 500-turn, 1 MB conversation takes at most 15K
+// steps, 33 MB of work and 1.5 MB live: these leave 30-100x that room while a
+// hostile template ends in about a second, its RSS growth bounded by
+// max_memory plus a few strings of max_output being built (under 256 MB in
+// all; tests/test_hostile_templates.py measures each case).
 struct Limits {
   // Template text: its nodes take up to ~300x its size ({{1+1+...}} repeated),
   // so 256 KB parses to under 100 MB (the largest real template is 17 KB).
   size_t max_source = size_t{256} << 10;
   size_t max_output = size_t{16} << 20;  // bytes of rendered text, and of any one string
   // Live bytes of the strings, lists, dicts and scopes a render holds (its
-  // context included): what a render can pin at once.
+  // context included): what a render can pin at once. 40x the real peak.
   size_t max_memory = size_t{64} << 20;
   // Bytes read or written by the render's operations (compare, concatenation,
   // `in`, replace, join, filters, ...): what bounds time where steps do not
-  // (one step can compare two 16 MB strings). ~1 s at memcpy speed.
+  // (one step can compare two 16 MB strings). 30x the real worst; ~0.1-1 s.
   size_t max_work = size_t{1} << 30;
-  size_t max_steps = 20'000'000;  // evaluated nodes + loop iterations
-  int max_depth = 200;            // parser nesting and macro call depth
+  size_t max_steps = 2'000'000;  // evaluated nodes + loop iterations: ~0.1-0.5 s
+  int max_depth = 200;           // parser nesting, macro call depth and value nesting
 };
 
 struct Options {
