@@ -86,6 +86,11 @@ CASES = [
         "{% endfor %}",
         "levels deep",
     ),
+    (
+        "many_live_strings",
+        "{{ (range(100000)|map('string')|map('indent', ' ' * 1000, true)|list)|length }}",
+        "-byte allocation budget",
+    ),
     ("namespace_cycle", "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}", "levels deep"),
     ("repr_of_copies", "{% set s = 'a' * 1000000 %}{{ [s] * 100 }}", "-byte output budget"),
     ("percent_width", "{{ ('%1048576s' * 20) % ((1,) * 20) }}", "-byte output budget"),
@@ -222,6 +227,25 @@ def test_template_beyond_the_source_budget_is_refused_at_load(
     write_fixture_gguf(family_fixture("llama-tiny"), "llama-tiny", path, PARSE_CASES[0][1])
     proc = run_cli(path, "hello")
     assert_one_line_error(proc, f"{path}: metadata 'tokenizer.chat_template'", "source budget")
+
+
+def test_source_budget_is_a_load_time_refusal(tmp_path: Path, engine_binding: Any) -> None:
+    """Beyond a parse budget the model file itself is refused (a template that merely fails
+    to parse still loads: completions work, chat requests get the error)."""
+    from test_gguf_only import finish, gguf_writer
+
+    for name, template, needle in PARSE_CASES:
+        path = tmp_path / f"{name}.gguf"
+        writer = gguf_writer(path, "llama")
+        writer.add_chat_template(template)
+        finish(writer)
+        with pytest.raises(engine_binding.Error, match=needle):
+            engine_binding.ChatTemplate.from_gguf(str(path))
+    unsupported = tmp_path / "unsupported.gguf"
+    writer = gguf_writer(unsupported, "llama")
+    writer.add_chat_template("{% include 'other.jinja' %}")
+    finish(writer)
+    assert engine_binding.ChatTemplate.from_gguf(str(unsupported)).available()
 
 
 def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
