@@ -91,6 +91,18 @@ CASES = [
         "{{ (range(100000)|map('string')|map('indent', ' ' * 1000, true)|list)|length }}",
         "-byte allocation budget",
     ),
+    (
+        "nested_macro_buffers",
+        "{% macro f(n) %}{{ 'x' * 15000000 }}{% if n > 0 %}{{ f(n - 1) }}{% endif %}"
+        "{% endmacro %}{{ f(150) }}",
+        "-byte allocation budget",
+    ),
+    (
+        "nested_list_repr",
+        "{% set s = 'x' * 4000000 %}{% set ns = namespace(x=s) %}{% for i in range(150) %}"
+        "{% set ns.x = [s, ns.x] %}{% endfor %}{{ ns.x }}",
+        "-byte allocation budget",
+    ),
     ("namespace_cycle", "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}", "levels deep"),
     ("repr_of_copies", "{% set s = 'a' * 1000000 %}{{ [s] * 100 }}", "-byte output budget"),
     ("percent_width", "{{ ('%1048576s' * 20) % ((1,) * 20) }}", "-byte output budget"),

@@ -1,5 +1,6 @@
 #include "jinja/budget.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace edgellm::jinja {
@@ -112,6 +113,33 @@ void append_checked(std::string& out, std::string_view piece) {
     g_active->work(n > out.capacity() ? add_sat(n, piece.size()) : piece.size());
   }
   out += piece;
+}
+
+TextBuffer::TextBuffer() : budget_(g_active) {}
+
+TextBuffer::~TextBuffer() {
+  if (budget_) budget_->release(held_);
+}
+
+void TextBuffer::append(std::string_view piece) {
+  if (budget_) {
+    const size_t n = add_sat(text_.size(), piece.size());
+    budget_->check_string(n);
+    // Growing past the capacity doubles the block: the new capacity is held.
+    const size_t capacity = n > text_.capacity() ? std::max(n, 2 * text_.capacity()) : 0;
+    if (capacity) {
+      budget_->acquire(capacity - held_);
+      held_ = capacity;
+    }
+    budget_->work(capacity ? add_sat(n, piece.size()) : piece.size());
+  }
+  text_ += piece;
+}
+
+std::string TextBuffer::take() {
+  if (budget_) budget_->release(held_);
+  held_ = 0;
+  return std::move(text_);
 }
 
 namespace {

@@ -98,6 +98,26 @@ Value checked_parts(const std::vector<std::string>& parts);
 // item of a walk over a list costs, in bytes of the work budget.
 constexpr size_t kLookupBytes = 16;
 
+// Text being built while other work goes on (the output, a macro's or a block's
+// text, a concatenation, a list's repr): its bytes count as live while it
+// grows, so that buffers nested by macro calls or nested lists cannot together
+// outgrow the allocation budget, each within the string limit.
+class TextBuffer {
+ public:
+  TextBuffer();
+  ~TextBuffer();
+  TextBuffer(const TextBuffer&) = delete;
+  TextBuffer& operator=(const TextBuffer&) = delete;
+  void append(std::string_view piece);
+  // The text, its bytes given back (a Value of it charges them again).
+  std::string take();
+
+ private:
+  std::string text_;
+  Budget* budget_;
+  size_t held_ = 0;
+};
+
 // Saturating arithmetic for sizes a template chooses (n * m can overflow).
 size_t add_sat(size_t a, size_t b);
 size_t mul_sat(size_t a, size_t b);

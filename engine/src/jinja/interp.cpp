@@ -108,22 +108,22 @@ std::string Interp::render(const Body& body, const nlohmann::ordered_json& conte
   Scope* root = new_scope(nullptr);
   if (!context.is_object()) throw TemplateError("the template context must be a JSON object", 0);
   for (const auto& [k, v] : context.items()) root->set(k, from_json(v));
-  std::string out;
+  TextBuffer out;
   exec(body, *root, out);
-  return out;
+  return out.take();
 }
 
-Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
+Interp::Flow Interp::exec(const Body& body, Scope& s, TextBuffer& out) {
   for (const StmtPtr& p : body) {
     const Stmt& st = *p;
     step(st.line);
     switch (st.kind) {
       case Stmt::Kind::data:
-        append_checked(out, st.text);
+        out.append(st.text);
         break;
       case Stmt::Kind::print: {
         const Value v = eval(*st.value, s);
-        append_checked(out, v.is_string() ? v.s() : to_str(v));
+        out.append(v.is_string() ? v.s() : to_str(v));
         break;
       }
       case Stmt::Kind::if_: {
@@ -150,12 +150,12 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
         assign(*st.target, eval(*st.value, s), s, st.line);
         break;
       case Stmt::Kind::set_block: {
-        std::string text;
+        TextBuffer text;
         {
           const ScopeMark mark(*this);
           exec(st.body, *new_scope(&s), text);
         }
-        Value v = Value::string(std::move(text));
+        Value v = Value::string(text.take());
         for (const ExprPtr& f : st.filters) v = apply_filter(*f, v, s);
         assign(*st.target, v, s, st.line);
         break;
@@ -186,18 +186,18 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
         eval_args(call, s, args);
         args.kwargs.emplace_back("caller", caller);
         const Value v = this->call(fn, args, st.line);
-        append_checked(out, to_str(v));
+        out.append(to_str(v));
         break;
       }
       case Stmt::Kind::filter_block: {
-        std::string text;
+        TextBuffer text;
         {
           const ScopeMark mark(*this);
           exec(st.body, *new_scope(&s), text);
         }
-        Value v = Value::string(std::move(text));
+        Value v = Value::string(text.take());
         for (const ExprPtr& f : st.filters) v = apply_filter(*f, v, s);
-        append_checked(out, to_str(v));
+        out.append(to_str(v));
         break;
       }
       case Stmt::Kind::with: {
@@ -224,7 +224,7 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
   return Flow::normal;
 }
 
-Interp::Flow Interp::exec_for(const Stmt& st, Scope& s, std::string& out) {
+Interp::Flow Interp::exec_for(const Stmt& st, Scope& s, TextBuffer& out) {
   const Value seq = eval(*st.iter, s);
   if (seq.is_undefined() && !seq.s().empty() && false) undefined_error(seq, st.line);
   std::shared_ptr<const List> items = iterate(seq, st.line);
@@ -369,10 +369,10 @@ Value Interp::call_macro(const Stmt& m, Scope* closure, CallArgs& args, const Va
   scope->set("varargs", Value::make_list(std::move(varargs), true));
   scope->set("kwargs", Value::make_dict(std::move(kwargs)));
   if (!caller_v.is_undefined()) scope->set("caller", caller_v);
-  std::string out;
+  TextBuffer out;
   exec(m.body, *scope, out);
   --depth_;
-  return Value::string(std::move(out));
+  return Value::string(out.take());
 }
 
 namespace {
@@ -671,12 +671,12 @@ Value Interp::eval(const Expr& e, Scope& s) {
     case K::binary:
       return binary(e.name, eval(*e.a, s), eval(*e.b, s), e.line);
     case K::concat: {
-      std::string out;
+      TextBuffer out;
       for (const ExprPtr& x : e.items) {
         const Value v = eval(*x, s);
-        append_checked(out, v.is_string() ? v.s() : to_str(v));
+        out.append(v.is_string() ? v.s() : to_str(v));
       }
-      return Value::string(std::move(out));
+      return Value::string(out.take());
     }
     case K::compare: {
       Value left = eval(*e.a, s);

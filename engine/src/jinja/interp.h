@@ -86,8 +86,8 @@ class Interp {
 
  private:
   enum class Flow { normal, break_, continue_ };
-  Flow exec(const Body& body, Scope& s, std::string& out);
-  Flow exec_for(const Stmt& st, Scope& s, std::string& out);
+  Flow exec(const Body& body, Scope& s, TextBuffer& out);
+  Flow exec_for(const Stmt& st, Scope& s, TextBuffer& out);
   void assign(const Expr& target, const Value& v, Scope& s, int line);
   Value apply_filter(const Expr& f, const Value& subject, Scope& s);
   void eval_args(const Expr& e, Scope& s, CallArgs& args);

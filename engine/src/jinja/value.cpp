@@ -265,26 +265,30 @@ std::string to_str(const Value& v) {
       if (v.generator) return "<generator object>";
       const WalkLevel level;
       const bool tuple = v.type == T::tuple;
-      std::string out = tuple ? "(" : "[";
+      TextBuffer out;
+      out.append(tuple ? "(" : "[");
       for (size_t k = 0; k < v.list->size(); ++k) {
-        if (k) append_checked(out, ", ");
-        append_checked(out, repr((*v.list)[k]));
+        if (k) out.append(", ");
+        out.append(repr((*v.list)[k]));
       }
-      if (tuple && v.list->size() == 1) out += ",";
-      return out + (tuple ? ")" : "]");
+      if (tuple && v.list->size() == 1) out.append(",");
+      out.append(tuple ? ")" : "]");
+      return out.take();
     }
     case T::dict:
     case T::ns: {
       const WalkLevel level;
       const Dict& d = v.type == T::dict ? *v.dict : v.ns->attrs;
-      std::string out = v.type == T::ns ? "<Namespace {" : "{";
+      TextBuffer out;
+      out.append(v.type == T::ns ? "<Namespace {" : "{");
       for (size_t k = 0; k < d.items.size(); ++k) {
-        if (k) append_checked(out, ", ");
-        append_checked(out, repr(d.items[k].first));
-        append_checked(out, ": ");
-        append_checked(out, repr(d.items[k].second));
+        if (k) out.append(", ");
+        out.append(repr(d.items[k].first));
+        out.append(": ");
+        out.append(repr(d.items[k].second));
       }
-      return out + (v.type == T::ns ? "}>" : "}");
+      out.append(v.type == T::ns ? "}>" : "}");
+      return out.take();
     }
     case T::callable:
       return "<function " + v.fn->name + ">";
