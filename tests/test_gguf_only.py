@@ -384,10 +384,11 @@ def write_fixture_gguf(
     arch: str = "",
     extra: dict[str, Any] | None = None,
     edit: Callable[[Any], None] | None = None,
+    chat_template: str | None = None,
 ) -> None:
     """The fixture's weights and config as llama.cpp's converter would write them (F32),
-    declared as `arch` (default: the fixture's own), with `extra` GGUF tensors and what
-    `edit` adds to the writer."""
+    declared as `arch` (default: the fixture's own), with `extra` GGUF tensors, what
+    `edit` adds to the writer, and `chat_template` as its tokenizer.chat_template."""
     import torch
     from safetensors.torch import load_file
 
@@ -426,6 +427,8 @@ def write_fixture_gguf(
         writer.add_attention_scale(cfg["attention_multiplier"])
         writer.add_logit_scale(cfg["logits_scaling"])
     add_smollm2_vocab(writer)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     for hf, w in weights.items():
         if hf == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue

@@ -362,6 +362,8 @@ ChatTemplate ChatTemplate::from_text(const std::string& tmpl, const std::string&
   ct.eos_token_ = eos_token;
   try {
     ct.program_ = std::make_shared<const jinja::Template>(jinja::Template::parse(tmpl));
+  } catch (const jinja::LimitError& e) {
+    throw Error(source + ": chat template: " + e.what());  // beyond its budget: refused at load
   } catch (const jinja::TemplateError& e) {
     ct.parse_error_ = e.what();  // kept: chat requests get it, completions still work
   }
