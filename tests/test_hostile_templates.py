@@ -201,7 +201,7 @@ def hostile_gguf(tmp_path_factory: pytest.TempPathFactory, family_fixture: Any) 
     from test_gguf_only import write_fixture_gguf
 
     out = tmp_path_factory.mktemp("hostile") / "model.gguf"
-    write_fixture_gguf(family_fixture("llama-tiny"), "llama-tiny", out, dispatch_template())
+    write_fixture_gguf(family_fixture("llama-tiny"), "llama-tiny", out, chat_template=dispatch_template())
     return out
 
 
@@ -236,7 +236,7 @@ def test_template_beyond_the_source_budget_is_refused_at_load(
     from test_gguf_only import write_fixture_gguf
 
     path = tmp_path / "model.gguf"
-    write_fixture_gguf(family_fixture("llama-tiny"), "llama-tiny", path, PARSE_CASES[0][1])
+    write_fixture_gguf(family_fixture("llama-tiny"), "llama-tiny", path, chat_template=PARSE_CASES[0][1])
     proc = run_cli(path, "hello")
     assert_one_line_error(proc, f"{path}: metadata 'tokenizer.chat_template'", "source budget")
 
