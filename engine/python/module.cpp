@@ -15,6 +15,7 @@
 
 #include "edgellm/error.h"
 #include "edgellm/generate.h"
+#include "edgellm/json_file.h"
 #include "edgellm/json_grammar.h"
 #include "edgellm/model_store.h"
 #include "edgellm/roofline.h"
@@ -291,8 +292,8 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           [](const edgellm::ChatTemplate& t, std::string_view messages_json,
              bool add_generation_prompt, std::string_view tools_json,
              std::string_view kwargs_json) {
-            const auto tools = nlohmann::ordered_json::parse(tools_json);
-            const auto kwargs = nlohmann::ordered_json::parse(kwargs_json);
+            const auto tools = edgellm::parse_ordered_json(tools_json, "tools");
+            const auto kwargs = edgellm::parse_ordered_json(kwargs_json, "chat_template_kwargs");
             return with_tool_errors([&] {
               return edgellm::render_conversation(t, openai_messages(messages_json),
                                                   add_generation_prompt,
@@ -455,9 +456,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
          std::string_view messages_json, const edgellm::Tools& tools,
          std::string_view kwargs_json) {
         return with_tool_errors([&] {
-          return edgellm::encode_conversation(tokenizer, chat_template,
-                                              openai_messages(messages_json), true, tools,
-                                              nlohmann::ordered_json::parse(kwargs_json));
+          return edgellm::encode_conversation(
+              tokenizer, chat_template, openai_messages(messages_json), true, tools,
+              edgellm::parse_ordered_json(kwargs_json, "chat_template_kwargs"));
         });
       },
       "tokenizer"_a, "chat_template"_a, "messages_json"_a, "tools"_a, "kwargs_json"_a = "null");

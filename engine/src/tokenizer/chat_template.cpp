@@ -115,8 +115,12 @@ nlohmann::ordered_json message_json(const ChatMessage& m) {
   if (!m.tool_calls.empty()) {
     nlohmann::ordered_json calls = nlohmann::ordered_json::array();
     for (const ToolCall& c : m.tool_calls) {
-      nlohmann::ordered_json args = nlohmann::ordered_json::parse(c.arguments, nullptr, false);
-      if (args.is_discarded()) args = c.arguments;
+      nlohmann::ordered_json args;
+      try {  // the bounded, linear parse: arguments come from the request
+        args = parse_ordered_json(c.arguments, "arguments");
+      } catch (const Error&) {
+        args = c.arguments;  // not JSON: the template gets the string
+      }
       calls.push_back({{"id", c.id},
                        {"type", "function"},
                        {"function", {{"name", c.name}, {"arguments", std::move(args)}}}});

@@ -326,7 +326,7 @@ struct Api {
     nlohmann::ordered_json kwargs = nullptr;
     if (const json* k = optional_field(body, "chat_template_kwargs")) {
       if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-      kwargs = nlohmann::ordered_json::parse(k->dump());
+      kwargs = parse_ordered_json(k->dump(), "chat_template_kwargs");
     }
     try {
       return encode_conversation(model.tokenizer(), model.chat_template(), chat, true, tools,
@@ -491,7 +491,7 @@ struct Api {
     parse_body(raw);  // JSON within the depth bound, and the model
     std::string text;
     try {
-      text = anthropic::to_chat_request(nlohmann::ordered_json::parse(raw)).dump();
+      text = anthropic::to_chat_request(parse_ordered_json(raw, "the request body")).dump();
     } catch (const anthropic::RequestError& e) {
       bad(e.param(), e.what());
     }
