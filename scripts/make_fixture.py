@@ -136,6 +136,32 @@ CONFIGS: dict[str, tuple[str, dict]] = {
             "eos_token_id": 2,
         },
     ),
+    # Fused qkv_proj and gate_up_proj, partial rotary (18 of 24 head dims), LongRoPE short
+    # factors and attention factor (16384 / 4096), a sliding window on every layer.
+    # hidden_size 100: HF validates the factors' length against hidden / heads (25 * 0.75
+    # gives 9 pairs), the model uses head_dim (24 * 0.75, 9 pairs as well).
+    "phi3-tiny": (
+        "Phi3Config",
+        {
+            **TINY,
+            "hidden_size": 100,
+            "partial_rotary_factor": 0.75,
+            "max_position_embeddings": 16384,
+            "original_max_position_embeddings": 4096,
+            "rope_theta": 70000.0,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0, 1.15, 1.4, 1.8, 2.3, 3.1, 4.2, 5.6, 7.5],
+                "long_factor": [1.5, 2.0, 3.0, 4.5, 6.0, 9.0, 13.0, 18.0, 25.0],
+            },
+            "sliding_window": 7,
+            "tie_word_embeddings": False,
+            # HF's default ids (32000) mean nothing to the borrowed tokenizer.
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "gemma3-tiny": (
         "Gemma3TextConfig",
         {

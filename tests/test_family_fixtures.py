@@ -37,6 +37,7 @@ FIXTURES = [
     "granite-tiny",
     "smollm3-tiny",
     "olmo2-tiny",
+    "phi3-tiny",
 ]
 TOKENS = [1, 504, 3101, 42, 77, 19000, 8, 260, 4431, 12, 999, 31, 5, 48000, 600, 2, 7, 300]
 PROMPT_LEN = 5

@@ -49,7 +49,7 @@ FOLDERS = {"smollm2": "smollm2_135m", "gemma3": "gemma3_270m"}  # deployment of 
 WINDOW = 16  # Gemma's sliding window in the window mutant's checkpoint: the prompts cross it
 # The families proven on tiny random fixtures: the clean engine passes the gate on each, and
 # mutants of each family's own switches fail it (FAMILY_MUTANTS below).
-FAMILY_FIXTURES = ("mistral-tiny", "granite-tiny", "smollm3-tiny", "olmo2-tiny")
+FAMILY_FIXTURES = ("mistral-tiny", "granite-tiny", "smollm3-tiny", "olmo2-tiny", "phi3-tiny")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,6 +299,28 @@ WEIGHT_MUTANTS: dict[str, WeightMutant] = {
 
 MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny",)
 OLMO2 = ("olmo2-tiny",)
+PHI3 = ("phi3-tiny",)
+
+
+def _swap_fused_gate_up(t: Tensors, c: Config) -> None:
+    w = t["model.layers.1.mlp.gate_up_proj.weight"]  # rows [gate; up]
+    i = c["intermediate_size"]
+    _swap_rows(w, slice(0, i), slice(i, 2 * i))
+
+
+def _full_rotary(c: Config) -> Config:
+    """RoPE over the whole head: the factor lists grow by 1.0s to the full head's pairs."""
+    pairs = c["head_dim"] // 2
+    rs = c["rope_scaling"]
+    pad = lambda f: f + [1.0] * (pairs - len(f))  # noqa: E731
+    return {
+        "partial_rotary_factor": 1.0,
+        "rope_scaling": {
+            **rs,
+            "short_factor": pad(rs["short_factor"]),
+            "long_factor": pad(rs["long_factor"]),
+        },
+    }
 
 
 # Each family's own logic, broken in the engine's copy of the config (HF reads the original).
@@ -339,6 +361,23 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
     "RoPE skipped on a RoPE layer": WeightMutant(
         SMOLLM3, config=lambda c: {"no_rope_layers": [0] * c["num_hidden_layers"]}
     ),
+    "rotary over the full head (partial_rotary_factor 1.0)": WeightMutant(
+        PHI3, config=_full_rotary
+    ),
+    "gate and up halves of gate_up_proj swapped (layer 1)": WeightMutant(PHI3, _swap_fused_gate_up),
+    "LongRoPE short factors dropped": WeightMutant(
+        PHI3,
+        config=lambda c: {
+            "rope_scaling": {
+                **c["rope_scaling"],
+                "short_factor": [1.0] * len(c["rope_scaling"]["short_factor"]),
+            }
+        },
+    ),
+    "LongRoPE attention factor dropped (max_position_embeddings = original)": WeightMutant(
+        PHI3, config=lambda c: {"max_position_embeddings": c["original_max_position_embeddings"]}
+    ),
+    "sliding window ignored (Phi-3)": WeightMutant(PHI3, config=lambda c: {"sliding_window": None}),
 }
 WEIGHT_MUTANTS.update(FAMILY_MUTANTS)
 

@@ -24,7 +24,8 @@ void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, Thre
 void unpack_row(const PackedMatrix& w, size_t r, float* out);
 
 void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y);
-void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin);
+void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const float* cos,
+          const float* sin);
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
 void add(float* acc, const float* x, size_t n);

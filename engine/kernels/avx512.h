@@ -36,7 +36,8 @@ void unpack_row(const PackedMatrix& w, size_t r, float* out);
 namespace avx512 {
 // Element-wise kernels (elementwise_avx512.cpp), the avx2 formulas in 16 lanes.
 void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y);
-void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin);
+void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const float* cos,
+          const float* sin);
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
 void add(float* acc, const float* x, size_t n);

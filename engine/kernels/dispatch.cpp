@@ -238,7 +238,11 @@ const std::vector<KernelInfo>& registered_kernels() {
        "(prefill, n >= 16): head_dim % 32 == 0, <= 32 query heads per kv head",
        all},
       {"rmsnorm", {S, A2, A5}, "fp32 (sum of squares in double)", "any dim; in place allowed", all},
-      {"rope", {S, A2, A5}, "fp32", "any n_heads, even head_dim (HF rotate_half)", all},
+      {"rope",
+       {S, A2, A5},
+       "fp32",
+       "any n_heads, even rotary_dim <= head_dim (HF rotate_half)",
+       all},
       {"silu_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "hidden_act silu"},
       {"gelu_tanh_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "hidden_act gelu_tanh"},
       {"add", {S, A2, A5}, "fp32", "any n", all},
@@ -282,10 +286,11 @@ void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* 
   ref::rmsnorm(x, weight, dim, eps, y);
 }
 
-void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin, Isa isa) {
-  if (isa >= Isa::avx512) return avx512::rope(x, n_heads, head_dim, cos, sin);
-  if (isa >= Isa::avx2) return avx2::rope(x, n_heads, head_dim, cos, sin);
-  ref::rope(x, n_heads, head_dim, cos, sin);
+void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const float* cos,
+          const float* sin, Isa isa) {
+  if (isa >= Isa::avx512) return avx512::rope(x, n_heads, head_dim, rotary_dim, cos, sin);
+  if (isa >= Isa::avx2) return avx2::rope(x, n_heads, head_dim, rotary_dim, cos, sin);
+  ref::rope(x, n_heads, head_dim, rotary_dim, cos, sin);
 }
 
 void silu_mul(const float* gate, const float* up, size_t n, float* out, Isa isa) {

@@ -68,8 +68,9 @@ void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* 
   }
 }
 
-void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin) {
-  const size_t half = head_dim / 2;
+void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const float* cos,
+          const float* sin) {
+  const size_t half = rotary_dim / 2;
   for (size_t h = 0; h < n_heads; ++h) {
     float* a = x + h * head_dim;
     float* b = a + half;

@@ -188,10 +188,11 @@ void matmul_rows(const PackedMatrix& w, const float* x, size_t n, float* y, Thre
 void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y,
              Isa isa = active_isa());
 
-// Rotates each of n_heads vectors of length head_dim in place (HF rotate_half
-// layout: pairs are (i, i + head_dim/2)). cos/sin hold head_dim/2 values.
-void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin,
-          Isa isa = active_isa());
+// Rotates the first rotary_dim values of each of n_heads vectors of length head_dim
+// in place (HF rotate_half layout: pairs are (i, i + rotary_dim/2)); the rest of each
+// head passes through (Phi-3's partial rotary). cos/sin hold rotary_dim/2 values.
+void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const float* cos,
+          const float* sin, Isa isa = active_isa());
 
 // out = act(gate) * up, element-wise.
 void silu_mul(const float* gate, const float* up, size_t n, float* out, Isa isa = active_isa());
@@ -254,7 +255,8 @@ ExecConfig process_exec_config();
 namespace ref {
 void matmul(const PackedMatrix& w, const float* x, size_t n, float* y);
 void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* y);
-void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin);
+void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const float* cos,
+          const float* sin);
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
 void add(float* acc, const float* x, size_t n);

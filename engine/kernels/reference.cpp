@@ -29,8 +29,9 @@ void rmsnorm(const float* x, const float* weight, size_t dim, float eps, float* 
   for (size_t i = 0; i < dim; ++i) y[i] = x[i] * inv * weight[i];
 }
 
-void rope(float* x, size_t n_heads, size_t head_dim, const float* cos, const float* sin) {
-  const size_t half = head_dim / 2;
+void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const float* cos,
+          const float* sin) {
+  const size_t half = rotary_dim / 2;
   for (size_t h = 0; h < n_heads; ++h) {
     float* v = x + h * head_dim;
     for (size_t i = 0; i < half; ++i) {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "edgellm/config.h"
 #include "edgellm/error.h"
 #include "test_util.h"
@@ -116,6 +118,62 @@ TEST(ConfigTest, GraniteMultipliersAndOutputBias) {
   EXPECT_TRUE(q.attention_bias && !q.attention_out_bias);
   const ModelConfig m = config_of("MistralForCausalLM", R"("attention_bias": true)");
   EXPECT_FALSE(m.attention_bias || m.attention_out_bias);
+}
+
+// The config text of a Phi-3 with kLlama's shape (head_dim 16) and `extra` fields.
+std::string phi3_text(const std::string& extra) {
+  std::string text = kLlama;
+  text.replace(text.find("LlamaForCausalLM"), 16, "Phi3ForCausalLM");
+  text.insert(text.rfind('}'), extra.empty() ? "" : ", " + extra);
+  return text;
+}
+
+const char* kLongRope = R"("partial_rotary_factor": 0.75, "original_max_position_embeddings": 64,
+    "rope_scaling": {"type": "longrope", "short_factor": [1, 2, 3, 4, 5, 6],
+                     "long_factor": [2, 3, 4, 5, 6, 7]})";
+
+TEST(ConfigTest, Phi3PartialRotaryLongRopeAndWindow) {
+  const ModelConfig c = config_of("Phi3ForCausalLM", kLongRope);
+  EXPECT_TRUE(c.fused_projections);
+  EXPECT_EQ(c.rotary_dims(), 12);  // 16 x 0.75
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::longrope);
+  EXPECT_EQ(c.rope_scaling.short_factor, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(c.rope_scaling.original_max_position, 64);
+  // factor 256 / 64 = 4: sqrt(1 + ln 4 / ln 64) = sqrt(4 / 3)
+  EXPECT_FLOAT_EQ(c.rope_scaling.attention_factor, std::sqrt(4.0f / 3.0f));
+  EXPECT_EQ(c.position_limit(), 64);  // HF keeps short_factor only up to the original context
+  EXPECT_EQ(windows(c), (std::vector<int>{0, 0}));  // HF's default sliding_window: None
+  EXPECT_EQ(windows(config_of("Phi3ForCausalLM", R"("sliding_window": 7)")),
+            (std::vector<int>{7, 7}));
+  const ModelConfig plain = config_of("Phi3ForCausalLM", R"("attention_bias": true)");
+  EXPECT_EQ(plain.rotary_dims(), 16);
+  EXPECT_EQ(plain.position_limit(), 256);
+  EXPECT_FALSE(plain.attention_bias || plain.attention_out_bias);  // HF gives Phi-3 none
+  // Other families keep separate projections and their whole head rotated.
+  const ModelConfig llama = config_of("LlamaForCausalLM", "");
+  EXPECT_FALSE(llama.fused_projections);
+  EXPECT_EQ(llama.rotary_dims(), 16);
+}
+
+TEST(ConfigTest, Phi3RefusesWhatItDoesNotImplement) {
+  const auto refused = [](const std::string& extra, const std::string& field) {
+    const std::string e = error_of(phi3_text(extra));
+    EXPECT_NE(e.find(field), std::string::npos) << extra << " -> " << e;
+  };
+  refused(R"("partial_rotary_factor": 0.3125)", "partial_rotary_factor");  // 5 dims: odd
+  refused(R"("partial_rotary_factor": 0.1)", "partial_rotary_factor");     // 1 dim
+  refused(R"("partial_rotary_factor": 1.5)", "partial_rotary_factor");
+  refused(R"("rope_scaling": {"type": "dynamic", "factor": 2.0})", "rope_scaling.type");
+  refused(R"("partial_rotary_factor": 0.75, "rope_scaling": {"type": "longrope",
+             "short_factor": [1, 2, 3], "long_factor": [2, 3, 4, 5, 6, 7]})",
+          "rope_scaling.short_factor");
+  refused(R"("partial_rotary_factor": 0.75, "rope_scaling": {"type": "longrope",
+             "short_factor": [1, 2, 3, 4, 5, 6]})",
+          "rope_scaling.long_factor");
+  refused(R"("partial_rotary_factor": 0.75, "rope_scaling": {"type": "longrope",
+             "short_factor": [1, 2, 3, 4, 5, -6], "long_factor": [2, 3, 4, 5, 6, 7]})",
+          "rope_scaling.short_factor");
+  refused(R"("sliding_window": 0)", "sliding_window");
 }
 
 TEST(ConfigTest, SmolLM3NoPeLayers) {

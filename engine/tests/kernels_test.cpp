@@ -1685,23 +1685,39 @@ TEST_P(KernelRope, Sweep) {
   const Isa isa = GetParam();
   std::mt19937 rng(11);
   IsaScope scope(isa);
-  for (size_t hd : {2, 4, 8, 14, 16, 18, 32, 48, 64, 80, 128, 256}) {
-    for (size_t heads : {1, 3, 12}) {
-      const OddBuffer x0 = random_buffer(heads * hd, rng, -4.0f, 4.0f);
-      const OddBuffer cs = random_buffer(hd / 2, rng), sn = random_buffer(hd / 2, rng);
-      std::vector<float> want(x0.data(), x0.data() + heads * hd);
-      OddBuffer got = x0;
-      ref::rope(want.data(), heads, hd, cs.data(), sn.data());
-      rope(got.data(), heads, hd, cs.data(), sn.data());
-      ASSERT_TRUE(got.guard_intact());
-      for (size_t h = 0; h < heads; ++h) {
-        for (size_t i = 0; i < hd; ++i) {
-          const size_t j = i < hd / 2 ? i : i - hd / 2;
-          const float a = x0[h * hd + j], b = x0[h * hd + j + hd / 2];
-          const double mag = std::fabs(a * cs[j]) + std::fabs(b * sn[j]) + std::fabs(b * cs[j]) +
-                             std::fabs(a * sn[j]);
-          ASSERT_NEAR(got[h * hd + i], want[h * hd + i], 2 * kEps * mag + 1e-30)
-              << isa_name(isa) << " hd=" << hd << " h=" << h << " i=" << i;
+  for (size_t hd : {2, 4, 8, 14, 16, 18, 24, 32, 48, 64, 80, 96, 128, 256}) {
+    // Full rotary, and partial ones (Phi-3's 0.75 and 0.5, odd halves, a single pair).
+    std::vector<size_t> rotary = {hd, 2};
+    for (size_t r : {hd * 3 / 4, hd / 2, hd - 2})
+      if (r % 2 == 0 && r >= 2) rotary.push_back(r);
+    for (size_t rot : rotary) {
+      for (size_t heads : {1, 3, 12}) {
+        const size_t half = rot / 2;
+        const OddBuffer x0 = random_buffer(heads * hd, rng, -4.0f, 4.0f);
+        const OddBuffer cs = random_buffer(half, rng), sn = random_buffer(half, rng);
+        std::vector<float> want(x0.data(), x0.data() + heads * hd);
+        OddBuffer got = x0;
+        ref::rope(want.data(), heads, hd, rot, cs.data(), sn.data());
+        rope(got.data(), heads, hd, rot, cs.data(), sn.data());
+        ASSERT_TRUE(got.guard_intact());
+        for (size_t h = 0; h < heads; ++h) {
+          for (size_t i = 0; i < hd; ++i) {
+            if (i >= rot) {  // past the rotary dims, the head passes through untouched
+              ASSERT_EQ(got[h * hd + i], x0[h * hd + i])
+                  << isa_name(isa) << " hd=" << hd << " rot=" << rot << " i=" << i;
+              ASSERT_EQ(want[h * hd + i], x0[h * hd + i]) << "scalar hd=" << hd << " i=" << i;
+              continue;
+            }
+            const size_t j = i < half ? i : i - half;
+            const float a = x0[h * hd + j], b = x0[h * hd + j + half];
+            const float expect = i < half ? a * cs[j] - b * sn[j] : b * cs[j] + a * sn[j];
+            const double mag = std::fabs(a * cs[j]) + std::fabs(b * sn[j]) + std::fabs(b * cs[j]) +
+                               std::fabs(a * sn[j]);
+            ASSERT_NEAR(want[h * hd + i], expect, kEps * mag + 1e-30)
+                << "scalar hd=" << hd << " rot=" << rot << " i=" << i;
+            ASSERT_NEAR(got[h * hd + i], want[h * hd + i], 2 * kEps * mag + 1e-30)
+                << isa_name(isa) << " hd=" << hd << " rot=" << rot << " h=" << h << " i=" << i;
+          }
         }
       }
     }

@@ -3,6 +3,7 @@
 // families are the flags below (gemma.cpp's approach), never per-model code.
 #pragma once
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,12 +13,17 @@ namespace edgellm {
 enum class Activation { silu, gelu_tanh };
 
 struct RopeScaling {
-  enum class Type { none, linear, llama3 };
+  enum class Type { none, linear, llama3, longrope };
   Type type = Type::none;
   float factor = 1.0f;
   float low_freq_factor = 1.0f;   // llama3 only
   float high_freq_factor = 4.0f;  // llama3 only
   int original_max_position = 8192;
+  // longrope (Phi-3): per-frequency divisors and the cos/sin scale. Only short_factor:
+  // HF switches to long_factor once a sequence passes original_max_position, which the
+  // engine never runs (ModelConfig::position_limit).
+  std::vector<float> short_factor;
+  float attention_factor = 1.0f;
 };
 
 // Per-layer attention shape: Gemma 3 interleaves sliding-window layers (local
@@ -39,6 +45,7 @@ struct ModelConfig {
   int head_dim = 0;
   int vocab_size = 0;
   int max_position_embeddings = 0;
+  int rotary_dim = 0;  // Phi-3's partial rotary: RoPE on these first dims of a head; 0 = all
   float rms_norm_eps = 1e-6f;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
@@ -50,6 +57,7 @@ struct ModelConfig {
   bool qk_norm_whole = false;        // OLMo 2: ... over the whole q and k projections instead
   bool sandwich_norms = false;       // Gemma 3, OLMo 2: norms after attention and after the MLP
   bool pre_norms = true;             // false (OLMo 2): no norm before attention and the MLP
+  bool fused_projections = false;    // Phi-3: checkpoint stores qkv_proj and gate_up_proj fused
   bool norm_adds_one = false;        // Gemma: RMSNorm applies (1 + w); folded in at load time
   float embedding_scale = 1.0f;      // Gemma: sqrt(hidden), rounded to bf16 as HF does
   float query_scale = 0.0f;          // multiplies q·k; 1/sqrt(head_dim) unless configured
@@ -61,6 +69,16 @@ struct ModelConfig {
   std::vector<LayerSpec> layers;
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
+
+  // The positions the engine runs: max_position_embeddings, or for LongRoPE the original
+  // context, the only one in which HF keeps short_factor (the engine's static table).
+  int position_limit() const {
+    return rope_scaling.type == RopeScaling::Type::longrope
+               ? std::min(max_position_embeddings, rope_scaling.original_max_position)
+               : max_position_embeddings;
+  }
+
+  int rotary_dims() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
 
   bool is_eos(int token) const {
     for (int id : eos_token_ids)

@@ -91,8 +91,9 @@ struct Reader {
 constexpr int kMaxLayers = 1 << 14;
 
 const std::set<std::string> kSupported = {
-    "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
-    "Gemma3ForCausalLM", "GraniteForCausalLM", "SmolLM3ForCausalLM", "Olmo2ForCausalLM"};
+    "LlamaForCausalLM",   "MistralForCausalLM", "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",   "Gemma3ForCausalLM",  "GraniteForCausalLM",
+    "SmolLM3ForCausalLM", "Olmo2ForCausalLM",   "Phi3ForCausalLM"};
 
 std::string supported_list() {
   std::string s;
@@ -100,12 +101,45 @@ std::string supported_list() {
   return s;
 }
 
+// Phi-3's LongRoPE (HF _compute_longrope_parameters): inverse frequencies divided by
+// short_factor, cos/sin times sqrt(1 + ln(factor) / ln(original)), factor being
+// max_position_embeddings / original_max_position_embeddings (top-level fields).
+void read_longrope(const Reader& r, const Reader& s, ModelConfig& c) {
+  RopeScaling& rs = c.rope_scaling;
+  rs.type = RopeScaling::Type::longrope;
+  rs.original_max_position = r.positive_int_or("original_max_position_embeddings", 4096);
+  const size_t half = static_cast<size_t>(c.rotary_dims()) / 2;
+  for (const char* key : {"short_factor", "long_factor"}) {
+    const std::string field = std::string("rope_scaling.") + key;
+    if (!s.has(key) || !s.j[key].is_array() || s.j[key].size() != half)
+      r.fail(field, "must list " + std::to_string(half) + " numbers (rotary_dim / 2)");
+    for (const json& v : s.j[key])
+      if (!v.is_number() || !(v.get<double>() > 0.0) || !std::isfinite(v.get<double>()))
+        r.fail(field, "must hold positive finite numbers, got " + json_excerpt(v));
+  }
+  for (const json& v : s.j["short_factor"]) rs.short_factor.push_back(v.get<float>());
+  const double factor = static_cast<double>(c.max_position_embeddings) / rs.original_max_position;
+  rs.factor = static_cast<float>(factor);
+  rs.attention_factor =
+      factor <= 1.0 ? 1.0f
+                    : static_cast<float>(
+                          std::sqrt(1.0 + std::log(factor) / std::log(rs.original_max_position)));
+}
+
 void read_rope_scaling(const Reader& r, ModelConfig& c) {
   if (!r.has("rope_scaling")) return;
   const json& rs = r.j["rope_scaling"];
   if (!rs.is_object()) r.fail("rope_scaling", "must be an object or null");
   Reader s{rs, r.file};
-  const std::string type = s.string_or("rope_type", s.string_or("type", "default"));
+  std::string type = s.string_or("rope_type", s.string_or("type", "default"));
+  if (c.architecture == "Phi3ForCausalLM") {
+    // Phi3Config renames the old "su" and "yarn" types to longrope and accepts nothing else.
+    if (type == "su" || type == "yarn") type = "longrope";
+    if (type != "longrope")
+      r.fail("rope_scaling.type",
+             "'" + type + "' is not supported for Phi-3 (supported: longrope)");
+    return read_longrope(r, s, c);
+  }
   if (type == "default") return;
   c.rope_scaling.factor = s.positive_number_or("factor", 1.0f);
   if (type == "linear") {
@@ -145,6 +179,11 @@ std::pair<int, std::vector<bool>> sliding_layers(const Reader& r, const ModelCon
   const std::string& arch = c.architecture;
   const size_t n = static_cast<size_t>(c.num_layers);
   std::vector<bool> sliding(n, false);
+  if (arch == "Phi3ForCausalLM") {  // every layer, when sliding_window is set (HF default None)
+    if (!r.has("sliding_window")) return {0, sliding};
+    sliding.assign(n, true);
+    return {r.positive_int("sliding_window"), sliding};
+  }
   if (arch == "MistralForCausalLM") {
     if (r.j.contains("sliding_window") && r.j["sliding_window"].is_null()) return {0, sliding};
     sliding.assign(n, true);
@@ -206,7 +245,9 @@ void apply_architecture_switches(ModelConfig& c) {
   // Qwen2 hard-codes q/k/v biases and no o_proj bias; Mistral has none at all (HF ignores
   // attention_bias there); the others give all four projections a bias with attention_bias.
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
-  if (c.architecture == "MistralForCausalLM") c.attention_bias = false;
+  // Phi-3 has no biases either (HF reads no attention_bias for it).
+  if (c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM")
+    c.attention_bias = false;
   c.attention_bias = c.attention_bias || qwen2;
   c.attention_out_bias = c.attention_bias && !qwen2;
   const bool olmo2 = c.architecture == "Olmo2ForCausalLM";
@@ -215,6 +256,7 @@ void apply_architecture_switches(ModelConfig& c) {
   c.sandwich_norms = gemma || olmo2;
   c.pre_norms = !olmo2;  // OLMo 2 normalises each block's output, not its input
   c.norm_adds_one = gemma;
+  c.fused_projections = c.architecture == "Phi3ForCausalLM";
   c.query_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   // Gemma scales embeddings by sqrt(hidden); HF casts the scale to the weight dtype (bf16).
   if (gemma) c.embedding_scale = round_to_bf16(std::sqrt(static_cast<float>(c.hidden_size)));
@@ -254,6 +296,20 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
                                       ") must divide num_attention_heads (" +
                                       std::to_string(c.num_heads) + ")");
   if (c.head_dim % 2 != 0) r.fail("head_dim", "must be even for RoPE");
+  if (c.architecture == "Phi3ForCausalLM") {
+    // HF: int(head_dim * partial_rotary_factor) leading dims of each head are rotated.
+    r.positive_number_or("partial_rotary_factor", 1.0f);  // validates
+    const double part =
+        r.has("partial_rotary_factor") ? j["partial_rotary_factor"].get<double>() : 1.0;
+    if (part > 1.0)
+      r.fail("partial_rotary_factor", "must be at most 1" + r.got("partial_rotary_factor"));
+    c.rotary_dim = static_cast<int>(c.head_dim * part);
+    if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
+      r.fail("partial_rotary_factor",
+             "must give an even rotary dimension of at least 2 (head_dim " +
+                 std::to_string(c.head_dim) + " x " + std::to_string(part) + " = " +
+                 std::to_string(c.rotary_dim) + ")");
+  }
 
   const std::string act =
       r.string_or(gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");

@@ -20,18 +20,22 @@ static_assert(kMinPrefillChunk == kernels::avx512::kMinPrefillTokens &&
 
 namespace {
 
-// Inverse frequencies of one RoPE base, with the config's scaling (HF
-// _compute_default_rope_parameters / _compute_llama3_parameters).
+// Inverse frequencies of one RoPE base over the rotary dims, with the config's scaling (HF
+// _compute_default_rope_parameters / _compute_llama3_parameters / _compute_longrope_parameters).
 std::vector<double> inverse_frequencies(const ModelConfig& c, float theta, bool scaled) {
-  const size_t half = static_cast<size_t>(c.head_dim) / 2;
+  const size_t dim = static_cast<size_t>(c.rotary_dims()), half = dim / 2;
+  const RopeScaling& rs = c.rope_scaling;
+  const bool longrope = scaled && rs.type == RopeScaling::Type::longrope;
   std::vector<double> inv(half);
   for (size_t i = 0; i < half; ++i) {
     // HF computes in float32: 1 / theta ** (arange(0, dim, 2) / dim)
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
-    inv[i] = 1.0f / std::pow(theta, exponent);
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(dim);
+    if (longrope)  // 1 / (short_factor * theta ** ...), every step in float32
+      inv[i] = 1.0f / (rs.short_factor[i] * static_cast<float>(std::pow(theta, exponent)));
+    else
+      inv[i] = 1.0f / std::pow(theta, exponent);
   }
-  const RopeScaling& rs = c.rope_scaling;
-  if (!scaled || rs.type == RopeScaling::Type::none) return inv;
+  if (!scaled || rs.type == RopeScaling::Type::none || longrope) return inv;
   if (rs.type == RopeScaling::Type::linear) {
     for (double& f : inv) f /= rs.factor;
     return inv;
@@ -55,14 +59,18 @@ RopeTable make_rope_table(const ModelConfig& c, float theta, bool scaled, size_t
   RopeTable t{theta, scaled, {}, {}};
   const std::vector<double> inv = inverse_frequencies(c, theta, scaled);
   const size_t half = inv.size();
+  // LongRoPE scales cos and sin (HF: emb.cos() * attention_scaling, in float32).
+  const float scale = scaled && c.rope_scaling.type == RopeScaling::Type::longrope
+                          ? c.rope_scaling.attention_factor
+                          : 1.0f;
   t.cos.resize(max_context * half);
   t.sin.resize(max_context * half);
   for (size_t p = 0; p < max_context; ++p) {
     for (size_t i = 0; i < half; ++i) {
       // HF: freqs = (inv_freq.float() @ position.float()) in fp32, then cos/sin.
       const float angle = static_cast<float>(p) * static_cast<float>(inv[i]);
-      t.cos[p * half + i] = std::cos(angle);
-      t.sin[p * half + i] = std::sin(angle);
+      t.cos[p * half + i] = std::cos(angle) * scale;
+      t.sin[p * half + i] = std::sin(angle) * scale;
     }
   }
   return t;
@@ -266,15 +274,16 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   {
     Profiler::Scope z(prof_, Zone::rope);
     const RopeTable& rope = *layer_rope_[l];
+    const size_t R = static_cast<size_t>(c_.rotary_dims());
     size_t row0 = 0;  // the sequence's first row of the batch
     for (const SequenceRows& seq : seqs) {
       for_tokens(seq.n, [&](size_t i) {
         const size_t t = row0 + i, pos = seq.start + i;
         float* row = &s.qkv[t * qkv_width];
-        const float* cos = &rope.cos[pos * D / 2];
-        const float* sin = &rope.sin[pos * D / 2];
+        const float* cos = &rope.cos[pos * R / 2];
+        const float* sin = &rope.sin[pos * R / 2];
         if (c_.layers[l].rope)  // q heads and k heads are contiguous
-          kernels::rope(row, nh + nkv, D, cos, sin, cfg_.isa);
+          kernels::rope(row, nh + nkv, D, R, cos, sin, cfg_.isa);
         std::memcpy(&s.q[t * nh * D], row, nh * D * sizeof(float));
         for (size_t h = 0; h < nkv; ++h) {
           const size_t slot = layer_cache + (h * max_context_ + pos) * D;

@@ -178,7 +178,9 @@ kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const
 // One layer's checkpoint tensors, looked up and shape-checked (no data read).
 struct LayerTensors {
   const TensorView *attn_norm = nullptr, *ffn_norm = nullptr;  // pre_norms only
-  const TensorView *q, *k, *v, *o, *gate, *up, *down;
+  const TensorView *q = nullptr, *k = nullptr, *v = nullptr, *o, *down;
+  const TensorView *gate = nullptr, *up = nullptr;
+  const TensorView *qkv = nullptr, *gate_up = nullptr;  // fused_projections (Phi-3) instead
   const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // attention_bias
   const TensorView* o_bias = nullptr;                                        // attention_out_bias
   const TensorView *q_norm = nullptr, *k_norm = nullptr;                     // qk_norm
@@ -194,9 +196,13 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
   };
   LayerTensors t;
   if (c.pre_norms) t.attn_norm = req("input_layernorm.weight", {H});
-  t.q = req("self_attn.q_proj.weight", {q_rows, H});
-  t.k = req("self_attn.k_proj.weight", {kv_rows, H});
-  t.v = req("self_attn.v_proj.weight", {kv_rows, H});
+  if (c.fused_projections) {  // rows [q; k; v], the order the engine packs them in
+    t.qkv = req("self_attn.qkv_proj.weight", {q_rows + 2 * kv_rows, H});
+  } else {
+    t.q = req("self_attn.q_proj.weight", {q_rows, H});
+    t.k = req("self_attn.k_proj.weight", {kv_rows, H});
+    t.v = req("self_attn.v_proj.weight", {kv_rows, H});
+  }
   t.o = req("self_attn.o_proj.weight", {H, q_rows});
   if (c.attention_bias) {
     t.q_bias = req("self_attn.q_proj.bias", {q_rows});
@@ -218,8 +224,12 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
     // Llama family: post_attention_layernorm is the norm before the MLP.
     t.ffn_norm = req("post_attention_layernorm.weight", {H});
   }
-  t.gate = req("mlp.gate_proj.weight", {I, H});
-  t.up = req("mlp.up_proj.weight", {I, H});
+  if (c.fused_projections) {  // rows [gate; up] (HF Phi3MLP: gate, up = chunk(2))
+    t.gate_up = req("mlp.gate_up_proj.weight", {2 * I, H});
+  } else {
+    t.gate = req("mlp.gate_proj.weight", {I, H});
+    t.up = req("mlp.up_proj.weight", {I, H});
+  }
   t.down = req("mlp.down_proj.weight", {H, I});
   return t;
 }
@@ -277,9 +287,9 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
     if (t) plan.bytes += static_cast<size_t>(t->numel()) * (t->shape.size() == 2 ? 2 : 4);
   };
   for (const LayerTensors& t : plan.layers)
-    for (const TensorView* v :
-         {t.attn_norm, t.q, t.k, t.v, t.o, t.ffn_norm, t.gate, t.up, t.down, t.q_bias, t.k_bias,
-          t.v_bias, t.o_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm}) {
+    for (const TensorView* v : {t.attn_norm, t.q, t.k, t.v, t.qkv, t.o, t.ffn_norm, t.gate, t.up,
+                                t.gate_up, t.down, t.q_bias, t.k_bias, t.v_bias, t.o_bias, t.q_norm,
+                                t.k_norm, t.post_attn_norm, t.post_ffn_norm}) {
       add(v);
       planned.insert(v);
     }
@@ -297,7 +307,8 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
   LayerWeights L;
   if (c.pre_norms) L.attn_norm = to_float(*t.attn_norm, norm_add);
-  L.qkv = pack(quant, {t.q, t.k, t.v}, stats, isa);
+  L.qkv = c.fused_projections ? pack(quant, {t.qkv}, stats, isa)
+                              : pack(quant, {t.q, t.k, t.v}, stats, isa);
   if (c.attention_bias) {
     std::vector<float> bias;
     for (const TensorView* b : {t.q_bias, t.k_bias, t.v_bias}) {
@@ -317,7 +328,8 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
   }
   if (c.pre_norms) L.ffn_norm = to_float(*t.ffn_norm, norm_add);
-  L.gate_up = pack(quant, {t.gate, t.up}, stats, isa);
+  L.gate_up = c.fused_projections ? pack(quant, {t.gate_up}, stats, isa)
+                                  : pack(quant, {t.gate, t.up}, stats, isa);
   L.down = pack(quant, {t.down}, stats, isa);
   return L;
 }

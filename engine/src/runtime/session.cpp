@@ -220,7 +220,7 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
         bare ? std::nullopt : std::optional<Checkpoint>(Checkpoint::open(model_dir));
     const Checkpoint& checkpoint = bare ? *gguf->checkpoint : *own;
     const size_t weight_bytes = check_weights(checkpoint, s->config);
-    s->max_context = std::min(options.max_context, s->config.max_position_embeddings);
+    s->max_context = std::min(options.max_context, s->config.position_limit());
     check_memory(s->config, weight_bytes, s->max_context, cfg.kv);
     step = "starting the worker threads";
     s->pool = std::make_unique<ThreadPool>(threads);
