@@ -132,3 +132,16 @@ def test_every_position_matches_transformers(
         f"{name:<12} {tier:<7} max|logit| {scale:7.3f}  tolerance {TOLERANCE * scale:.2e}  "
         + "  ".join(f"{k} {v:.2e}" for k, v in errors.items()),
     )
+
+
+def test_longrope_context_stops_at_the_original(family_fixture: Any, engine_binding: Any) -> None:
+    """HF keeps LongRoPE's short factors only while a sequence fits
+    original_max_position_embeddings; the engine's static table holds those, so its context
+    stops there, below max_position_embeddings."""
+    model_dir = family_fixture("phi3-tiny")
+    cfg = json.loads((model_dir / "config.json").read_text())
+    original = cfg["original_max_position_embeddings"]
+    assert cfg["rope_scaling"]["type"] == "longrope" and cfg["max_position_embeddings"] > original
+    session = engine_binding.Session()
+    session.setup(str(model_dir), threads=1, max_context=2 * original, precision="exact")
+    assert session.max_context == original
