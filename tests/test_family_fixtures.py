@@ -36,6 +36,8 @@ FIXTURES = [
     "mistral-tiny",
     "granite-tiny",
     "smollm3-tiny",
+    "qwen3moe-tiny",
+    "olmoe-tiny",
 ]
 TOKENS = [1, 504, 3101, 42, 77, 19000, 8, 260, 4431, 12, 999, 31, 5, 48000, 600, 2, 7, 300]
 PROMPT_LEN = 5
@@ -68,7 +70,12 @@ def hf_logits(model_dir: Path) -> np.ndarray:
 def test_fixture_is_what_it_claims(fixture_dir: Path) -> None:
     """The switches under test are really in the files (a fixture edit cannot drop them)."""
     cfg = json.loads((fixture_dir / "config.json").read_text())
-    assert cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]
+    if cfg["architectures"] != ["OlmoeForCausalLM"]:  # OLMoE's heads are hidden / heads wide
+        assert cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]
+    if "num_experts" in cfg:  # routing that a wrong top-k, renormalisation or width would change
+        assert 1 < cfg["num_experts_per_tok"] < cfg["num_experts"]
+    if "moe_intermediate_size" in cfg:  # Qwen3-MoE: a dense layer among the MoE ones
+        assert cfg["moe_intermediate_size"] != cfg["intermediate_size"] and cfg["mlp_only_layers"]
     if "query_pre_attn_scalar" in cfg:
         assert cfg["query_pre_attn_scalar"] != cfg["head_dim"]
         assert cfg["final_logit_softcapping"] and cfg["attn_logit_softcapping"]

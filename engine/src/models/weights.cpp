@@ -164,8 +164,14 @@ kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const
 }
 
 // One layer's checkpoint tensors, looked up and shape-checked (no data read).
+struct ExpertTensors {
+  const TensorView *gate, *up, *down;
+};
 struct LayerTensors {
-  const TensorView *attn_norm, *q, *k, *v, *o, *ffn_norm, *gate, *up, *down;
+  const TensorView *attn_norm, *q, *k, *v, *o, *ffn_norm;
+  const TensorView *gate = nullptr, *up = nullptr, *down = nullptr;  // dense layers
+  const TensorView* router = nullptr;                                // MoE layers
+  std::vector<ExpertTensors> experts;
   const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // attention_bias
   const TensorView* o_bias = nullptr;                                        // attention_out_bias
   const TensorView *q_norm = nullptr, *k_norm = nullptr;                     // qk_norm
@@ -195,6 +201,10 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
     t.q_norm = req("self_attn.q_norm.weight", {D});
     t.k_norm = req("self_attn.k_norm.weight", {D});
   }
+  if (c.qk_norm_whole) {
+    t.q_norm = req("self_attn.q_norm.weight", {q_rows});
+    t.k_norm = req("self_attn.k_norm.weight", {kv_rows});
+  }
   if (c.sandwich_norms) {
     // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the
     // MLP.
@@ -204,6 +214,16 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
   } else {
     // Llama family: post_attention_layernorm is the norm before the MLP.
     t.ffn_norm = req("post_attention_layernorm.weight", {H});
+  }
+  if (c.layers[l].moe) {
+    const int64_t E = c.moe.num_experts, X = c.moe.expert_intermediate_size;
+    t.router = req("mlp.gate.weight", {E, H});
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = "mlp.experts." + std::to_string(e) + ".";
+      t.experts.push_back({req(x + "gate_proj.weight", {X, H}), req(x + "up_proj.weight", {X, H}),
+                           req(x + "down_proj.weight", {H, X})});
+    }
+    return t;
   }
   t.gate = req("mlp.gate_proj.weight", {I, H});
   t.up = req("mlp.up_proj.weight", {I, H});
@@ -241,8 +261,11 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
   for (const LayerTensors& t : plan.layers)
     for (const TensorView* v :
          {t.attn_norm, t.q, t.k, t.v, t.o, t.ffn_norm, t.gate, t.up, t.down, t.q_bias, t.k_bias,
-          t.v_bias, t.o_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm})
+          t.v_bias, t.o_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm, t.router})
       add(v);
+  for (const LayerTensors& t : plan.layers)
+    for (const ExpertTensors& x : t.experts)
+      for (const TensorView* v : {x.gate, x.up, x.down}) add(v);
   add(plan.final_norm);
   add(plan.lm_head);
   if (plan.lm_head != plan.embed) add(plan.embed);
@@ -265,7 +288,7 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     }
     L.qkv.bias = kernels::Bias(std::move(bias));
   }
-  if (c.qk_norm) {
+  if (c.qk_norm || c.qk_norm_whole) {
     L.q_norm = to_float(*t.q_norm, norm_add);
     L.k_norm = to_float(*t.k_norm, norm_add);
   }
@@ -276,6 +299,14 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
   }
   L.ffn_norm = to_float(*t.ffn_norm, norm_add);
+  if (t.router) {
+    L.router = pack(quant, {t.router}, bytes, isa);
+    for (const ExpertTensors& x : t.experts) {
+      L.expert_gate_up.push_back(pack(quant, {x.gate, x.up}, bytes, isa));
+      L.expert_down.push_back(pack(quant, {x.down}, bytes, isa));
+    }
+    return L;
+  }
   L.gate_up = pack(quant, {t.gate, t.up}, bytes, isa);
   L.down = pack(quant, {t.down}, bytes, isa);
   return L;

@@ -1,0 +1,207 @@
+// The mixture-of-experts block (models/moe.h): routing as transformers computes it, the
+// grouped (one matmul per expert) path against a per-token reference, and the config fields
+// that choose MoE layers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "edgellm/bf16.h"
+#include "edgellm/config.h"
+#include "edgellm/error.h"
+#include "models/moe.h"
+#include "test_util.h"
+
+namespace edgellm {
+namespace {
+
+std::vector<Route> routes_of(const std::vector<float>& logits, size_t k, bool renormalize) {
+  std::vector<Route> r(k);
+  route_token(logits.data(), logits.size(), k, renormalize, r.data());
+  return r;
+}
+
+TEST(MoeRouting, SoftmaxThenTopKLargestFirst) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.0f};
+  double sum = 0;
+  for (float l : logits) sum += std::exp(l);
+  const auto r = routes_of(logits, 2, false);
+  ASSERT_EQ(r[0].expert, 1);
+  ASSERT_EQ(r[1].expert, 3);
+  // Not renormalised: the softmax probabilities over all four experts.
+  EXPECT_NEAR(r[0].weight, std::exp(2.0) / sum, 1e-7);
+  EXPECT_NEAR(r[1].weight, std::exp(1.0) / sum, 1e-7);
+}
+
+TEST(MoeRouting, RenormalisedWeightsSumToOne) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.0f};
+  const auto r = routes_of(logits, 2, true);
+  EXPECT_NEAR(r[0].weight, std::exp(2.0) / (std::exp(2.0) + std::exp(1.0)), 1e-7);
+  EXPECT_NEAR(r[1].weight, std::exp(1.0) / (std::exp(2.0) + std::exp(1.0)), 1e-7);
+  const auto all = routes_of(logits, 4, true);
+  EXPECT_EQ(all[3].expert, 2);  // every expert, smallest last
+}
+
+TEST(MoeRouting, TiesGoToTheLowestIndex) {
+  // torch.topk leaves the order of equal values unspecified; ours is deterministic.
+  const auto r = routes_of({1.0f, 3.0f, 3.0f, 1.0f, 3.0f}, 2, false);
+  EXPECT_EQ(r[0].expert, 1);
+  EXPECT_EQ(r[1].expert, 2);
+}
+
+TEST(MoeRouting, LargeLogitsStayFinite) {  // the max is subtracted before exp
+  const auto r = routes_of({1000.0f, 999.0f, -1000.0f}, 2, false);
+  EXPECT_EQ(r[0].expert, 0);
+  EXPECT_NEAR(r[0].weight, 1.0 / (1.0 + std::exp(-1.0)), 1e-6);
+}
+
+// A random MoE layer: E experts of width X over hidden H, bf16 weights.
+struct TinyMoe {
+  static constexpr size_t H = 32, E = 6, X = 24, K = 2;
+  ModelConfig c;
+  LayerWeights L;
+  std::vector<std::vector<float>> gate, up, down;  // per expert, fp32 of the bf16 values
+  std::vector<float> router;
+
+  explicit TinyMoe(bool renormalize) {
+    c.hidden_size = H;
+    c.moe = {static_cast<int>(E), static_cast<int>(K), static_cast<int>(X), renormalize};
+    std::mt19937 rng(7);
+    std::normal_distribution<float> dist(0.0f, 0.3f);
+    const auto matrix = [&](size_t rows, size_t cols, std::vector<float>& values) {
+      std::vector<uint16_t> bits(rows * cols);
+      values.resize(rows * cols);
+      for (size_t i = 0; i < bits.size(); ++i) {
+        bits[i] = float_to_bf16(dist(rng));
+        values[i] = bf16_to_float(bits[i]);
+      }
+      return bits;
+    };
+    L.router = kernels::pack_matrix(matrix(E, H, router).data(), E, H, kernels::Isa::scalar);
+    gate.resize(E), up.resize(E), down.resize(E);
+    for (size_t e = 0; e < E; ++e) {
+      std::vector<uint16_t> gu = matrix(X, H, gate[e]), u = matrix(X, H, up[e]);
+      gu.insert(gu.end(), u.begin(), u.end());
+      L.expert_gate_up.push_back(kernels::pack_matrix(gu.data(), 2 * X, H, kernels::Isa::scalar));
+      L.expert_down.push_back(
+          kernels::pack_matrix(matrix(H, X, down[e]).data(), H, X, kernels::Isa::scalar));
+    }
+  }
+
+  // One token by definition, in double: the reference the block must match.
+  std::vector<double> reference(const float* x) const {
+    std::vector<float> logits(E);
+    for (size_t e = 0; e < E; ++e) {
+      double s = 0;
+      for (size_t i = 0; i < H; ++i) s += static_cast<double>(router[e * H + i]) * x[i];
+      logits[e] = static_cast<float>(s);
+    }
+    std::vector<Route> routes(K);
+    route_token(logits.data(), E, K, c.moe.norm_topk_prob, routes.data());
+    std::vector<double> out(H, 0.0);
+    for (const Route& r : routes) {
+      std::vector<double> act(X);
+      for (size_t j = 0; j < X; ++j) {
+        double g = 0, u = 0;
+        for (size_t i = 0; i < H; ++i) {
+          g += static_cast<double>(gate[r.expert][j * H + i]) * x[i];
+          u += static_cast<double>(up[r.expert][j * H + i]) * x[i];
+        }
+        act[j] = g / (1 + std::exp(-g)) * u;
+      }
+      for (size_t i = 0; i < H; ++i) {
+        double d = 0;
+        for (size_t j = 0; j < X; ++j) d += down[r.expert][i * X + j] * act[j];
+        out[i] += r.weight * d;
+      }
+    }
+    return out;
+  }
+};
+
+void check_block(bool renormalize) {
+  TinyMoe m(renormalize);
+  constexpr size_t n = 9, H = TinyMoe::H;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n * H);
+  for (float& v : x) v = dist(rng);
+  ThreadPool pool(2);
+  Profiler prof;
+  kernels::ExecConfig cfg;  // scalar, fp32: the exact path
+  MoeScratch s;
+  std::vector<float> grouped(n * H), one(H);
+  moe_feed_forward(m.L, m.c, x.data(), n, grouped.data(), s, pool, cfg, kernels::Batch::sequence,
+                   prof);
+  for (size_t t = 0; t < n; ++t) {
+    const std::vector<double> want = m.reference(&x[t * H]);
+    moe_feed_forward(m.L, m.c, &x[t * H], 1, one.data(), s, pool, cfg, kernels::Batch::sequence,
+                     prof);
+    for (size_t i = 0; i < H; ++i) {
+      EXPECT_NEAR(grouped[t * H + i], want[i], 1e-4 * (1 + std::abs(want[i]))) << t << " " << i;
+      EXPECT_NEAR(one[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << t << " " << i;
+    }
+  }
+}
+
+TEST(MoeBlock, GroupedPrefillAndPerTokenMatchTheDefinition) {
+  check_block(true);
+}
+TEST(MoeBlock, WithoutRenormalisation) {
+  check_block(false);
+}
+
+ModelConfig moe_config(const std::string& arch, const std::string& extra) {
+  std::string text = R"({"architectures": [")" + arch + R"("], "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "vocab_size": 100, "num_experts": 8, "num_experts_per_tok": 2)";
+  text += extra.empty() ? "}" : ", " + extra + "}";
+  auto dir = testing::make_temp_dir("moe");
+  testing::write_text(dir / "config.json", text);
+  return load_model_config(dir / "config.json");
+}
+std::vector<bool> moe_layers(const ModelConfig& c) {
+  std::vector<bool> v;
+  for (const LayerSpec& l : c.layers) v.push_back(l.moe);
+  return v;
+}
+std::string moe_error(const std::string& arch, const std::string& extra) {
+  try {
+    moe_config(arch, extra);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MoeConfig, WhichLayersAreMoe) {
+  const ModelConfig q = moe_config("Qwen3MoeForCausalLM", R"("moe_intermediate_size": 40)");
+  EXPECT_EQ(moe_layers(q), (std::vector<bool>{true, true, true, true}));
+  EXPECT_EQ(q.moe.expert_intermediate_size, 40);
+  EXPECT_FALSE(q.moe.norm_topk_prob);  // Qwen3MoeConfig's default
+  EXPECT_TRUE(q.qk_norm && !q.qk_norm_whole);
+  EXPECT_EQ(moe_layers(moe_config("Qwen3MoeForCausalLM",
+                                  R"("decoder_sparse_step": 2, "mlp_only_layers": [3])")),
+            (std::vector<bool>{false, true, false, false}));
+  EXPECT_EQ(moe_layers(moe_config("Qwen3MoeForCausalLM", R"("num_experts": 0)")),
+            (std::vector<bool>{false, false, false, false}));
+  const ModelConfig o = moe_config("OlmoeForCausalLM", R"("head_dim": 7, "norm_topk_prob": true)");
+  EXPECT_EQ(moe_layers(o), (std::vector<bool>{true, true, true, true}));
+  EXPECT_EQ(o.moe.expert_intermediate_size, 96);  // OLMoE's experts: intermediate_size
+  EXPECT_EQ(o.head_dim, 16);                      // hidden / heads, whatever head_dim says
+  EXPECT_TRUE(o.moe.norm_topk_prob && o.qk_norm_whole && !o.qk_norm);
+}
+
+TEST(MoeConfig, RefusesWhatItCannotRun) {
+  EXPECT_NE(
+      moe_error("Qwen3MoeForCausalLM", R"("num_experts_per_tok": 9)").find("num_experts_per_tok"),
+      std::string::npos);
+  EXPECT_NE(moe_error("Qwen3MoeForCausalLM", R"("mlp_only_layers": [4])").find("mlp_only_layers"),
+            std::string::npos);
+  EXPECT_NE(moe_error("OlmoeForCausalLM", R"("clip_qkv": 8.0)").find("clip_qkv"),
+            std::string::npos);
+  EXPECT_EQ(moe_error("OlmoeForCausalLM", R"("clip_qkv": null)"), "");
+}
+
+}  // namespace
+}  // namespace edgellm
