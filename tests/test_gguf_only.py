@@ -280,6 +280,7 @@ LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",  # a MoE layer's router
 }
 GEMMA_NAMES = {
     "pre_feedforward_layernorm": "ffn_norm",
@@ -293,6 +294,7 @@ ARCH = {
     "gemma3-tiny": "gemma3",
     "granite-tiny": "granite",
     "smollm3-tiny": "smollm3",
+    "qwen3moe-tiny": "qwen3moe",
 }
 PERMUTED = ("llama", "granite", "smollm3")  # archs whose converter is llama.cpp's LlamaModel
 
@@ -341,6 +343,20 @@ def llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
+def stack_experts(weights: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
+    """Each MoE layer's experts as llama.cpp's converter stacks them: one 3-D tensor
+    blk.N.ffn_{gate,up,down}_exps [n_expert, rows, cols] per projection."""
+    for layer in range(cfg["num_hidden_layers"]):
+        for proj in ("gate", "up", "down"):
+            names = [
+                f"model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight"
+                for e in range(cfg["num_experts"])
+            ]
+            if names[0] in weights:
+                stacked = np.stack([weights.pop(n) for n in names])
+                weights[f"blk.{layer}.ffn_{proj}_exps.weight"] = stacked
+
+
 def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
     """The fixture's weights and config as llama.cpp's converter would write them (F32)."""
     import torch
@@ -380,6 +396,11 @@ def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
         writer.add_residual_scale(cfg["residual_multiplier"])
         writer.add_attention_scale(cfg["attention_multiplier"])
         writer.add_logit_scale(cfg["logits_scaling"])
+    if arch == "qwen3moe":
+        writer.add_expert_count(cfg["num_experts"])
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        stack_experts(weights, cfg)
     add_smollm2_vocab(writer)
     for hf, w in weights.items():
         if hf == "lm_head.weight" and cfg.get("tie_word_embeddings"):
@@ -390,7 +411,8 @@ def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
             w = permute(w, cfg["num_key_value_heads"])
         if arch == "gemma3" and hf.endswith("norm.weight"):
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's (1 + w)
-        writer.add_tensor(gguf_name(arch, hf), np.ascontiguousarray(w, dtype=np.float32))
+        name = hf if hf.startswith("blk.") else gguf_name(arch, hf)  # stacked experts: named
+        writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
     finish(writer)
 
 
@@ -450,7 +472,7 @@ def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_run: list[str
     assert_one_line_error(
         proc,
         "architecture 'mamba' is not supported",
-        "(supported: gemma3, granite, llama, qwen2, qwen3, smollm3)",
+        "(supported: gemma3, granite, llama, qwen2, qwen3, qwen3moe, smollm3)",
     )
 
 
