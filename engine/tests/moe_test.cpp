@@ -9,6 +9,9 @@
 #include "edgellm/bf16.h"
 #include "edgellm/config.h"
 #include "edgellm/error.h"
+#include "gguf_writer.h"
+#include "models/gguf_config.h"
+#include "models/gguf_weights.h"
 #include "models/moe.h"
 #include "test_util.h"
 
@@ -198,9 +201,78 @@ TEST(MoeConfig, RefusesWhatItCannotRun) {
       std::string::npos);
   EXPECT_NE(moe_error("Qwen3MoeForCausalLM", R"("mlp_only_layers": [4])").find("mlp_only_layers"),
             std::string::npos);
+  EXPECT_NE(moe_error("Qwen3MoeForCausalLM", R"("mlp_only_layers": 1)")
+                .find("mlp_only_layers' must list layer indices"),
+            std::string::npos);
   EXPECT_NE(moe_error("OlmoeForCausalLM", R"("clip_qkv": 8.0)").find("clip_qkv"),
             std::string::npos);
   EXPECT_EQ(moe_error("OlmoeForCausalLM", R"("clip_qkv": null)"), "");
+}
+
+// A qwen3moe GGUF's metadata, and router tensors on layers 0 and 2 only.
+testing::GgufWriter qwen3moe_gguf(uint32_t used) {
+  testing::GgufWriter w;
+  const std::string a = "qwen3moe.";
+  w.kv_str("general.architecture", "qwen3moe");
+  w.kv_u32(a + "context_length", 512);
+  w.kv_u32(a + "embedding_length", 64);
+  w.kv_u32(a + "block_count", 3);
+  w.kv_u32(a + "feed_forward_length", 96);
+  w.kv_u32(a + "attention.head_count", 4);
+  w.kv_u32(a + "attention.head_count_kv", 2);
+  w.kv_u32(a + "attention.key_length", 24);
+  w.kv_u32(a + "attention.value_length", 24);
+  w.kv_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
+  w.kv_u32(a + "expert_count", 8);
+  w.kv_u32(a + "expert_used_count", used);
+  w.kv_u32(a + "expert_feed_forward_length", 40);
+  w.tensor("token_embd.weight", 0, {64, 10}, std::vector<uint8_t>(64 * 10 * 4));
+  for (const char* router : {"blk.0.ffn_gate_inp.weight", "blk.2.ffn_gate_inp.weight"})
+    w.tensor(router, 0, {64, 8}, std::vector<uint8_t>(64 * 8 * 4));
+  return w;
+}
+std::filesystem::path write_gguf(const testing::GgufWriter& w) {
+  const auto bytes = w.bytes();
+  const auto p = testing::make_temp_dir("moe_gguf") / "m.gguf";
+  testing::write_text(p, std::string(bytes.begin(), bytes.end()));
+  return p;
+}
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(MoeGguf, Qwen3MoeMetadata) {
+  const ModelConfig c = model_config_from_gguf(GgufFile::open(write_gguf(qwen3moe_gguf(2))));
+  EXPECT_EQ(c.architecture, "Qwen3MoeForCausalLM");
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.experts_per_token, 2);
+  EXPECT_EQ(c.moe.expert_intermediate_size, 40);
+  EXPECT_TRUE(c.moe.norm_topk_prob);  // llama.cpp renormalises qwen3moe's top-k
+  EXPECT_EQ(moe_layers(c), (std::vector<bool>{true, false, true}));  // where a router is
+  testing::GgufWriter plain = qwen3moe_gguf(2);
+  plain.kv_bool("qwen3moe.expert_weights_norm", false);
+  EXPECT_FALSE(model_config_from_gguf(GgufFile::open(write_gguf(plain))).moe.norm_topk_prob);
+
+  const std::string too_many =
+      error_of([] { model_config_from_gguf(GgufFile::open(write_gguf(qwen3moe_gguf(9)))); });
+  EXPECT_NE(too_many.find("qwen3moe.expert_used_count' must be a positive integer up to 8"),
+            std::string::npos)
+      << too_many;
+}
+
+TEST(MoeGguf, StackedExpertsMustBeThreeDimensional) {
+  testing::GgufWriter w = qwen3moe_gguf(2);
+  w.tensor("blk.0.ffn_gate_exps.weight", 0, {64, 40}, std::vector<uint8_t>(64 * 40 * 4));
+  const std::string e = error_of([&] { open_bare_gguf_weights(write_gguf(w)); });
+  EXPECT_NE(e.find("tensor 'blk.0.ffn_gate_exps.weight' must be 3-D [experts][rows][cols]"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace
