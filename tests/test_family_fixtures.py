@@ -137,3 +137,31 @@ def test_every_position_matches_transformers(
         f"{name:<12} {tier:<7} max|logit| {scale:7.3f}  tolerance {TOLERANCE * scale:.2e}  "
         + "  ".join(f"{k} {v:.2e}" for k, v in errors.items()),
     )
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "olmoe-tiny"])
+def test_moe_batched_decode_is_bit_identical_to_alone(
+    name: str, tier: str, family_fixture: Any, engine_binding: Any, monkeypatch: Any
+) -> None:
+    """A decode batch groups its sequences' tokens by expert (one matmul per expert over
+    several sequences): each sequence's logits must stay those of its own decode_step."""
+    if TIERS.index(tier) > TIERS.index(engine_binding.detected_isa()):
+        pytest.skip(f"ISA tier {tier}: this CPU lacks it (not testable here)")
+    monkeypatch.setenv("EDGELLM_ISA", tier)  # Model.setup reads the tier from the environment
+    model = engine_binding.Model()
+    model.setup(str(family_fixture(name)), threads=2, max_context=64, precision="exact")
+    assert model.exec_config["isa"] == tier
+    prompts = [TOKENS[:3], TOKENS[4:9], TOKENS[10:12]]
+    alone = [engine_binding.Context(model) for _ in prompts]
+    batched = [engine_binding.Context(model) for _ in prompts]
+    tokens = []
+    for a, b, ids in zip(alone, batched, prompts, strict=True):
+        a.prefill(ids)
+        tokens.append(int(np.argmax(b.prefill(ids))))
+    for _ in range(4):
+        positions = [c.position for c in batched]
+        together = engine_binding.decode_batch(batched, tokens, positions)
+        for i, ctx in enumerate(alone):
+            assert np.array_equal(ctx.decode_step(tokens[i], positions[i]), together[i]), (name, i)
+        tokens = [int(np.argmax(t)) for t in together]
