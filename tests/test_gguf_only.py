@@ -357,8 +357,9 @@ def stack_experts(weights: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
                 weights[f"blk.{layer}.ffn_{proj}_exps.weight"] = stacked
 
 
-def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
-    """The fixture's weights and config as llama.cpp's converter would write them (F32)."""
+def write_fixture_gguf(fixture: Path, name: str, out: Path, q8_experts: bool = False) -> None:
+    """The fixture's weights and config as llama.cpp's converter would write them (F32; with
+    `q8_experts`, the stacked gate and up experts as Q8_0, quantized by gguf-py)."""
     import torch
     from safetensors.torch import load_file
 
@@ -412,6 +413,13 @@ def write_fixture_gguf(fixture: Path, name: str, out: Path) -> None:
         if arch == "gemma3" and hf.endswith("norm.weight"):
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's (1 + w)
         name = hf if hf.startswith("blk.") else gguf_name(arch, hf)  # stacked experts: named
+        if q8_experts and name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight")):
+            from gguf import GGMLQuantizationType
+            from gguf.quants import quantize
+
+            q8 = GGMLQuantizationType.Q8_0
+            writer.add_tensor(name, quantize(w, q8), raw_dtype=q8)
+            continue
         writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
     finish(writer)
 
@@ -453,6 +461,26 @@ def test_family_fixture_gguf_logits_bit_identical(
     got, want = bare.prefill_logits(tokens), converted.prefill_logits(tokens)
     diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
     assert diff.size == 0, f"{name}: {diff.size} logits differ, max {np.abs(got - want).max()}"
+
+
+def test_quantized_stacked_experts_slice_per_expert(
+    fixture_pair: tuple[str, Path, Path], engine_binding: Any, tmp_path: Path
+) -> None:
+    """A quantized 3-D expert tensor is sliced into its experts' blocks: the Q8_0 file answers
+    as the F32 one does, within Q8_0's rounding (an expert read at another's offset, as the
+    expert-swap gate mutants show, moves the logits by a large fraction of their range)."""
+    name, fixture, f32 = fixture_pair
+    if ARCH[name] != "qwen3moe":
+        pytest.skip(f"{name}: no stacked expert tensors")
+    q8 = tmp_path / "model.gguf"
+    write_fixture_gguf(fixture, name, q8, q8_experts=True)
+    reference = setup(engine_binding, f32, "exact")
+    tokens = reference.tokenizer.encode(PROMPT)
+    want = reference.prefill_logits(tokens)
+    got = setup(engine_binding, q8, "exact").prefill_logits(tokens)
+    err, scale = float(np.abs(got - want).max()), float(np.abs(want).max())
+    assert err <= 0.02 * scale, f"max |diff| {err:.3g} > 2% of max |logit| {scale:.3g}"
+    assert int(np.argmax(got)) == int(np.argmax(want))
 
 
 # ---------------------------------------------------------------------------- bad input
