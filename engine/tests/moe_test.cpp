@@ -188,6 +188,13 @@ TEST(MoeConfig, WhichLayersAreMoe) {
             (std::vector<bool>{false, true, false, false}));
   EXPECT_EQ(moe_layers(moe_config("Qwen3MoeForCausalLM", R"("num_experts": 0)")),
             (std::vector<bool>{false, false, false, false}));
+  // Qwen3-MoE windows every layer, and only with use_sliding_window.
+  EXPECT_EQ(moe_config("Qwen3MoeForCausalLM", R"("sliding_window": 7)").layers[3].sliding_window,
+            0);
+  for (const LayerSpec& l :
+       moe_config("Qwen3MoeForCausalLM", R"("use_sliding_window": true, "sliding_window": 7)")
+           .layers)
+    EXPECT_EQ(l.sliding_window, 7);
   const ModelConfig o = moe_config("OlmoeForCausalLM", R"("head_dim": 7, "norm_topk_prob": true)");
   EXPECT_EQ(moe_layers(o), (std::vector<bool>{true, true, true, true}));
   EXPECT_EQ(o.moe.expert_intermediate_size, 96);  // OLMoE's experts: intermediate_size

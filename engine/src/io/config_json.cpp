@@ -342,7 +342,8 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "OlmoeForCausalLM")
     read_moe(r, c);
   // OLMoE's clamp of q, k and v is not implemented: refused, never ignored.
-  if (r.has("clip_qkv") && !j["clip_qkv"].is_null()) r.fail("clip_qkv", "is not supported");
+  if (c.architecture == "OlmoeForCausalLM" && r.has("clip_qkv"))
+    r.fail("clip_qkv", "is not supported");
 
   if (r.has("bos_token_id"))
     c.bos_token_id = r.token_id(j["bos_token_id"], "bos_token_id", c.vocab_size);
