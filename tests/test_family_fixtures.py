@@ -165,3 +165,23 @@ def test_moe_batched_decode_is_bit_identical_to_alone(
         for i, ctx in enumerate(alone):
             assert np.array_equal(ctx.decode_step(tokens[i], positions[i]), together[i]), (name, i)
         tokens = [int(np.argmax(t)) for t in together]
+
+
+def test_moe_weight_bytes_count_the_routed_experts(
+    family_fixture: Any, engine_binding: Any, tmp_path: Path
+) -> None:
+    """weight_bytes (what one decode step streams, the roofline's numerator) counts the
+    experts_per_token experts a token reads, not every expert: each more per token adds one
+    expert's bytes on each MoE layer."""
+    src = family_fixture("qwen3moe-tiny")
+    cfg = json.loads((src / "config.json").read_text())
+    sizes = []
+    for k in (1, 2, 3):
+        (src / "config.json").write_text(json.dumps({**cfg, "num_experts_per_tok": k}))
+        session = engine_binding.Session()
+        session.setup(str(src), threads=2, max_context=64, precision="exact")
+        sizes.append(session.weight_bytes)
+    assert sizes[1] - sizes[0] == sizes[2] - sizes[1] > 0, sizes
+    # 2 MoE layers (layer 1 is dense), each expert's gate, up and down at least bf16's bytes.
+    per_expert = 3 * cfg["moe_intermediate_size"] * cfg["hidden_size"] * 2
+    assert sizes[1] - sizes[0] >= 2 * per_expert

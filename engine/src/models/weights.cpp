@@ -301,10 +301,13 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
   L.ffn_norm = to_float(*t.ffn_norm, norm_add);
   if (t.router) {
     L.router = pack(quant, {t.router}, bytes, isa);
+    size_t experts = 0;
     for (const ExpertTensors& x : t.experts) {
-      L.expert_gate_up.push_back(pack(quant, {x.gate, x.up}, bytes, isa));
-      L.expert_down.push_back(pack(quant, {x.down}, bytes, isa));
+      L.expert_gate_up.push_back(pack(quant, {x.gate, x.up}, experts, isa));
+      L.expert_down.push_back(pack(quant, {x.down}, experts, isa));
     }
+    // A decode step reads only the experts_per_token experts of its token (all of one size).
+    bytes += experts / t.experts.size() * static_cast<size_t>(c.moe.experts_per_token);
     return L;
   }
   L.gate_up = pack(quant, {t.gate, t.up}, bytes, isa);

@@ -40,7 +40,7 @@ struct ModelWeights {
   std::vector<float> final_norm;  // [hidden]
   kernels::PackedMatrix lm_head;  // [vocab, hidden] (the embedding when tied)
 
-  size_t decode_bytes = 0;  // weight bytes one decode step reads
+  size_t decode_bytes = 0;  // weight bytes one decode step reads (MoE: the routed experts')
 
   // Token's embedding row as fp32 (unscaled), from `embed` or the tied lm_head.
   void embed_row(size_t token, float* out) const;
