@@ -152,6 +152,20 @@ CONFIGS: dict[str, tuple[str, dict]] = {
             "eos_token_id": 2,
         },
     ),
+    # No pre-norms, post-norms on both blocks, QK-norm over the whole projections, biases.
+    "olmo2-tiny": (
+        "Olmo2Config",
+        {
+            **TINY,
+            "rope_theta": 60000.0,
+            "attention_bias": True,
+            "tie_word_embeddings": False,
+            # HF's default ids (100257/100277) lie outside the tiny vocabulary.
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "gemma3-tiny": (
         "Gemma3TextConfig",
         {

@@ -94,8 +94,8 @@ def test_refused_schema_is_one_error_line(schema: dict, needle: str) -> None:
 def test_malformed_and_missing_files_are_one_error_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"type": "object", "properties": {')
-    assert_one_line_error(run("--json-schema", str(bad)), "not JSON", code=2)
-    assert_one_line_error(run("--json-schema", '{"type": '), "not JSON", code=2)
+    assert_one_line_error(run("--json-schema", str(bad)), "parse error", code=2)
+    assert_one_line_error(run("--json-schema", '{"type": '), "parse error", code=2)
     missing = tmp_path / "missing.json"
     assert_one_line_error(run("--json-schema", str(missing)), str(missing), code=2)
 

@@ -36,6 +36,7 @@ FIXTURES = [
     "mistral-tiny",
     "granite-tiny",
     "smollm3-tiny",
+    "olmo2-tiny",
     "qwen3moe-tiny",
     "olmoe-tiny",
 ]

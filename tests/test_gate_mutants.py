@@ -53,6 +53,7 @@ FAMILY_FIXTURES = (
     "mistral-tiny",
     "granite-tiny",
     "smollm3-tiny",
+    "olmo2-tiny",
     "qwen3moe-tiny",
     "olmoe-tiny",
 )
@@ -304,6 +305,7 @@ WEIGHT_MUTANTS: dict[str, WeightMutant] = {
 
 
 MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny",)
+OLMO2 = ("olmo2-tiny",)
 MOE = ("qwen3moe-tiny", "olmoe-tiny")
 EXPERT = "model.layers.{}.mlp.experts.{}.{}_proj.weight"
 
@@ -345,6 +347,16 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
     ),
     "RoPE applied on the NoPE layer": WeightMutant(
         SMOLLM3, config=lambda c: {"no_rope_layers": [1] * c["num_hidden_layers"]}
+    ),
+    "QK-norm weights not applied": WeightMutant(
+        OLMO2,
+        lambda t, c: [t[k].fill_(1.0) for k in t if k.endswith(("q_norm.weight", "k_norm.weight"))],
+    ),
+    "post-feedforward norm weight not applied": WeightMutant(
+        OLMO2,
+        lambda t, c: [
+            t[k].fill_(1.0) for k in t if k.endswith("post_feedforward_layernorm.weight")
+        ],
     ),
     "RoPE skipped on a RoPE layer": WeightMutant(
         SMOLLM3, config=lambda c: {"no_rope_layers": [0] * c["num_hidden_layers"]}

@@ -21,12 +21,16 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, STORE, assert_one_line_error, missing_model
+from conftest import REPO, STORE, assert_one_line_error, edgellm_cmd, missing_model
+from test_server import free_port
 from test_tokenizer import CORPUS
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -177,6 +181,38 @@ def test_python_api_chats_with_a_bare_gguf(tmp_path: Path, edgellm_package: Any)
     assert bare.model.chat_template.name() == "chatml"
     assert say(path) == say(store)
     assert "Paris" in say(path, precision="exact")
+
+
+def test_a_bare_file_name_in_the_current_folder(
+    tmp_path: Path, smollm2_run: list[str], edgellm_package: Any, monkeypatch: Any
+) -> None:
+    """`--model model.gguf`, no folder: the file in the current folder, as ./model.gguf is
+    (its folder is '.', not an empty path taken for a checkpoint directory), in `run`,
+    `serve` and edgellm.load."""
+    path = alone(store_gguf("smollm2-135m-instruct"), tmp_path)
+    here = {"cwd": path.parent, "capture_output": True, "text": True, "timeout": 300}
+    run = subprocess.run([*smollm2_run, "--model", path.name, "--n-tokens", "4"], **here)
+    assert run.returncode == 0, run.stderr
+    port = free_port()
+    serve = [*edgellm_cmd("serve"), "--model", path.name, "--port", str(port), "--threads", "2"]
+    proc = subprocess.Popen(serve, cwd=path.parent, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert time.time() < deadline, "serve did not come up"
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    monkeypatch.chdir(path.parent)
+    llm = edgellm_package.load(path.name, threads=2, max_context=128)
+    assert llm.chat([{"role": "user", "content": "Hi"}], 4)["choices"][0]["message"]["content"]
 
 
 # ------------------------------------------------------- GGUFs written here by gguf-py
@@ -357,14 +393,25 @@ def stack_experts(weights: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
                 weights[f"blk.{layer}.ffn_{proj}_exps.weight"] = stacked
 
 
-def write_fixture_gguf(fixture: Path, name: str, out: Path, q8_experts: bool = False) -> None:
-    """The fixture's weights and config as llama.cpp's converter would write them (F32; with
-    `q8_experts`, the stacked gate and up experts as Q8_0, quantized by gguf-py)."""
+def write_fixture_gguf(
+    fixture: Path,
+    name: str,
+    out: Path,
+    arch: str = "",
+    extra: dict[str, Any] | None = None,
+    edit: Callable[[Any], None] | None = None,
+    chat_template: str | None = None,
+    q8_experts: bool = False,
+) -> None:
+    """The fixture's weights and config as llama.cpp's converter would write them (F32),
+    declared as `arch` (default: the fixture's own), with `extra` GGUF tensors, what
+    `edit` adds to the writer, and `chat_template` as its tokenizer.chat_template; with `q8_experts`, the stacked gate
+    and up experts as Q8_0, quantized by gguf-py."""
     import torch
     from safetensors.torch import load_file
 
     cfg = json.loads((fixture / "config.json").read_text())
-    arch = ARCH[name]
+    arch = arch or ARCH[name]
     weights: dict[str, np.ndarray] = {}
     for f in sorted(fixture.glob("*.safetensors")):
         weights |= {k: v.to(torch.float32).numpy() for k, v in load_file(str(f)).items()}
@@ -403,6 +450,8 @@ def write_fixture_gguf(fixture: Path, name: str, out: Path, q8_experts: bool = F
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         stack_experts(weights, cfg)
     add_smollm2_vocab(writer)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     for hf, w in weights.items():
         if hf == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue
@@ -412,15 +461,19 @@ def write_fixture_gguf(fixture: Path, name: str, out: Path, q8_experts: bool = F
             w = permute(w, cfg["num_key_value_heads"])
         if arch == "gemma3" and hf.endswith("norm.weight"):
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's (1 + w)
-        name = hf if hf.startswith("blk.") else gguf_name(arch, hf)  # stacked experts: named
-        if q8_experts and name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight")):
+        tensor = hf if hf.startswith("blk.") else gguf_name(arch, hf)  # stacked experts: named
+        if q8_experts and tensor.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight")):
             from gguf import GGMLQuantizationType
             from gguf.quants import quantize
 
             q8 = GGMLQuantizationType.Q8_0
-            writer.add_tensor(name, quantize(w, q8), raw_dtype=q8)
+            writer.add_tensor(tensor, quantize(w, q8), raw_dtype=q8)
             continue
-        writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
+        writer.add_tensor(tensor, np.ascontiguousarray(w, dtype=np.float32))
+    for name_in_gguf, w in (extra or {}).items():
+        writer.add_tensor(name_in_gguf, w)
+    if edit:
+        edit(writer)
     finish(writer)
 
 
@@ -502,6 +555,49 @@ def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_run: list[str
         "architecture 'mamba' is not supported",
         "(supported: gemma3, granite, llama, qwen2, qwen3, qwen3moe, smollm3)",
     )
+
+
+def test_a_tensor_the_architecture_has_no_place_for_is_named(
+    tmp_path: Path, family_fixture: Any, smollm2_run: list[str]
+) -> None:
+    """A llama file holding a QK-norm (Llama has none): the tensor is named as one the
+    architecture has no place for, never silently left out of the forward pass."""
+    path = tmp_path / "model.gguf"
+    fixture = family_fixture("llama-tiny")
+    head_dim = json.loads((fixture / "config.json").read_text())["head_dim"]
+    norm = {"blk.0.attn_q_norm.weight": np.ones(head_dim, dtype=np.float32)}
+    write_fixture_gguf(fixture, "llama-tiny", path, extra=norm)
+    proc = subprocess.run(
+        [*smollm2_run, "--model", str(path), "--n-tokens", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert_one_line_error(
+        proc,
+        "tensor 'model.layers.0.self_attn.q_norm.weight' is unexpected for LlamaForCausalLM",
+        "(it has no QK-norm)",
+    )
+
+
+def test_a_llama_file_with_biases_runs_as_qwen2(
+    tmp_path: Path, family_fixture: Any, engine_binding: Any
+) -> None:
+    """llama.cpp's converter permutes a Llama file's q/k biases as it permutes the rows of
+    q/k (a bias-carrying llama file is Qwen2's layout): read back, the Qwen2 fixture
+    written as llama gives the converted fixture's logits bit for bit."""
+    fixture = family_fixture("qwen2-tiny")
+    cfg = json.loads((fixture / "config.json").read_text())
+    cfg["bos_token_id"], cfg["eos_token_id"] = 1, 2  # the GGUF's smollm2 vocabulary
+    (fixture / "generation_config.json").unlink(missing_ok=True)
+    (fixture / "config.json").write_text(json.dumps(cfg))
+    path = tmp_path / "model.gguf"
+    write_fixture_gguf(fixture, "qwen2-tiny", path, arch="llama")
+    bare, converted = setup(engine_binding, path, "exact"), setup(engine_binding, fixture, "exact")
+    tokens = converted.tokenizer.encode(PROMPT)
+    got, want = bare.prefill_logits(tokens), converted.prefill_logits(tokens)
+    diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert diff.size == 0, f"{diff.size} logits differ, max {np.abs(got - want).max()}"
 
 
 def test_rope_freqs_that_are_not_llama3_are_refused(tmp_path: Path, engine_binding: Any) -> None:

@@ -2,7 +2,9 @@
 // it comes inside a downloaded model), parsed and rendered with a conversation
 // that reaches the paths real templates take (system, tools, tool calls and
 // results, a generation prompt). Every failure must be a TemplateError; the
-// limits keep a hostile template's output, work and recursion bounded.
+// limits (smaller than a real render's, for speed) keep a hostile template's
+// output, live bytes, work in bytes, steps and nesting bounded, and any
+// std::bad_alloc, length_error or stack overflow escaping them is a finding.
 #include <cstdint>
 #include <string_view>
 
@@ -40,6 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   j::Options options;
   options.now = 0;
   options.limits.max_output = size_t{1} << 20;
+  options.limits.max_memory = size_t{8} << 20;
+  options.limits.max_work = size_t{64} << 20;
   options.limits.max_steps = 200'000;
   try {
     const j::Template t =

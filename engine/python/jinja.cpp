@@ -9,6 +9,7 @@
 #include <nanobind/stl/string_view.h>
 
 #include "edgellm/jinja.h"
+#include "edgellm/json_file.h"
 #include "jinja/fault_injection.h"
 
 namespace nb = nanobind;
@@ -44,7 +45,7 @@ void bind_jinja(nb::module_& m) {
         try {
           j::Options opt;
           if (now) opt.now = static_cast<std::time_t>(*now);
-          const auto context = nlohmann::ordered_json::parse(context_json);
+          const auto context = edgellm::parse_ordered_json(context_json, "the context");
           const j::Template t = j::Template::parse(source, opt);
           nb::gil_scoped_release release;
           return t.render(context);

@@ -15,6 +15,7 @@
 
 #include "edgellm/error.h"
 #include "edgellm/generate.h"
+#include "edgellm/json_file.h"
 #include "edgellm/json_grammar.h"
 #include "edgellm/model_store.h"
 #include "edgellm/roofline.h"
@@ -153,7 +154,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
   nb::exception<edgellm::Error> error(m, "Error", PyExc_RuntimeError);
   bind_tools(m, error);
   bind_jinja(m);
-  nb::exception<edgellm::JsonSchemaError>(m, "JsonSchemaError", PyExc_ValueError);
+  // An edgellm.Error (as every input error) and a ValueError (as before).
+  nb::exception<edgellm::JsonSchemaError>(m, "JsonSchemaError",
+                                          nb::make_tuple(error, nb::handle(PyExc_ValueError)));
   nb::class_<PyGrammar>(m, "JsonGrammar",
                         "A compiled JSON schema: generate(..., grammar=) keeps the output a "
                         "document it accepts.");
@@ -289,8 +292,8 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           [](const edgellm::ChatTemplate& t, std::string_view messages_json,
              bool add_generation_prompt, std::string_view tools_json,
              std::string_view kwargs_json) {
-            const auto tools = nlohmann::ordered_json::parse(tools_json);
-            const auto kwargs = nlohmann::ordered_json::parse(kwargs_json);
+            const auto tools = edgellm::parse_ordered_json(tools_json, "tools");
+            const auto kwargs = edgellm::parse_ordered_json(kwargs_json, "chat_template_kwargs");
             return with_tool_errors([&] {
               return edgellm::render_conversation(t, openai_messages(messages_json),
                                                   add_generation_prompt,
@@ -398,7 +401,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       .def_prop_ro("num_layers", [](const edgellm::Session& s) { return s.config().num_layers; })
       .def_prop_ro("hidden_size", [](const edgellm::Session& s) { return s.config().hidden_size; })
       .def_prop_ro("eos_token_ids",
-                   [](const edgellm::Session& s) { return s.config().eos_token_ids; });
+                   [](const edgellm::Session& s) { return s.config().eos_token_ids; })
+      .def_prop_ro("rounded_weights", &edgellm::Session::rounded_weights,
+                   "'F32' / 'F16': matrices rounded to bf16 at load; '': held exactly");
 
   // The model store and the engine's rules for model paths (edgellm/model_store.h).
   // The deployment descriptors belong to the applications, which bind them
@@ -451,9 +456,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
          std::string_view messages_json, const edgellm::Tools& tools,
          std::string_view kwargs_json) {
         return with_tool_errors([&] {
-          return edgellm::encode_conversation(tokenizer, chat_template,
-                                              openai_messages(messages_json), true, tools,
-                                              nlohmann::ordered_json::parse(kwargs_json));
+          return edgellm::encode_conversation(
+              tokenizer, chat_template, openai_messages(messages_json), true, tools,
+              edgellm::parse_ordered_json(kwargs_json, "chat_template_kwargs"));
         });
       },
       "tokenizer"_a, "chat_template"_a, "messages_json"_a, "tools"_a, "kwargs_json"_a = "null");
@@ -520,7 +525,9 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           "the arithmetic resolved at setup")
       .def_prop_ro("vocab_size", [](const edgellm::Model& s) { return s.config().vocab_size; })
       .def_prop_ro("eos_token_ids",
-                   [](const edgellm::Model& s) { return s.config().eos_token_ids; });
+                   [](const edgellm::Model& s) { return s.config().eos_token_ids; })
+      .def_prop_ro("rounded_weights", &edgellm::Model::rounded_weights,
+                   "'F32' / 'F16': matrices rounded to bf16 at load; '': held exactly");
 
   nb::class_<edgellm::Context>(m, "Context",
                                "One sequence of a Model: its KV cache, scratch and position. "

@@ -8,6 +8,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <type_traits>
+
+#include "edgellm/json_file.h"
 #include "edgellm/tool_calls.h"
 #include "serving.h"
 
@@ -29,9 +32,10 @@ auto tool_errors(Fn fn) {
 template <typename J = json>
 J parse(const std::string& text, const char* what) {
   if (text.empty()) return nullptr;
-  J j = J::parse(text, nullptr, false);
-  if (j.is_discarded()) throw edgellm::Error(std::string(what) + ": not valid JSON");
-  return j;
+  if constexpr (std::is_same_v<J, json>)
+    return edgellm::parse_json(text, what);
+  else
+    return edgellm::parse_ordered_json(text, what);  // bounded, linear in the keys
 }
 
 std::vector<CallTuple> tuples(const std::vector<edgellm::ToolCall>& calls) {

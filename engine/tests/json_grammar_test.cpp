@@ -1,11 +1,14 @@
 // Structured output: schemas compile or are refused naming the construct; the
 // matcher accepts exactly the documents the grammar allows (each construct,
 // escapes, UTF-8, nesting, min/max items, anyOf ambiguity, $ref recursion);
+// hostile schemas stay within JsonSchemaLimits;
 // the token mask agrees with the matcher token by token; a constrained
 // Generation on random logits always yields a valid document.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -486,6 +489,259 @@ TEST(JsonGrammar, ResponseFormat) {
             "response_format");
   EXPECT_EQ(construct(R"({"type": "json_object", "schema": {}})"), "response_format");
   EXPECT_EQ(construct(R"({"type": "json_schema", "json_schema": {"schema": {"not": {}}}})"), "not");
+}
+
+}  // namespace
+}  // namespace edgellm
+
+// Hostile schemas: every JsonSchemaLimits budget holds at its boundary and is
+// refused one step past it, quickly, naming the limit; bounds the grammar
+// cannot meet are refused, not clipped; $ref resolves against resource roots.
+namespace edgellm {
+namespace {
+
+using Limits = JsonSchemaLimits;
+
+// The message of the JsonSchemaError a schema raises ("" when it compiles).
+std::string refusal(std::string_view schema) {
+  try {
+    compile_json_schema(schema);
+  } catch (const JsonSchemaError& e) {
+    return e.construct() + ": " + e.what();
+  }
+  return "";
+}
+
+// d0 -> d1 -> ... -> d<links>, the last a string: the root's reference to d0
+// is one hop, d<links> is links + 1 hops away. `wrap` shapes each link.
+std::string ref_chain(int links, const char* wrap = R"({"$ref": "#/$defs/d%d"})") {
+  std::string defs;
+  char buf[96];
+  for (int i = 0; i < links; ++i) {
+    std::snprintf(buf, sizeof(buf), wrap, i + 1);
+    defs += "\"d" + std::to_string(i) + "\": " + buf + ", ";
+  }
+  defs += "\"d" + std::to_string(links) + "\": {\"type\": \"string\"}";
+  return R"({"$ref": "#/$defs/d0", "$defs": {)" + defs + "}}";
+}
+
+// Time limits hold for a release build; ASan + UBSan at -O1 (make test-sanitize)
+// runs nlohmann's parser some 30x slower.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr double kSlowdown = 40;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr double kSlowdown = 40;
+#else
+constexpr double kSlowdown = 1;
+#endif
+#else
+constexpr double kSlowdown = 1;
+#endif
+
+// Milliseconds since t, in release-build terms.
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count() /
+         kSlowdown;
+}
+
+TEST(JsonSchemaLimits, ReferenceDepth) {
+  // At the limit: compiles, and the matcher walks the chain (flattened) to the string.
+  const auto at_limit = compile_json_schema(ref_chain(Limits::kMaxRefDepth - 1));
+  EXPECT_TRUE(accepts(at_limit, R"("x")"));
+  EXPECT_FALSE(accepts(at_limit, "1"));
+  const std::string past = refusal(ref_chain(Limits::kMaxRefDepth));
+  EXPECT_TRUE(past.starts_with("$ref: ")) << past;
+  EXPECT_NE(past.find("1000 $ref hops"), std::string::npos) << past;
+  EXPECT_NE(past.find("'#/$defs/d1000'"), std::string::npos) << past;
+  // The issue's chains (the 12,000 one crashed the server; 25,000 took 7 s),
+  // flat or through arrays: refused in milliseconds, on no deep stack.
+  for (const char* wrap :
+       {R"({"$ref": "#/$defs/d%d"})", R"({"type": "array", "items": {"$ref": "#/$defs/d%d"}})"})
+    for (const int links : {12'000, 25'000}) {
+      const std::string schema = ref_chain(links, wrap);
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_TRUE(refusal(schema).starts_with("$ref: ")) << links;
+      // (~20 ms in a release build; the margin is for sanitized Debug builds)
+      EXPECT_LT(ms_since(start), 2000.0) << links << " links, " << schema.size() << " bytes";
+    }
+}
+
+TEST(JsonSchemaLimits, Nodes) {
+  // An enum of n small integers is n literal nodes and one any_of.
+  const auto int_enum = [](size_t n) {
+    std::string values;
+    for (size_t i = 0; i < n; ++i) values += (i ? "," : "") + std::to_string(i % 10);
+    return R"({"enum": [)" + values + "]}";
+  };
+  EXPECT_EQ(refusal(int_enum(Limits::kMaxNodes - 1)), "");
+  const std::string past = refusal(int_enum(Limits::kMaxNodes));
+  EXPECT_TRUE(past.starts_with("size: ")) << past;
+  EXPECT_NE(past.find("250000 grammar nodes"), std::string::npos) << past;
+}
+
+TEST(JsonSchemaLimits, LiteralBytes) {
+  const std::string mib(1 << 20, 'a');
+  const auto string_enum = [&](int n) {
+    std::string values;
+    for (int i = 0; i < n; ++i) values += std::string(i ? "," : "") + "\"" + mib + "\"";
+    return R"({"enum": [)" + values + "]}";
+  };
+  EXPECT_EQ(refusal(string_enum(7)), "");
+  const std::string past = refusal(string_enum(9));
+  EXPECT_TRUE(past.starts_with("size: ")) << past.substr(0, 200);
+  EXPECT_NE(past.find("8388608 bytes"), std::string::npos) << past.substr(0, 200);
+}
+
+TEST(JsonSchemaLimits, Alternatives) {
+  // An enum E of n values, and m properties each "E or null": resolving them
+  // visits E's n values (E itself, its reference, then n + 1 for each property).
+  constexpr size_t n = 100'000;
+  const auto schema = [&](int m) {
+    std::string values, props;
+    for (size_t i = 0; i < n; ++i) values += (i ? "," : "") + std::to_string(i % 10);
+    for (int i = 0; i < m; ++i)
+      props += std::string(i ? "," : "") + "\"p" + std::to_string(i) +
+               R"(": {"anyOf": [{"$ref": "#/$defs/E"}, {"type": "null"}]})";
+    return R"({"type": "object", "properties": {)" + props + R"(}, "$defs": {"E": {"enum": [)" +
+           values + "]}}}";
+  };
+  static_assert(2 * n + 7 * (n + 1) <= Limits::kMaxAlternatives);
+  static_assert(2 * n + 8 * (n + 1) > Limits::kMaxAlternatives);
+  EXPECT_EQ(refusal(schema(7)), "");
+  const std::string past = refusal(schema(8));
+  EXPECT_TRUE(past.starts_with("anyOf: ")) << past;
+  EXPECT_NE(past.find("1000000 (the limit)"), std::string::npos) << past;
+}
+
+TEST(JsonSchemaLimits, SharedAlternativesExpandOncePerByte) {
+  // d_i = anyOf [d_{i+1}, d_{i+1}]: 2^40 paths to the one string, one value to the matcher.
+  std::string defs;
+  for (int i = 0; i < 40; ++i)
+    defs += "\"d" + std::to_string(i) + R"(": {"anyOf": [{"$ref": "#/$defs/d)" +
+            std::to_string(i + 1) + R"("}, {"$ref": "#/$defs/d)" + std::to_string(i + 1) +
+            "\"}]}, ";
+  const std::string schema =
+      R"({"$ref": "#/$defs/d0", "$defs": {)" + defs + R"("d40": {"type": "string"}}})";
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(accepts(schema, R"("abc")"));
+  EXPECT_LT(ms_since(start), 2000.0);
+}
+
+TEST(JsonSchemaLimits, Nesting) {
+  const auto nested = [](int levels) {
+    std::string s = R"({"type": "string"})";
+    for (int i = 1; i < levels; ++i) s = R"({"type": "array", "items": )" + s + "}";
+    return s;
+  };
+  EXPECT_EQ(refusal(nested(Limits::kMaxNesting)), "");
+  const std::string past = refusal(nested(Limits::kMaxNesting + 1));
+  EXPECT_TRUE(past.starts_with("json: ")) << past;
+  EXPECT_NE(past.find("deeper than 64"), std::string::npos) << past;
+  // 100,000 levels: refused as it is parsed, before anything recurses.
+  EXPECT_TRUE(refusal(std::string(100'000, '[') + std::string(100'000, ']')).starts_with("json: "));
+}
+
+TEST(JsonSchemaLimits, IntegerBoundsBeyondFifteenDigitsAreRefusedNotClipped) {
+  for (const char* bound :
+       {R"("minimum": 1e16)", R"("minimum": 1e300)", R"("exclusiveMinimum": 999999999999999)",
+        R"("maximum": -1e16)", R"("exclusiveMaximum": -999999999999999)", R"("minimum": 1e16,
+                            "maximum": 1e17)"}) {
+    const std::string why = refusal(std::string(R"({"type": "integer", )") + bound + "}");
+    const std::string keyword = std::string(bound).substr(1, std::string(bound).find('"', 1) - 1);
+    EXPECT_TRUE(why.starts_with(keyword + ": ")) << bound << " -> " << why;
+    EXPECT_NE(why.find("999999999999999"), std::string::npos) << why;
+  }
+  // Bounds every emitted integer meets: kept, the grammar's own range applies.
+  EXPECT_TRUE(accepts(R"({"type": "integer", "maximum": 1e300})", "999999999999999"));
+  EXPECT_TRUE(accepts(R"({"type": "integer", "minimum": -1e300})", "-999999999999999"));
+  EXPECT_TRUE(accepts(R"({"type": "integer", "minimum": 999999999999999})", "999999999999999"));
+  EXPECT_FALSE(accepts(R"({"type": "integer", "minimum": 999999999999999})", "99999999999999"));
+  EXPECT_TRUE(
+      accepts(R"({"type": "integer", "exclusiveMaximum": -999999999999998})", "-999999999999999"));
+  // An integral constant of any size is emitted as written.
+  EXPECT_TRUE(accepts(R"({"type": "integer", "enum": [1e300, 2.5]})", "1e+300"));
+  EXPECT_FALSE(accepts(R"({"type": "integer", "enum": [1e300, 2.5]})", "2.5"));
+}
+
+TEST(JsonSchemaLimits, CountsBeyondTheLimitNameIt) {
+  for (const char* key : {"minLength", "maxLength", "minItems", "maxItems"}) {
+    const bool string = std::string_view(key).ends_with("Length");
+    const auto schema = [&](int64_t v) {
+      return std::string(R"({"type": ")") + (string ? "string" : "array") + R"(", ")" + key +
+             "\": " + std::to_string(v) + "}";
+    };
+    EXPECT_EQ(refusal(schema(Limits::kMaxCount)), "") << key;
+    const std::string why = refusal(schema(Limits::kMaxCount + 1));
+    EXPECT_TRUE(why.starts_with(std::string(key) + ": ")) << why;
+    EXPECT_NE(why.find("1000001 is above 1000000"), std::string::npos) << why;
+  }
+}
+
+TEST(JsonSchemaLimits, RefsResolveAgainstTheirResourceRoot) {
+  // "a" is a schema of its own ($id): its "#/$defs/T" is its T, an integer.
+  const char* embedded = R"({"type": "object", "properties": {"a": {"$id": "urn:a",
+      "$defs": {"T": {"type": "integer"}}, "$ref": "#/$defs/T"}, "b": {"$ref": "#/$defs/T"}},
+      "$defs": {"T": {"type": "string"}}})";
+  EXPECT_TRUE(accepts(embedded, R"({"a":1,"b":"x"})"));
+  EXPECT_FALSE(accepts(embedded, R"({"a":"x"})"));
+  EXPECT_FALSE(accepts(embedded, R"({"b":1})"));
+  // A pointer into an embedded resource: refs inside it stay its own.
+  const char* into = R"({"$ref": "#/$defs/R/properties/v", "$defs": {"R": {"$id": "urn:r",
+      "properties": {"v": {"$ref": "#/$defs/T"}}, "$defs": {"T": {"type": "null"}}},
+      "T": {"type": "string"}}})";
+  EXPECT_TRUE(accepts(into, "null"));
+  EXPECT_FALSE(accepts(into, R"("x")"));
+  // "#" inside the embedded resource is that resource.
+  const char* self = R"({"type": "array", "items": {"$id": "urn:n", "type": "object",
+      "properties": {"n": {"$ref": "#"}}}})";
+  EXPECT_TRUE(accepts(self, R"([{"n":{"n":{}}}])"));
+  EXPECT_FALSE(accepts(self, R"([{"n":[]}])"));
+  // Escapes and array indexes in pointers.
+  EXPECT_TRUE(accepts(R"({"$ref": "#/$defs/a~1b~0c/anyOf/1", "$defs": {"a/b~c": {"anyOf": [
+      {"type": "string"}, {"type": "null"}]}}})",
+                      "null"));
+  for (const char* bad : {"#/$defs/x/anyOf/01", "#/$defs/x/anyOf/2", "#/$defs/x~2", "#x"})
+    EXPECT_TRUE(
+        refusal(std::string(R"({"$ref": ")") + bad + R"(", "$defs": {"x": {"anyOf": [{}, {}]}}})")
+            .starts_with("$ref: "))
+        << bad;
+}
+
+TEST(JsonSchemaLimits, ManyKeysCostLinearTime) {
+  // nlohmann's ordered_json::parse searched every key linearly: 100,000 keys
+  // of one object (a 1 MB body) took 30 s. The schema's parse and its
+  // reference lookups are linear now.
+  std::string defs;
+  for (int i = 0; i < 100'000; ++i)
+    defs += "\"d" + std::to_string(i) + "\": {\"type\": \"null\"}, ";
+  const std::string schema = R"({"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/d99999"},
+      {"$ref": "#/$defs/d5"}]}, "$defs": {)" +
+                             defs + R"("x": {}}})";
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(accepts(schema, "[null]"));
+  EXPECT_LT(ms_since(start), 2000.0) << schema.size() << " bytes";
+  // Written order kept; a repeated key keeps its first place and its last value.
+  const nlohmann::ordered_json j =
+      parse_ordered_json(R"({"b": 1, "a": 2, "b": 3, "c": {"y": 0, "x": 1}})", "test");
+  EXPECT_EQ(j.dump(), R"({"b":3,"a":2,"c":{"y":0,"x":1}})");
+}
+
+TEST(JsonSchemaLimits, ErrorsAreEdgellmErrors) {
+  try {
+    compile_json_schema(ref_chain(12'000));
+    FAIL();
+  } catch (const Error& e) {  // the CLI and the servers catch Error: 'error:' / 400
+    EXPECT_NE(std::string(e.what()).find("reference depth"), std::string::npos);
+  }
+  try {
+    response_format_grammar(R"({"type": "json_schema", "json_schema": {"schema":
+        {"type": "integer", "minimum": 1e16}}})");
+    FAIL();
+  } catch (const JsonSchemaError& e) {
+    EXPECT_EQ(e.construct(), "minimum");
+    EXPECT_TRUE(std::string(e.what()).starts_with("response_format: ")) << e.what();
+  }
 }
 
 }  // namespace

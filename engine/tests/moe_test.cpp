@@ -199,7 +199,7 @@ TEST(MoeConfig, WhichLayersAreMoe) {
   EXPECT_EQ(moe_layers(o), (std::vector<bool>{true, true, true, true}));
   EXPECT_EQ(o.moe.expert_intermediate_size, 96);  // OLMoE's experts: intermediate_size
   EXPECT_EQ(o.head_dim, 16);                      // hidden / heads, whatever head_dim says
-  EXPECT_TRUE(o.moe.norm_topk_prob && o.qk_norm_whole && !o.qk_norm);
+  EXPECT_TRUE(o.moe.norm_topk_prob && o.qk_norm_whole && o.qk_norm);
 }
 
 TEST(MoeConfig, RefusesWhatItCannotRun) {

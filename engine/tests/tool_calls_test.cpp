@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "edgellm/json_file.h"
+#include "runtime/json_matcher.h"
+
 namespace edgellm {
 namespace {
 
@@ -103,7 +106,10 @@ TEST(ToolCallsTest, ForcedCallSchema) {
   const ojson one = call_schema(
       weather(ojson::parse(R"({"type":"function","function":{"name":"get_weather"}})")));
   EXPECT_EQ(one["properties"]["name"]["const"], "get_weather");
-  EXPECT_EQ(one["properties"]["arguments"], kWeather[0]["function"]["parameters"]);
+  // The parameters, made a schema resource of their own (their "#..." refs mean them).
+  ojson arguments = kWeather[0]["function"]["parameters"];
+  arguments["$id"] = "urn:edgellm:tool:get_weather";
+  EXPECT_EQ(one["properties"]["arguments"], arguments);
   EXPECT_EQ(one["required"], ojson::array({"name", "arguments"}));
   EXPECT_EQ(one["properties"].begin().key(), "name");  // the name first, then the arguments
   const ojson any = call_schema(weather("required"));
@@ -269,6 +275,87 @@ TEST(ToolCallsTest, ForcedReplyIsTheJsonAfterThePromptsTag) {
       parse_tool_output("{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>", t);
   ASSERT_EQ(closed.calls.size(), 1u);
   EXPECT_EQ(closed.content, "");
+}
+
+// A forced call's $ref resolves against the tool's own parameters (JSON
+// Schema's embedded resource), for a named function and for "required" alike.
+bool call_accepts(const Tools& tools, std::string_view call) {
+  JsonMatcher m(call_grammar(tools));
+  return m.accept(call) && m.complete();
+}
+
+Tools one_tool(const std::string& parameters, const ojson& choice = "required") {
+  return parse_tools(
+      ojson::array({{{"type", "function"},
+                     {"function",
+                      {{"name", "f"}, {"parameters", parse_ordered_json(parameters, "test")}}}}}),
+      choice);
+}
+
+TEST(ToolCallsTest, RefsResolveInsideTheToolsParameters) {
+  const char* city = R"({"type": "object", "properties": {"city": {"$ref": "#/$defs/City"}},
+      "required": ["city"], "$defs": {"City": {"type": "object",
+      "properties": {"name": {"type": "string"}}, "required": ["name"]}}})";
+  const ojson named = ojson::parse(R"({"type":"function","function":{"name":"f"}})");
+  for (const ojson& choice : {ojson("required"), named}) {
+    const Tools t = one_tool(city, choice);
+    EXPECT_TRUE(call_accepts(t, R"({"name":"f","arguments":{"city":{"name":"Paris"}}})"));
+    EXPECT_FALSE(call_accepts(t, R"({"name":"f","arguments":{"city":"Paris"}})"));
+    EXPECT_FALSE(call_accepts(t, R"({"name":"f","arguments":{"city":{}}})"));
+  }
+  // "#" is the parameters, not the call around them: recursion nests arguments, never calls.
+  const Tools tree = one_tool(R"({"type": "object", "properties": {"v": {"type": "integer"},
+      "child": {"$ref": "#"}}})");
+  EXPECT_TRUE(call_accepts(tree, R"({"name":"f","arguments":{"v":1,"child":{"child":{"v":2}}}})"));
+  EXPECT_FALSE(
+      call_accepts(tree, R"({"name":"f","arguments":{"child":{"name":"f","arguments":{}}}})"));
+  // The wrapper is not the tool's document: its "name" is out of reach.
+  try {
+    call_grammar(
+        one_tool(R"({"type": "object", "properties": {"x": {"$ref": "#/properties/name"}}})"));
+    FAIL() << "a reference into the wrapper compiled";
+  } catch (const ToolRequestError& e) {
+    EXPECT_EQ(e.param(), "tools[0].function.parameters");
+    EXPECT_NE(std::string(e.what()).find("'#/properties/name' does not resolve"), std::string::npos)
+        << e.what();
+  }
+  // Two tools, one name for different definitions: each sees its own.
+  const Tools two = parse_tools(ojson::parse(R"([
+      {"type": "function", "function": {"name": "a", "parameters": {"type": "object",
+       "properties": {"x": {"$ref": "#/$defs/T"}}, "required": ["x"],
+       "$defs": {"T": {"type": "integer"}}}}},
+      {"type": "function", "function": {"name": "b", "parameters": {"type": "object",
+       "properties": {"x": {"$ref": "#/$defs/T"}}, "required": ["x"],
+       "$defs": {"T": {"type": "string"}}}}}])"),
+                                "required");
+  EXPECT_TRUE(call_accepts(two, R"({"name":"a","arguments":{"x":1}})"));
+  EXPECT_TRUE(call_accepts(two, R"({"name":"b","arguments":{"x":"s"}})"));
+  EXPECT_FALSE(call_accepts(two, R"({"name":"a","arguments":{"x":"s"}})"));
+  EXPECT_FALSE(call_accepts(two, R"({"name":"b","arguments":{"x":1}})"));
+}
+
+TEST(ToolCallsTest, HostileParametersAreARequestErrorNamingThem) {
+  std::string defs;
+  for (int i = 0; i < 12'000; ++i)
+    defs +=
+        "\"d" + std::to_string(i) + "\": {\"$ref\": \"#/$defs/d" + std::to_string(i + 1) + "\"}, ";
+  const Tools chain = one_tool(R"({"type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}},
+      "$defs": {)" + defs + R"("d12000": {}}})");
+  try {
+    call_grammar(chain);
+    FAIL();
+  } catch (const ToolRequestError& e) {
+    EXPECT_EQ(e.param(), "tools[0].function.parameters");
+    EXPECT_NE(std::string(e.what()).find("1000 $ref hops"), std::string::npos) << e.what();
+  }
+  try {
+    call_grammar(one_tool(R"({"type": "object", "properties": {"n": {"type": "integer",
+        "minimum": 1e16}}})"));
+    FAIL();
+  } catch (const ToolRequestError& e) {
+    EXPECT_EQ(e.param(), "tools[0].function.parameters");
+    EXPECT_NE(std::string(e.what()).find("'minimum'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

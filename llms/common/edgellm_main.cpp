@@ -125,8 +125,10 @@ int main(int argc, char** argv) {
   try {
     return edgellm::cli_main(argc, argv);
   } catch (const edgellm::Error& e) {
+    // Every error an input can cause (a flag, a model file, its template, a schema): exit 2,
+    // as for a bad flag. 1 is left to a failed gate and to bugs.
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "internal error: %s\n", e.what());
     return 1;

@@ -58,8 +58,9 @@ struct ModelConfig {
   bool attention_bias = false;       // Qwen2: q/k/v projections carry a bias
   bool attention_out_bias = false;   // Llama / Granite attention_bias: o_proj has one too
   bool qk_norm = false;              // Qwen3, Gemma 3: RMSNorm over each head of q and k
-  bool qk_norm_whole = false;        // OLMoE: qk_norm over the whole q and k projections
-  bool sandwich_norms = false;       // Gemma 3: extra norms after attention and after the MLP
+  bool qk_norm_whole = false;        // OLMo 2, OLMoE: ... over the whole q and k projections
+  bool sandwich_norms = false;       // Gemma 3, OLMo 2: norms after attention and after the MLP
+  bool pre_norms = true;             // false (OLMo 2): no norm before attention and the MLP
   bool norm_adds_one = false;        // Gemma: RMSNorm applies (1 + w); folded in at load time
   float embedding_scale = 1.0f;      // Gemma: sqrt(hidden), rounded to bf16 as HF does
   float query_scale = 0.0f;          // multiplies q·k; 1/sqrt(head_dim) unless configured

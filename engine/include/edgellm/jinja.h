@@ -5,8 +5,10 @@
 // (ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with
 // loopcontrols, its tojson filter, raise_exception and strftime_now, the
 // {% generation %} tag), checked byte for byte against it by
-// tests/test_jinja_differential.py. A template is untrusted input: recursion,
-// output size and work are bounded, and every failure is a TemplateError.
+// tests/test_jinja_differential.py. A template is untrusted input: its size,
+// nesting, steps, work in bytes, live bytes and output are bounded (Limits),
+// each checked before the allocation or work it guards, and every failure is a
+// TemplateError (a LimitError for a breached limit).
 #pragma once
 
 #include <cstddef>
@@ -47,10 +49,32 @@ class RaisedError : public TemplateError {
   RaisedError(const std::string& message, int line) : TemplateError(message, line) {}
 };
 
+// A limit of Limits breached: the template or its render is refused as a whole.
+class LimitError : public TemplateError {
+ public:
+  using TemplateError::TemplateError;
+};
+
+// The budget of one template. The corpus (tests/data/chat_templates, the
+// largest 17 KB) rendering a 500-turn, 1 MB conversation takes at most 15K
+// steps, 33 MB of work and 1.5 MB live: these leave 30-100x that room while a
+// hostile template ends in about a second, its RSS growth bounded by
+// max_memory plus a few strings of max_output being built (under 256 MB in
+// all; tests/test_hostile_templates.py measures each case).
 struct Limits {
-  size_t max_output = size_t{16} << 20;  // bytes of rendered text (and of any one string)
-  size_t max_steps = 20'000'000;         // evaluated nodes + loop iterations
-  int max_depth = 200;                   // parser nesting and macro call depth
+  // Template text: its nodes take up to ~300x its size ({{1+1+...}} repeated),
+  // so 256 KB parses to under 100 MB (the largest real template is 17 KB).
+  size_t max_source = size_t{256} << 10;
+  size_t max_output = size_t{16} << 20;  // bytes of rendered text, and of any one string
+  // Live bytes of the strings, lists, dicts and scopes a render holds (its
+  // context included): what a render can pin at once. 40x the real peak.
+  size_t max_memory = size_t{64} << 20;
+  // Bytes read or written by the render's operations (compare, concatenation,
+  // `in`, replace, join, filters, ...): what bounds time where steps do not
+  // (one step can compare two 16 MB strings). 30x the real worst; ~0.1-1 s.
+  size_t max_work = size_t{1} << 30;
+  size_t max_steps = 2'000'000;  // evaluated nodes + loop iterations: ~0.1-0.5 s
+  int max_depth = 200;           // parser nesting, macro call depth and value nesting
 };
 
 struct Options {
@@ -67,10 +91,11 @@ struct Program;  // the parsed template (internal)
 class Template {
  public:
   // Parses `source`; throws TemplateError (syntax, unknown filter or test,
-  // unsupported tag) naming the line.
+  // unsupported tag) naming the line, LimitError past max_source or max_depth.
   static Template parse(std::string_view source, const Options& options = {});
   // Renders with the variables of `context` (a JSON object; key order is kept,
-  // as Python dicts keep it). Throws TemplateError / RaisedError.
+  // as Python dicts keep it). Throws TemplateError / RaisedError, LimitError
+  // when the render breaches a limit.
   std::string render(const nlohmann::ordered_json& context) const;
 
  private:

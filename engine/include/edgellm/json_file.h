@@ -3,7 +3,9 @@
 // tokenizer_config.json). nlohmann's parser itself is iterative, but dump(),
 // copies and the engine's own walks recurse once per level, so a value nested
 // 100k deep would overflow the stack later. Real files nest fewer than ten
-// levels; deeper ones are refused while parsing.
+// levels; deeper ones are refused while parsing. Time is linear in the text,
+// for ordered_json too (nlohmann's own ordered_json parse is quadratic in the
+// keys of one object).
 #pragma once
 
 #include <filesystem>
@@ -18,6 +20,9 @@ inline constexpr int kMaxJsonDepth = 64;
 
 // Parses `text`; `source` names it in errors ("<source>: parse error at byte N: ...").
 nlohmann::json parse_json(std::string_view text, const std::string& source);
+// The same, keeping object keys in their written order (a JSON schema's
+// properties, a tool's parameters): use it, not ordered_json::parse, on untrusted text.
+nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& source);
 
 // Reads and parses a whole file; errors name the path.
 nlohmann::json read_json_file(const std::filesystem::path& path);

@@ -104,7 +104,10 @@ class Model {
   Profiler& profiler() const;
   int max_context() const;
   int threads() const;
-  size_t weight_bytes() const;                     // bytes one decode step streams from the weights
+  size_t weight_bytes() const;  // bytes one decode step streams from the weights
+  // "F32" / "F16": the checkpoint's matrices of that dtype held values bf16
+  // cannot and were rounded at load (setup says so on stderr); "": held exactly.
+  std::string rounded_weights() const;
   std::string kv_cache_dtype() const;              // "fp32" | "bf16" | "q8_0"
   size_t kv_cache_bytes() const;                   // of each Context's KV cache
   const kernels::ExecConfig& exec_config() const;  // resolved at setup
@@ -213,6 +216,7 @@ class Session {
   int threads() const;
   size_t weight_bytes() const;  // bytes one decode step streams from the weights
   std::string kv_cache_dtype() const { return model_.kv_cache_dtype(); }
+  std::string rounded_weights() const { return model_.rounded_weights(); }
   const kernels::ExecConfig& exec_config() const { return model_.exec_config(); }
   size_t kv_cache_bytes() const { return model_.kv_cache_bytes(); }
 

@@ -90,7 +90,10 @@ std::vector<ToolCall> parse_tool_calls(const nlohmann::json& tool_calls, const s
 std::vector<ChatMessage> parse_chat_messages(const nlohmann::json& messages);
 
 // The JSON schema of a forced reply: {"name": <an allowed name>, "arguments":
-// <that function's parameters>}, anyOf over the allowed functions.
+// <that function's parameters>}, anyOf over the allowed functions. Each
+// parameters schema gets the "$id" urn:edgellm:tool:<name>: its own resource,
+// so its "#/$defs/..." and "#" references mean the parameters, as JSON Schema
+// reads an embedded schema.
 nlohmann::ordered_json call_schema(const Tools& tools);
 
 // The grammar of call_schema, for GenerateOptions::grammar. A function whose

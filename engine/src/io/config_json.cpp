@@ -91,9 +91,9 @@ struct Reader {
 constexpr int kMaxLayers = 1 << 14;
 
 const std::set<std::string> kSupported = {
-    "LlamaForCausalLM",   "MistralForCausalLM",  "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",   "Gemma3ForCausalLM",   "GraniteForCausalLM",
-    "SmolLM3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"};
+    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",   "GraniteForCausalLM", "SmolLM3ForCausalLM", "Olmo2ForCausalLM",
+    "Qwen3MoeForCausalLM", "OlmoeForCausalLM"};
 
 std::string supported_list() {
   std::string s;
@@ -247,10 +247,13 @@ void apply_architecture_switches(ModelConfig& c) {
   if (c.architecture == "MistralForCausalLM") c.attention_bias = false;
   c.attention_bias = c.attention_bias || qwen2;
   c.attention_out_bias = c.attention_bias && !qwen2;
-  c.qk_norm =
-      c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM" || gemma;
-  c.qk_norm_whole = c.architecture == "OlmoeForCausalLM";
-  c.sandwich_norms = gemma;
+  const bool olmo2 = c.architecture == "Olmo2ForCausalLM";
+  c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM" ||
+              gemma || olmo2;
+  c.qk_norm_whole = olmo2 || c.architecture == "OlmoeForCausalLM";
+  c.qk_norm = c.qk_norm || c.qk_norm_whole;
+  c.sandwich_norms = gemma || olmo2;
+  c.pre_norms = !olmo2;  // OLMo 2 normalises each block's output, not its input
   c.norm_adds_one = gemma;
   c.query_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   // Gemma scales embeddings by sqrt(hidden); HF casts the scale to the weight dtype (bf16).

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "edgellm/jinja.h"
+#include "jinja/budget.h"
 #include "jinja/interp.h"
 #include "jinja/pystr.h"
 
@@ -33,22 +34,18 @@ bool arg_bool(const CallArgs& a, size_t pos, const char* name, bool dflt) {
   return v ? truthy(*v) : dflt;
 }
 
-// jinja2's soft_str: str() of the value (an undefined value is '').
+// jinja2's soft_str: str() of the value (an undefined value is ''). A copy:
+// its bytes are work.
 std::string soft_str(const Value& v) {
-  return v.is_string() ? v.s : to_str(v);
+  if (!v.is_string()) return to_str(v);
+  charge_work(v.s().size());
+  return v.s();
 }
 
 const std::string& str_arg(const Value& v, const char* what, int line) {
   if (!v.is_string())
     throw TemplateError(std::string(what) + " must be str, not " + type_name(v), line);
-  return v.s;
-}
-
-Value str_list(const std::vector<std::string>& parts) {
-  List out;
-  out.reserve(parts.size());
-  for (const auto& p : parts) out.push_back(Value::string(p));
-  return Value::make_list(std::move(out));
+  return v.s();
 }
 
 // jinja2's make_attrgetter: "a.b.0" looks up a, then b, then item 0.
@@ -74,7 +71,11 @@ Value f_tojson(Interp&, const Value& v, CallArgs& a, int line) {
   o.ensure_ascii = arg_bool(a, 0, "ensure_ascii", false);
   if (const Value* ind = arg(a, 1, "indent"); ind && !ind->is_none()) {
     o.has_indent = true;
-    o.indent = ind->is_string() ? ind->s : std::string(std::max<int64_t>(0, ind->as_int()), ' ');
+    const size_t width = ind->is_string()
+                             ? ind->s().size()
+                             : static_cast<size_t>(std::max<int64_t>(0, ind->as_int()));
+    check_string_size(width);  // before the allocation: indent=1500000000 is refused here
+    o.indent = ind->is_string() ? ind->s() : std::string(width, ' ');
     o.item_sep = ",";
   }
   if (const Value* sep = arg(a, 2, "separators"); sep && !sep->is_none()) {
@@ -92,13 +93,13 @@ Value f_tojson(Interp&, const Value& v, CallArgs& a, int line) {
 Value f_trim(Interp&, const Value& v, CallArgs& a, int line) {
   const Value* chars = arg(a, 0, "chars");
   const std::string* c = chars && !chars->is_none() ? &str_arg(*chars, "strip arg", line) : nullptr;
-  return Value::string(pystr::strip(soft_str(v), c, true, true));
+  return checked_string(pystr::strip(soft_str(v), c, true, true));
 }
 
 int64_t py_len(const Value& v, int line) {
   switch (v.type) {
     case T::string:
-      return static_cast<int64_t>(pystr::length(v.s));
+      return static_cast<int64_t>(pystr::length(v.s()));
     case T::list:
     case T::tuple:
       if (v.generator) throw TemplateError("object of type 'generator' has no len()", line);
@@ -126,10 +127,10 @@ Value f_join(Interp& in, const Value& v, CallArgs& a, int line) {
   bool first = true;
   const auto iterated1 = iterate(v, line);
   for (const Value& x : *iterated1) {
-    if (!first) out += sep;
+    if (!first) append_checked(out, sep);
     first = false;
-    out += soft_str(attr && !attr->is_none() ? attr_path(in, x, soft_str(*attr), line) : x);
-    in.check_size(out.size(), line);
+    const Value item = attr && !attr->is_none() ? attr_path(in, x, soft_str(*attr), line) : x;
+    append_checked(out, item.is_string() ? item.s() : to_str(item));
   }
   return Value::string(std::move(out));
 }
@@ -145,7 +146,7 @@ Value generator(List items) {
 // `error` once something iterates it, as a Python generator body would.
 Value failing_generator(const std::string& error) {
   Value v = generator({});
-  v.s = error;
+  v.set_text(error);
   return v;
 }
 
@@ -168,8 +169,8 @@ Value f_map(Interp& in, const Value& v, CallArgs& a, int line) {
   }
   if (a.args.empty() || !a.args[0].is_string())
     throw TemplateError("map requires a filter argument", line);
-  const FilterFn fn = find_filter(a.args[0].s);
-  if (!fn) throw TemplateError("No filter named '" + a.args[0].s + "'.", line);
+  const FilterFn fn = find_filter(a.args[0].s());
+  if (!fn) throw TemplateError("No filter named '" + a.args[0].s() + "'.", line);
   CallArgs rest;
   rest.args.assign(a.args.begin() + 1, a.args.end());
   rest.kwargs = a.kwargs;
@@ -253,13 +254,13 @@ Value f_default(Interp&, const Value& v, CallArgs& a, int) {
 }
 
 Value f_upper(Interp&, const Value& v, CallArgs&, int) {
-  return Value::string(pystr::upper(soft_str(v)));
+  return checked_string(pystr::upper(soft_str(v)));
 }
 Value f_lower(Interp&, const Value& v, CallArgs&, int) {
-  return Value::string(pystr::lower(soft_str(v)));
+  return checked_string(pystr::lower(soft_str(v)));
 }
 Value f_capitalize(Interp&, const Value& v, CallArgs&, int) {
-  return Value::string(pystr::capitalize(soft_str(v)));
+  return checked_string(pystr::capitalize(soft_str(v)));
 }
 
 // jinja2's title is not str.title: words begin after [-\s({\[<]+.
@@ -284,7 +285,7 @@ Value f_title(Interp&, const Value& v, CallArgs&, int) {
       out += pystr::decode(pystr::lower(one));
     }
   }
-  return Value::string(pystr::encode(out));
+  return checked_string(pystr::encode(out));
 }
 
 Value f_replace(Interp& in, const Value& v, CallArgs& a, int line) {
@@ -292,9 +293,9 @@ Value f_replace(Interp& in, const Value& v, CallArgs& a, int line) {
   const Value* repl = arg(a, 1, "new");
   const Value* count = arg(a, 2, "count");
   if (!old || !repl) throw TemplateError("replace needs the old and new strings", line);
-  return Value::string(pystr::replace(soft_str(v), soft_str(*old), soft_str(*repl),
-                                      count && !count->is_none() ? count->as_int() : -1,
-                                      in.opt.limits.max_output));
+  return checked_string(pystr::replace(soft_str(v), soft_str(*old), soft_str(*repl),
+                                       count && !count->is_none() ? count->as_int() : -1,
+                                       in.opt.limits.max_output));
 }
 
 Value f_items(Interp&, const Value& v, CallArgs&, int line) {
@@ -314,7 +315,7 @@ Value f_safe(Interp&, const Value& v, CallArgs&, int) {
   return r;
 }
 Value f_escape(Interp&, const Value& v, CallArgs&, int) {
-  Value r = Value::string(v.markup ? v.s : html_escape(soft_str(v)));
+  Value r = Value::string(v.markup ? v.s() : html_escape(soft_str(v)));
   r.markup = true;
   return r;
 }
@@ -326,7 +327,7 @@ Value f_int(Interp&, const Value& v, CallArgs& a, int) {
   if (v.type == T::floating)
     return std::isfinite(v.f) ? Value::integer(static_cast<int64_t>(v.f)) : dflt;
   if (v.is_string()) {
-    const std::string s = pystr::strip(v.s, nullptr, true, true);
+    const std::string s = pystr::strip(v.s(), nullptr, true, true);
     try {
       size_t used = 0;
       const long long x = std::stoll(s, &used, 10);
@@ -344,7 +345,7 @@ Value f_float(Interp&, const Value& v, CallArgs& a, int) {
   const Value dflt = d ? *d : Value::floating(0.0);
   if (v.is_number()) return Value::floating(v.as_double());
   if (v.is_string()) {
-    const std::string s = pystr::strip(v.s, nullptr, true, true);
+    const std::string s = pystr::strip(v.s(), nullptr, true, true);
     try {
       size_t used = 0;
       const double f = std::stod(s, &used);
@@ -364,7 +365,7 @@ Value f_abs(Interp&, const Value& v, CallArgs&, int line) {
 
 Value f_reverse(Interp&, const Value& v, CallArgs&, int line) {
   if (v.is_string()) {
-    std::u32string u = pystr::decode(v.s);
+    std::u32string u = pystr::decode(v.s());
     std::reverse(u.begin(), u.end());
     return Value::string(pystr::encode(u));
   }
@@ -377,7 +378,7 @@ Value f_reverse(Interp&, const Value& v, CallArgs&, int line) {
 
 // The sort key of jinja2's ignore_case: strings lowered unless case_sensitive.
 Value sort_key(const Value& v, bool case_sensitive) {
-  return !case_sensitive && v.is_string() ? Value::string(pystr::lower(v.s)) : v;
+  return !case_sensitive && v.is_string() ? Value::string(pystr::lower(v.s())) : v;
 }
 
 Value f_sort(Interp& in, const Value& v, CallArgs& a, int line) {
@@ -404,7 +405,7 @@ Value f_dictsort(Interp&, const Value& v, CallArgs& a, int line) {
   if (v.type != T::dict) throw TemplateError("You can only sort by either 'key' or 'value'", line);
   const bool cs = arg_bool(a, 0, "case_sensitive", false);
   const Value* by = arg(a, 1, "by");
-  const bool by_value = by && by->is_string() && by->s == "value";
+  const bool by_value = by && by->is_string() && by->s() == "value";
   const bool reverse = arg_bool(a, 2, "reverse", false);
   List out;
   for (const auto& [k, x] : v.dict->items) out.push_back(Value::make_list({k, x}, true));
@@ -458,22 +459,28 @@ Value f_format(Interp&, const Value& v, CallArgs& a, int line) {
 Value f_indent(Interp& in, const Value& v, CallArgs& a, int line) {
   const Value* w = arg(a, 0, "width");
   std::string ind = "    ";
-  if (w) ind = w->is_string() ? w->s : std::string(std::max<int64_t>(0, w->as_int()), ' ');
+  if (w) {
+    const size_t width =
+        w->is_string() ? w->s().size() : static_cast<size_t>(std::max<int64_t>(0, w->as_int()));
+    check_string_size(width);  // before the allocation: indent(1500000000) is refused here
+    ind = w->is_string() ? w->s() : std::string(width, ' ');
+  }
   const bool first = arg_bool(a, 1, "first", false);
   const bool blank = arg_bool(a, 2, "blank", false);
   // jinja2's indent appends "\n" with +=, so only a string gets through.
   if (!v.is_string())
     throw TemplateError("unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'",
                         line);
-  const std::vector<std::string> lines = pystr::splitlines(soft_str(v) + "\n", false);
+  const std::vector<std::string> lines =
+      pystr::splitlines(soft_str(v) + "\n", false, parts_allowed());
+  check_alloc_size(mul_sat(lines.size(), sizeof(std::string)));
   std::string rv;
+  if (first) append_checked(rv, ind);
   for (size_t k = 0; k < lines.size(); ++k) {
-    if (k) rv += '\n';
-    if (k && (blank || !lines[k].empty())) rv += ind;
-    rv += lines[k];
-    in.check_size(rv.size(), line);
+    if (k) append_checked(rv, "\n");
+    if (k && (blank || !lines[k].empty())) append_checked(rv, ind);
+    append_checked(rv, lines[k]);
   }
-  if (first) rv = ind + rv;
   return Value::string(std::move(rv));
 }
 
@@ -684,10 +691,10 @@ bool t_upper(Interp&, const Value& v, CallArgs&, int) {
   return s == pystr::upper(s) && s != pystr::lower(s);
 }
 bool t_filter(Interp&, const Value& v, CallArgs&, int) {
-  return v.is_string() && find_filter(v.s) != nullptr;
+  return v.is_string() && find_filter(v.s()) != nullptr;
 }
 bool t_test(Interp&, const Value& v, CallArgs&, int) {
-  return v.is_string() && find_test(v.s) != nullptr;
+  return v.is_string() && find_test(v.s()) != nullptr;
 }
 
 struct NamedTest {
@@ -756,16 +763,17 @@ Value g_range(Interp& in, CallArgs& a, int line) {
   if (n > 100000)
     throw TemplateError("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).",
                         line);
+  check_alloc_size(static_cast<size_t>(n) * sizeof(Value));
   for (int64_t k = 0; k < static_cast<int64_t>(n); ++k)
     out.push_back(Value::integer(start + k * step));
   in.step(line);
   return Value::make_list(std::move(out));
 }
 
-Value g_namespace(Interp&, CallArgs& a, int line) {
+Value g_namespace(Interp& in, CallArgs& a, int line) {
   Value v;
   v.type = T::ns;
-  v.ns = std::make_shared<Namespace>();
+  v.ns = in.new_namespace();
   for (const Value& x : a.args) {
     if (x.type != T::dict)
       throw TemplateError("namespace() takes mappings or keyword arguments", line);
@@ -798,7 +806,7 @@ Value g_strftime_now(Interp& in, CallArgs& a, int line) {
     gmtime_r(&t, &tm);
   else
     localtime_r(&t, &tm);
-  const std::string& fmt = a.args[0].s;
+  const std::string& fmt = a.args[0].s();
   if (fmt.size() > 256) throw TemplateError("strftime_now: format too long", line);
   std::string buf(fmt.size() * 16 + 64, '\0');
   const size_t n = std::strftime(buf.data(), buf.size(), fmt.c_str(), &tm);
@@ -956,15 +964,15 @@ bool str_method(Interp& in, const std::string& s, const std::string& name, CallA
     return v->as_int();
   };
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    r = Value::string(pystr::strip(s, opt_str(0, "chars"), name != "rstrip", name != "lstrip"));
+    r = checked_string(pystr::strip(s, opt_str(0, "chars"), name != "rstrip", name != "lstrip"));
   } else if (name == "split" || name == "rsplit") {
     const std::string* sep = opt_str(0, "sep");
     if (sep && sep->empty()) throw TemplateError("empty separator", line);
     const int64_t maxsplit = opt_int(1, "maxsplit", -1);
-    r = str_list(name == "split" ? pystr::split(s, sep, maxsplit)
-                                 : pystr::rsplit(s, sep, maxsplit));
+    r = checked_parts(name == "split" ? pystr::split(s, sep, maxsplit, parts_allowed())
+                                      : pystr::rsplit(s, sep, maxsplit, parts_allowed()));
   } else if (name == "splitlines") {
-    r = str_list(pystr::splitlines(s, arg_bool(a, 0, "keepends", false)));
+    r = checked_parts(pystr::splitlines(s, arg_bool(a, 0, "keepends", false), parts_allowed()));
   } else if (name == "startswith" || name == "endswith") {
     const Value* p = arg(a, 0, "prefix");
     if (!p) throw TemplateError(name + "() takes at least 1 argument (0 given)", line);
@@ -973,18 +981,18 @@ bool str_method(Interp& in, const std::string& s, const std::string& name, CallA
     const std::string* old = opt_str(0, "old");
     const std::string* repl = opt_str(1, "new");
     if (!old || !repl) throw TemplateError("replace expected at least 2 arguments", line);
-    r = Value::string(
+    r = checked_string(
         pystr::replace(s, *old, *repl, opt_int(2, "count", -1), in.opt.limits.max_output));
   } else if (name == "upper") {
-    r = Value::string(pystr::upper(s));
+    r = checked_string(pystr::upper(s));
   } else if (name == "lower") {
-    r = Value::string(pystr::lower(s));
+    r = checked_string(pystr::lower(s));
   } else if (name == "title") {
-    r = Value::string(pystr::title(s));
+    r = checked_string(pystr::title(s));
   } else if (name == "capitalize") {
-    r = Value::string(pystr::capitalize(s));
+    r = checked_string(pystr::capitalize(s));
   } else if (name == "swapcase") {
-    r = Value::string(pystr::swapcase(s));
+    r = checked_string(pystr::swapcase(s));
   } else if (name == "find" || name == "rfind" || name == "index" || name == "rindex") {
     const std::string* sub = opt_str(0, "sub");
     if (!sub) throw TemplateError(name + " expected at least 1 argument", line);
@@ -1009,10 +1017,9 @@ bool str_method(Interp& in, const std::string& s, const std::string& name, CallA
       if (!x.is_string())
         throw TemplateError("sequence item: expected str instance, " + type_name(x) + " found",
                             line);
-      if (!first) out += s;
+      if (!first) append_checked(out, s);
       first = false;
-      out += x.s;
-      in.check_size(out.size(), line);
+      append_checked(out, x.s());
     }
     r = Value::string(std::move(out));
   } else if (name == "isdigit") {
@@ -1051,7 +1058,7 @@ Value percent_format(const Value& format, const Value& args, int line) {
   const List single = {args};
   const List& items = is_tuple ? *args.list : single;
   size_t next = 0;
-  const std::string& f = format.s;
+  const std::string& f = format.s();
   std::string out;
   auto fail = [&](const std::string& why) -> void { throw TemplateError(why, line); };
   for (size_t i = 0; i < f.size(); ++i) {
@@ -1150,7 +1157,7 @@ Value percent_format(const Value& format, const Value& args, int line) {
         text = pad + text;
       }
     }
-    out += text;
+    append_checked(out, text);
   }
   if (next < items.size() && !mapping && (is_tuple || next == 0))
     fail("not all arguments converted during string formatting");
@@ -1228,8 +1235,8 @@ Value get_item(Interp& in, const Value& obj, const Value& key, int line) {
     case T::string:
       if (key.is_int()) {
         const bool str = obj.is_string();
-        if (str && !pystr::is_ascii(obj.s)) {
-          const std::u32string u = pystr::decode(obj.s);
+        if (str && !pystr::is_ascii(obj.s())) {
+          const std::u32string u = pystr::decode(obj.s());
           int64_t k = key.as_int();
           const int64_t n = static_cast<int64_t>(u.size());
           if (k < 0) k += n;
@@ -1238,11 +1245,11 @@ Value get_item(Interp& in, const Value& obj, const Value& key, int line) {
           pystr::append_utf8(ch, u[k]);
           return Value::string(std::move(ch));
         }
-        const int64_t n = static_cast<int64_t>(str ? obj.s.size() : obj.list->size());
+        const int64_t n = static_cast<int64_t>(str ? obj.s().size() : obj.list->size());
         int64_t k = key.as_int();
         if (k < 0) k += n;
         if (k < 0 || k >= n) break;
-        return str ? Value::string(std::string(1, obj.s[k])) : (*obj.list)[k];
+        return str ? Value::string(std::string(1, obj.s()[k])) : (*obj.list)[k];
       }
       break;
     case T::dict:
@@ -1256,10 +1263,10 @@ Value get_item(Interp& in, const Value& obj, const Value& key, int line) {
   }
   if (key.is_string()) {
     if (obj.type == T::dict) {
-      if (has_method(obj, key.s)) return bound_method(obj, key.s);
-      return missing_attr(obj, key.s);
+      if (has_method(obj, key.s())) return bound_method(obj, key.s());
+      return missing_attr(obj, key.s());
     }
-    return get_attr(in, obj, key.s, line);
+    return get_attr(in, obj, key.s(), line);
   }
   if (obj.is_none()) return Value::undefined("None has no element " + repr(key));
   return Value::undefined(object_repr(obj) + " has no element " + repr(key));
@@ -1268,7 +1275,7 @@ Value get_item(Interp& in, const Value& obj, const Value& key, int line) {
 bool call_method(Interp& in, const Value& obj, const std::string& name, CallArgs& args, int line,
                  Value& result) {
   if (obj.is_undefined()) undefined_error(obj, line);
-  if (obj.is_string()) return str_method(in, obj.s, name, args, line, result);
+  if (obj.is_string()) return str_method(in, obj.s(), name, args, line, result);
   if (is_mutating(obj, name))
     throw TemplateError(
         "access to attribute '" + name + "' of '" + type_name(obj) + "' object is unsafe.", line);

@@ -9,7 +9,7 @@
 namespace edgellm::jinja {
 
 [[noreturn]] void undefined_error(const Value& v, int line) {
-  throw TemplateError(v.s.empty() ? "value is undefined" : v.s, line);
+  throw TemplateError(v.s().empty() ? "value is undefined" : v.s(), line);
 }
 
 std::shared_ptr<const List> iterate(const Value& v, int line) {
@@ -17,26 +17,31 @@ std::shared_ptr<const List> iterate(const Value& v, int line) {
   switch (v.type) {
     case T::list:
     case T::tuple:
-      if (v.generator && !v.s.empty()) throw TemplateError(v.s, line);
+      if (v.generator && !v.s().empty()) throw TemplateError(v.s(), line);
       return v.list;
     case T::dict: {
-      auto out = std::make_shared<List>();
-      out->reserve(v.dict->items.size());
-      for (const auto& kv : v.dict->items) out->push_back(kv.first);
-      return out;
+      check_alloc_size(mul_sat(v.dict->items.size(), sizeof(Value)));
+      List out;
+      out.reserve(v.dict->items.size());
+      for (const auto& kv : v.dict->items) out.push_back(kv.first);
+      return hold_list(std::move(out));
     }
     case T::string: {
-      auto out = std::make_shared<List>();
-      if (pystr::is_ascii(v.s)) {
-        for (char c : v.s) out->push_back(Value::string(std::string(1, c)));
+      // Each character becomes a Value and a string of its own.
+      check_alloc_size(mul_sat(v.s().size(), sizeof(Value) + sizeof(std::string)));
+      charge_work(v.s().size());
+      List out;
+      if (pystr::is_ascii(v.s())) {
+        out.reserve(v.s().size());
+        for (char c : v.s()) out.push_back(Value::string(std::string(1, c)));
       } else {
-        for (char32_t c : pystr::decode(v.s)) {
+        for (char32_t c : pystr::decode(v.s())) {
           std::string ch;
           pystr::append_utf8(ch, c);
-          out->push_back(Value::string(std::move(ch)));
+          out.push_back(Value::string(std::move(ch)));
         }
       }
-      return out;
+      return hold_list(std::move(out));
     }
     case T::undefined:
       return std::make_shared<List>();
@@ -52,7 +57,8 @@ bool contains(const Value& container, const Value& item, int line) {
       if (!item.is_string())
         throw TemplateError("'in <string>' requires string as left operand, not " + type_name(item),
                             line);
-      return container.s.find(item.s) != std::string::npos;
+      charge_work(search_cost(container.s().size(), item.s().size()));
+      return container.s().find(item.s()) != std::string::npos;
     case T::list:
     case T::tuple:
       for (const Value& x : *container.list)
@@ -69,31 +75,55 @@ bool contains(const Value& container, const Value& item, int line) {
   }
 }
 
+Interp::~Interp() {
+  // A namespace can hold itself ({% set ns.me = ns %}): its attributes go
+  // first, so that no cycle outlives the render.
+  for (const auto& ns : namespaces_) ns->attrs.items.clear();
+}
+
+Scope* Interp::new_scope(Scope* parent) {
+  budget.acquire(sizeof(Scope));
+  scopes_.emplace_back();
+  scopes_.back().bytes = sizeof(Scope);
+  scopes_.back().parent = parent;
+  scopes_.back().index = scopes_.size() - 1;
+  return &scopes_.back();
+}
+
+void Interp::free_scopes(size_t mark) {
+  while (scopes_.size() > std::max(mark, pinned_)) {
+    budget.release(scopes_.back().bytes);
+    scopes_.pop_back();
+  }
+}
+
+std::shared_ptr<Namespace> Interp::new_namespace() {
+  budget.acquire(sizeof(Namespace) + Scope::kVarBytes);
+  namespaces_.push_back(std::make_shared<Namespace>());
+  return namespaces_.back();
+}
+
 std::string Interp::render(const Body& body, const nlohmann::ordered_json& context) {
+  const ActiveBudget active(budget);
   Scope* root = new_scope(nullptr);
   if (!context.is_object()) throw TemplateError("the template context must be a JSON object", 0);
   for (const auto& [k, v] : context.items()) root->set(k, from_json(v));
-  std::string out;
+  TextBuffer out;
   exec(body, *root, out);
-  return out;
+  return out.take();
 }
 
-Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
+Interp::Flow Interp::exec(const Body& body, Scope& s, TextBuffer& out) {
   for (const StmtPtr& p : body) {
     const Stmt& st = *p;
     step(st.line);
     switch (st.kind) {
       case Stmt::Kind::data:
-        out += st.text;
-        check_size(out.size(), st.line);
+        out.append(st.text);
         break;
       case Stmt::Kind::print: {
         const Value v = eval(*st.value, s);
-        if (v.is_string())
-          out += v.s;
-        else
-          out += to_str(v);
-        check_size(out.size(), st.line);
+        out.append(v.is_string() ? v.s() : to_str(v));
         break;
       }
       case Stmt::Kind::if_: {
@@ -120,9 +150,12 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
         assign(*st.target, eval(*st.value, s), s, st.line);
         break;
       case Stmt::Kind::set_block: {
-        std::string text;
-        exec(st.body, *new_scope(&s), text);
-        Value v = Value::string(std::move(text));
+        TextBuffer text;
+        {
+          const ScopeMark mark(*this);
+          exec(st.body, *new_scope(&s), text);
+        }
+        Value v = Value::string(text.take());
         for (const ExprPtr& f : st.filters) v = apply_filter(*f, v, s);
         assign(*st.target, v, s, st.line);
         break;
@@ -130,6 +163,8 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
       case Stmt::Kind::macro: {
         const Stmt* m = &st;
         Scope* closure = &s;
+        pin(s);
+        budget.acquire(kCallableBytes);
         Value fn = Value::function(st.text, [m, closure](Interp& in, CallArgs& args, int line) {
           return in.call_macro(*m, closure, args, Value::undefined(), line);
         });
@@ -139,6 +174,8 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
       case Stmt::Kind::call_block: {
         const Stmt* m = &st;
         Scope* closure = &s;
+        pin(s);
+        budget.acquire(kCallableBytes);
         Value caller =
             Value::function("caller", [m, closure](Interp& in, CallArgs& args, int line) {
               return in.call_macro(*m, closure, args, Value::undefined(), line);
@@ -149,20 +186,22 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
         eval_args(call, s, args);
         args.kwargs.emplace_back("caller", caller);
         const Value v = this->call(fn, args, st.line);
-        out += to_str(v);
-        check_size(out.size(), st.line);
+        out.append(to_str(v));
         break;
       }
       case Stmt::Kind::filter_block: {
-        std::string text;
-        exec(st.body, *new_scope(&s), text);
-        Value v = Value::string(std::move(text));
+        TextBuffer text;
+        {
+          const ScopeMark mark(*this);
+          exec(st.body, *new_scope(&s), text);
+        }
+        Value v = Value::string(text.take());
         for (const ExprPtr& f : st.filters) v = apply_filter(*f, v, s);
-        out += to_str(v);
-        check_size(out.size(), st.line);
+        out.append(to_str(v));
         break;
       }
       case Stmt::Kind::with: {
+        const ScopeMark mark(*this);
         Scope* inner = new_scope(&s);
         for (size_t k = 0; k < st.targets.size(); ++k)
           assign(*st.targets[k], eval(*st.values[k], s), *inner, st.line);
@@ -171,6 +210,7 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
         break;
       }
       case Stmt::Kind::generation: {
+        const ScopeMark mark(*this);
         const Flow f = exec(st.body, *new_scope(&s), out);
         if (f != Flow::normal) return f;
         break;
@@ -184,21 +224,23 @@ Interp::Flow Interp::exec(const Body& body, Scope& s, std::string& out) {
   return Flow::normal;
 }
 
-Interp::Flow Interp::exec_for(const Stmt& st, Scope& s, std::string& out) {
+Interp::Flow Interp::exec_for(const Stmt& st, Scope& s, TextBuffer& out) {
   const Value seq = eval(*st.iter, s);
-  if (seq.is_undefined() && !seq.s.empty() && false) undefined_error(seq, st.line);
+  if (seq.is_undefined() && !seq.s().empty() && false) undefined_error(seq, st.line);
   std::shared_ptr<const List> items = iterate(seq, st.line);
   if (st.cond) {
-    auto kept = std::make_shared<List>();
+    List kept;
     for (const Value& item : *items) {
       step(st.line);
+      const ScopeMark mark(*this);
       Scope* probe = new_scope(&s);
       assign(*st.target, item, *probe, st.line);
-      if (truthy(eval(*st.cond, *probe))) kept->push_back(item);
+      if (truthy(eval(*st.cond, *probe))) kept.push_back(item);
     }
-    items = kept;
+    items = hold_list(std::move(kept));
   }
   if (items->empty()) {
+    const ScopeMark mark(*this);
     exec(st.else_body, *new_scope(&s), out);
     return Flow::normal;
   }
@@ -211,6 +253,7 @@ Interp::Flow Interp::exec_for(const Stmt& st, Scope& s, std::string& out) {
   for (size_t k = 0; k < items->size(); ++k) {
     step(st.line);
     state->index0 = static_cast<int64_t>(k);
+    const ScopeMark mark(*this);  // the iteration's scope goes with it
     Scope* iter = new_scope(&s);
     assign(*st.target, (*items)[k], *iter, st.line);
     iter->set("loop", loop);
@@ -259,7 +302,7 @@ void Interp::eval_args(const Expr& e, Scope& s, CallArgs& args) {
       throw TemplateError("argument after ** must be a mapping", e.line);
     for (const auto& [k, x] : v.dict->items) {
       if (!k.is_string()) throw TemplateError("keywords must be strings", e.line);
-      args.kwargs.emplace_back(k.s, x);
+      args.kwargs.emplace_back(k.s(), x);
     }
   }
 }
@@ -280,9 +323,10 @@ Value Interp::call_macro(const Stmt& m, Scope* closure, CallArgs& args, const Va
                          int line) {
   if (++depth_ > opt.limits.max_depth) {
     depth_ = 0;
-    throw TemplateError(
+    throw LimitError(
         "macro calls nested too deeply (over " + std::to_string(opt.limits.max_depth) + ")", line);
   }
+  const ScopeMark mark(*this);
   Scope* scope = new_scope(closure);
   const size_t n = m.params.size();
   std::vector<bool> bound(n, false);
@@ -325,10 +369,10 @@ Value Interp::call_macro(const Stmt& m, Scope* closure, CallArgs& args, const Va
   scope->set("varargs", Value::make_list(std::move(varargs), true));
   scope->set("kwargs", Value::make_dict(std::move(kwargs)));
   if (!caller_v.is_undefined()) scope->set("caller", caller_v);
-  std::string out;
+  TextBuffer out;
   exec(m.body, *scope, out);
   --depth_;
-  return Value::string(std::move(out));
+  return Value::string(out.take());
 }
 
 namespace {
@@ -431,18 +475,24 @@ Value Interp::binary(const std::string& op, const Value& a, const Value& b, int 
     }
   }
   if (c0 == '+' && a.is_string() && b.is_string()) {
-    check_size(a.s.size() + b.s.size(), line);
-    if (!a.markup && !b.markup) return Value::string(a.s + b.s);
+    const size_t n = add_sat(a.s().size(), b.s().size());
+    budget.check_string(n);
+    budget.work(n);
+    if (!a.markup && !b.markup) return Value::string(a.s() + b.s());
     // Markup.__add__ / __radd__: the plain side is escaped, the sum is Markup.
-    Value v =
-        Value::string((a.markup ? a.s : html_escape(a.s)) + (b.markup ? b.s : html_escape(b.s)));
+    Value v = Value::string((a.markup ? a.s() : html_escape(a.s())) +
+                            (b.markup ? b.s() : html_escape(b.s())));
     v.markup = true;
     return v;
   }
   if (c0 == '+' && a.is_sequence() && a.type == b.type && !a.generator && !b.generator) {
-    List items = *a.list;
+    const size_t n = add_sat(a.list->size(), b.list->size());
+    budget.check_alloc(mul_sat(n, sizeof(Value)));
+    budget.work(mul_sat(n, sizeof(Value)));
+    List items;
+    items.reserve(n);
+    items.insert(items.end(), a.list->begin(), a.list->end());
     items.insert(items.end(), b.list->begin(), b.list->end());
-    check_size(items.size(), line);
     return Value::make_list(std::move(items), a.type == Value::Type::tuple);
   }
   if (op == "*" && ((a.is_int() && (b.is_string() || b.is_sequence())) ||
@@ -450,14 +500,20 @@ Value Interp::binary(const std::string& op, const Value& a, const Value& b, int 
     const Value& seq = a.is_int() ? b : a;
     const int64_t n = std::max<int64_t>(0, a.is_int() ? a.as_int() : b.as_int());
     if (seq.is_string()) {
-      check_size(static_cast<size_t>(n) * seq.s.size(), line);
+      const size_t bytes = mul_sat(static_cast<size_t>(n), seq.s().size());
+      budget.check_string(bytes);
+      budget.work(bytes);
       std::string out;
-      out.reserve(static_cast<size_t>(n) * seq.s.size());
-      for (int64_t k = 0; k < n; ++k) out += seq.s;
+      out.reserve(bytes);
+      for (int64_t k = 0; k < n; ++k) out += seq.s();
       return Value::string(std::move(out));
     }
-    check_size(static_cast<size_t>(n) * seq.list->size(), line);
+    if (seq.generator) bad_operands(op, a, b, line);
+    const size_t count = mul_sat(static_cast<size_t>(n), seq.list->size());
+    budget.check_alloc(mul_sat(count, sizeof(Value)));
+    budget.work(mul_sat(count, sizeof(Value)));
     List items;
+    items.reserve(count);
     for (int64_t k = 0; k < n; ++k) items.insert(items.end(), seq.list->begin(), seq.list->end());
     return Value::make_list(std::move(items), seq.type == Value::Type::tuple);
   }
@@ -508,12 +564,13 @@ Value Interp::slice(const Value& obj, const Expr& sl, Scope& s, int line) {
       for (int64_t k = b; k > e; k += st) emit(k);
   };
   if (obj.is_string()) {
-    if (pystr::is_ascii(obj.s)) {
+    charge_work(obj.s().size());
+    if (pystr::is_ascii(obj.s())) {
       std::string out;
-      pick(static_cast<int64_t>(obj.s.size()), [&](int64_t k) { out += obj.s[k]; });
+      pick(static_cast<int64_t>(obj.s().size()), [&](int64_t k) { out += obj.s()[k]; });
       return Value::string(std::move(out));
     }
-    const std::u32string u = pystr::decode(obj.s);
+    const std::u32string u = pystr::decode(obj.s());
     std::u32string out;
     pick(static_cast<int64_t>(u.size()), [&](int64_t k) { out += u[k]; });
     return Value::string(pystr::encode(out));
@@ -614,13 +671,12 @@ Value Interp::eval(const Expr& e, Scope& s) {
     case K::binary:
       return binary(e.name, eval(*e.a, s), eval(*e.b, s), e.line);
     case K::concat: {
-      std::string out;
+      TextBuffer out;
       for (const ExprPtr& x : e.items) {
         const Value v = eval(*x, s);
-        out += v.is_string() ? v.s : to_str(v);
-        check_size(out.size(), e.line);
+        out.append(v.is_string() ? v.s() : to_str(v));
       }
-      return Value::string(std::move(out));
+      return Value::string(out.take());
     }
     case K::compare: {
       Value left = eval(*e.a, s);

@@ -26,7 +26,7 @@ class Parser {
   struct Depth {
     explicit Depth(Parser& p) : p_(p) {
       if (++p_.depth_ > p_.max_depth_)
-        throw TemplateError(
+        throw LimitError(
             "template nested too deeply (over " + std::to_string(p_.max_depth_) + " levels)",
             p_.cur().line);
     }

@@ -5,11 +5,17 @@
 
 #include <algorithm>
 
+#include "jinja/budget.h"
 #include "tokenizer/unicode.h"
 
 namespace edgellm::jinja::pystr {
 
+// Every function here charges the bytes it reads and writes to the render's
+// work budget (jinja/budget.h): one call can touch a 16 MB string.
+
 std::u32string decode(std::string_view s) {
+  check_alloc_size(mul_sat(s.size(), sizeof(char32_t)));  // a transient, of the input's size
+  charge_work(mul_sat(s.size(), 1 + sizeof(char32_t)));
   std::u32string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
@@ -47,6 +53,7 @@ void append_utf8(std::string& out, char32_t c) {
 }
 
 std::string encode(std::u32string_view s) {
+  charge_work(mul_sat(s.size(), 1 + sizeof(char32_t)));
   std::string out;
   out.reserve(s.size());
   for (char32_t c : s) append_utf8(out, c);
@@ -54,6 +61,7 @@ std::string encode(std::u32string_view s) {
 }
 
 bool is_ascii(std::string_view s) {
+  charge_work(s.size());
   return std::all_of(s.begin(), s.end(),
                      [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
@@ -133,6 +141,7 @@ bool cased(char32_t c) {
 
 // Full Unicode case mapping of a whole string (ß -> SS), as Python does.
 std::string icu_case(std::string_view s, bool up) {
+  charge_work(mul_sat(s.size(), 16));  // UTF-16 in, 3x out, UTF-8 back
   UErrorCode err = U_ZERO_ERROR;
   int32_t n16 = 0;
   u_strFromUTF8(nullptr, 0, &n16, s.data(), static_cast<int32_t>(s.size()), &err);
@@ -213,14 +222,17 @@ std::string strip(std::string_view s, const std::string* chars, bool left, bool 
   return encode(std::u32string_view(u).substr(b, e - b));
 }
 
-std::vector<std::string> split(std::string_view s, const std::string* sep, int64_t maxsplit) {
+std::vector<std::string> split(std::string_view s, const std::string* sep, int64_t maxsplit,
+                               size_t max_parts) {
   std::vector<std::string> out;
   if (sep) {
+    charge_work(search_cost(s.size(), sep->size()));
     size_t pos = 0;
     while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
       const size_t q = s.find(*sep, pos);
       if (q == std::string_view::npos) break;
       out.emplace_back(s.substr(pos, q - pos));
+      if (out.size() > max_parts) return out;
       pos = q + sep->size();
     }
     out.emplace_back(s.substr(pos));
@@ -240,20 +252,24 @@ std::vector<std::string> split(std::string_view s, const std::string* sep, int64
     size_t j = i;
     while (j < u.size() && !is_space(u[j])) ++j;
     out.push_back(encode(std::u32string_view(u).substr(i, j - i)));
+    if (out.size() > max_parts) return out;
     i = j;
   }
   return out;
 }
 
-std::vector<std::string> rsplit(std::string_view s, const std::string* sep, int64_t maxsplit) {
+std::vector<std::string> rsplit(std::string_view s, const std::string* sep, int64_t maxsplit,
+                                size_t max_parts) {
   std::vector<std::string> out;
   if (sep) {
+    charge_work(search_cost(s.size(), sep->size()));
     size_t end = s.size();
     while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
       if (end < sep->size()) break;
       const size_t q = s.rfind(*sep, end - sep->size());
       if (q == std::string_view::npos) break;
       out.emplace_back(s.substr(q + sep->size(), end - q - sep->size()));
+      if (out.size() > max_parts) return out;
       end = q;
     }
     out.emplace_back(s.substr(0, end));
@@ -274,13 +290,14 @@ std::vector<std::string> rsplit(std::string_view s, const std::string* sep, int6
     size_t b = e;
     while (b > 0 && !is_space(u[b - 1])) --b;
     out.push_back(encode(std::u32string_view(u).substr(b, e - b)));
+    if (out.size() > max_parts) return out;
     e = b;
   }
   std::reverse(out.begin(), out.end());
   return out;
 }
 
-std::vector<std::string> splitlines(std::string_view s, bool keepends) {
+std::vector<std::string> splitlines(std::string_view s, bool keepends, size_t max_parts) {
   std::u32string u = decode(s);
   std::vector<std::string> out;
   size_t i = 0;
@@ -296,6 +313,7 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
     size_t eol = j;
     if (j < u.size()) eol = (u[j] == '\r' && j + 1 < u.size() && u[j + 1] == '\n') ? j + 2 : j + 1;
     out.push_back(encode(std::u32string_view(u).substr(i, (keepends ? eol : j) - i)));
+    if (out.size() > max_parts) return out;
     i = eol;
   }
   return out;
@@ -303,6 +321,7 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
 
 std::string replace(std::string_view s, std::string_view old, std::string_view repl, int64_t count,
                     size_t max_size) {
+  charge_work(search_cost(s.size(), old.size()));
   std::string out;
   if (old.empty()) {
     // Python inserts `repl` before every code point and at the end.
@@ -351,6 +370,7 @@ int64_t find(std::string_view s, std::string_view sub, int64_t start, int64_t en
   clamp(start, end, n);
   if (end - start < static_cast<int64_t>(v.size())) return -1;
   std::u32string_view hay = std::u32string_view(u).substr(start, end - start);
+  charge_work(search_cost(hay.size() * sizeof(char32_t), v.size() * sizeof(char32_t)));
   const size_t q = reverse ? hay.rfind(v) : hay.find(v);
   return q == std::u32string_view::npos ? -1 : start + static_cast<int64_t>(q);
 }
@@ -362,6 +382,7 @@ int64_t count(std::string_view s, std::string_view sub, int64_t start, int64_t e
   if (end - start < static_cast<int64_t>(v.size())) return 0;
   if (v.empty()) return end - start + 1;
   std::u32string_view hay = std::u32string_view(u).substr(start, end - start);
+  charge_work(search_cost(hay.size() * sizeof(char32_t), v.size() * sizeof(char32_t)));
   int64_t c = 0;
   for (size_t p = hay.find(v); p != std::u32string_view::npos; p = hay.find(v, p + v.size())) ++c;
   return c;

@@ -2,6 +2,7 @@
 // whitespace is str.isspace(), case mapping is Unicode's (ICU).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -32,9 +33,12 @@ std::string swapcase(std::string_view s);
 
 // strip(chars): `chars` null = whitespace.
 std::string strip(std::string_view s, const std::string* chars, bool left, bool right);
-std::vector<std::string> split(std::string_view s, const std::string* sep, int64_t maxsplit);
-std::vector<std::string> rsplit(std::string_view s, const std::string* sep, int64_t maxsplit);
-std::vector<std::string> splitlines(std::string_view s, bool keepends);
+// The split functions stop at max_parts + 1 parts (the caller refuses that many).
+std::vector<std::string> split(std::string_view s, const std::string* sep, int64_t maxsplit,
+                               size_t max_parts = SIZE_MAX);
+std::vector<std::string> rsplit(std::string_view s, const std::string* sep, int64_t maxsplit,
+                                size_t max_parts = SIZE_MAX);
+std::vector<std::string> splitlines(std::string_view s, bool keepends, size_t max_parts = SIZE_MAX);
 std::string replace(std::string_view s, std::string_view old, std::string_view repl, int64_t count,
                     size_t max_size);
 // Code-point index of the first (last) occurrence of `sub` in s[start:end], or -1.

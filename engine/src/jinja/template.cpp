@@ -11,6 +11,11 @@
 namespace edgellm::jinja {
 
 Template Template::parse(std::string_view source, const Options& options) {
+  // Nodes cost ~100x the text they come from: the size is the parse's budget.
+  if (source.size() > options.limits.max_source)
+    throw LimitError("the template's " + std::to_string(source.size()) + " bytes exceed the " +
+                         std::to_string(options.limits.max_source) + "-byte source budget",
+                     0);
   LexOptions lex;
   lex.trim_blocks = options.trim_blocks;
   lex.lstrip_blocks = options.lstrip_blocks;

@@ -5,23 +5,64 @@
 #include <cstdio>
 
 #include "edgellm/jinja.h"
+#include "jinja/budget.h"
 #include "jinja/pystr.h"
 
 namespace edgellm::jinja {
 
+const std::string& Value::empty_text() {
+  static const std::string empty;
+  return empty;
+}
+
+void Value::set_text(std::string text) {
+  text_ = text.empty() ? nullptr : hold_text(std::move(text));
+}
+
+namespace {
+
+uint16_t depth_over(const List& items) {
+  size_t depth = 0;
+  for (const Value& x : items) depth = std::max<size_t>(depth, x.depth);
+  check_depth(depth + 1);
+  return static_cast<uint16_t>(std::min<size_t>(depth + 1, UINT16_MAX));
+}
+
+}  // namespace
+
+Value Value::make_list(List items, bool tuple) {
+  Value v = with_type(tuple ? Type::tuple : Type::list);
+  v.depth = depth_over(items);
+  v.list = hold_list(std::move(items));
+  return v;
+}
+
+Value Value::make_dict(Dict d) {
+  Value v = with_type(Type::dict);
+  size_t depth = 0;
+  for (const auto& [k, x] : d.items) depth = std::max<size_t>(depth, std::max(k.depth, x.depth));
+  check_depth(depth + 1);
+  v.depth = static_cast<uint16_t>(std::min<size_t>(depth + 1, UINT16_MAX));
+  v.dict = hold_dict(std::move(d));
+  return v;
+}
+
 const Value* Dict::find(const Value& key) const {
+  charge_work(items.size() * kLookupBytes);  // a linear search
   for (const auto& [k, v] : items)
     if (equals(k, key)) return &v;
   return nullptr;
 }
 
 const Value* Dict::find(std::string_view key) const {
+  charge_work(items.size() * kLookupBytes);
   for (const auto& [k, v] : items)
-    if (k.type == Value::Type::string && k.s == key) return &v;
+    if (k.type == Value::Type::string && k.s() == key) return &v;
   return nullptr;
 }
 
 void Dict::set(Value key, Value value) {
+  charge_work(items.size() * kLookupBytes);
   for (auto& [k, v] : items)
     if (equals(k, key)) {
       v = std::move(value);
@@ -74,7 +115,7 @@ bool truthy(const Value& v) {
     case T::floating:
       return v.f != 0.0;
     case T::string:
-      return !v.s.empty();
+      return !v.s().empty();
     case T::list:
     case T::tuple:
       return v.generator || !v.list->empty();
@@ -128,7 +169,9 @@ std::string repr_string(std::string_view s) {
   const bool has_double = s.find('"') != std::string_view::npos;
   const char quote = has_single && !has_double ? '"' : '\'';
   std::string out(1, quote);
+  size_t n = 0;
   for (char32_t c : pystr::decode(s)) {
+    if (++n % 4096 == 0) check_string_size(out.size());  // an escape is at most 10 bytes
     if (c == static_cast<char32_t>(quote) || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
@@ -156,10 +199,13 @@ std::string repr_string(std::string_view s) {
     }
   }
   out += quote;
+  check_string_size(out.size());
   return out;
 }
 
 std::string html_escape(std::string_view s) {
+  check_string_size(mul_sat(s.size(), 5));  // worst case: every byte an entity
+  charge_work(mul_sat(s.size(), 6));
   std::string out;
   out.reserve(s.size());
   for (char c : s) {
@@ -192,7 +238,7 @@ std::string repr(const Value& v) {
     case T::undefined:
       return "Undefined";
     case T::string:
-      return repr_string(v.s);
+      return repr_string(v.s());
     default:
       return to_str(v);
   }
@@ -212,28 +258,37 @@ std::string to_str(const Value& v) {
     case T::floating:
       return float_repr(v.f);
     case T::string:
-      return v.s;
+      charge_work(v.s().size());  // a copy
+      return v.s();
     case T::list:
     case T::tuple: {
       if (v.generator) return "<generator object>";
+      const WalkLevel level;
       const bool tuple = v.type == T::tuple;
-      std::string out = tuple ? "(" : "[";
+      TextBuffer out;
+      out.append(tuple ? "(" : "[");
       for (size_t k = 0; k < v.list->size(); ++k) {
-        if (k) out += ", ";
-        out += repr((*v.list)[k]);
+        if (k) out.append(", ");
+        out.append(repr((*v.list)[k]));
       }
-      if (tuple && v.list->size() == 1) out += ",";
-      return out + (tuple ? ")" : "]");
+      if (tuple && v.list->size() == 1) out.append(",");
+      out.append(tuple ? ")" : "]");
+      return out.take();
     }
     case T::dict:
     case T::ns: {
+      const WalkLevel level;
       const Dict& d = v.type == T::dict ? *v.dict : v.ns->attrs;
-      std::string out = v.type == T::ns ? "<Namespace {" : "{";
+      TextBuffer out;
+      out.append(v.type == T::ns ? "<Namespace {" : "{");
       for (size_t k = 0; k < d.items.size(); ++k) {
-        if (k) out += ", ";
-        out += repr(d.items[k].first) + ": " + repr(d.items[k].second);
+        if (k) out.append(", ");
+        out.append(repr(d.items[k].first));
+        out.append(": ");
+        out.append(repr(d.items[k].second));
       }
-      return out + (v.type == T::ns ? "}>" : "}");
+      out.append(v.type == T::ns ? "}>" : "}");
+      return out.take();
     }
     case T::callable:
       return "<function " + v.fn->name + ">";
@@ -245,6 +300,7 @@ std::string to_str(const Value& v) {
 
 bool equals(const Value& a, const Value& b) {
   using T = Value::Type;
+  charge_work(kLookupBytes);
   if (a.is_number() && b.is_number()) {
     if (a.is_int() && b.is_int()) return a.as_int() == b.as_int();
     return a.as_double() == b.as_double();
@@ -255,10 +311,12 @@ bool equals(const Value& a, const Value& b) {
     case T::none:
       return true;
     case T::string:
-      return a.s == b.s;
+      if (a.s().size() == b.s().size()) charge_work(a.s().size());
+      return a.s() == b.s();
     case T::list:
     case T::tuple: {
       if (a.list == b.list) return true;
+      const WalkLevel level;
       if (a.generator || b.generator) return false;
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
@@ -267,6 +325,7 @@ bool equals(const Value& a, const Value& b) {
     }
     case T::dict: {
       if (a.dict == b.dict) return true;
+      const WalkLevel level;
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (const auto& [k, v] : a.dict->items) {
         const Value* o = b.dict->find(k);
@@ -292,9 +351,15 @@ int compare(const Value& a, const Value& b, int line) {
     return x < y ? -1 : x > y ? 1 : 0;
   }
   if (a.is_undefined() || b.is_undefined())
-    throw TemplateError("'" + (a.is_undefined() ? a.s : b.s) + "' is undefined", line);
-  if (a.is_string() && b.is_string()) return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
+    throw TemplateError("'" + (a.is_undefined() ? a.s() : b.s()) + "' is undefined", line);
+  if (a.is_string() && b.is_string()) {
+    charge_work(std::min(a.s().size(), b.s().size()));
+    const int c = a.s().compare(b.s());
+    return c < 0 ? -1 : c > 0 ? 1 : 0;
+  }
   if (a.is_sequence() && a.type == b.type) {
+    charge_work(kLookupBytes);
+    const WalkLevel level;
     const size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k) {
       if (equals((*a.list)[k], (*b.list)[k])) continue;
@@ -345,7 +410,13 @@ Value from_json(const nlohmann::ordered_json& j) {
 namespace {
 
 void dump_string(std::string_view s, bool ensure_ascii, std::string& out) {
+  charge_work(mul_sat(s.size(), 2));
   out += '"';
+  size_t n = 0;
+  // An escape is at most 12 bytes: the size is checked every 4096 characters.
+  auto check = [&] {
+    if (++n % 4096 == 0) check_string_size(out.size());
+  };
   auto hex4 = [&](unsigned c) {
     char b[8];
     std::snprintf(b, sizeof(b), "\\u%04x", c);
@@ -383,10 +454,13 @@ void dump_string(std::string_view s, bool ensure_ascii, std::string& out) {
     }
   };
   if (!ensure_ascii && pystr::is_ascii(s)) {
-    for (char ch : s)
+    for (char ch : s) {
+      check();
       if (!plain(static_cast<unsigned char>(ch))) out += ch;
+    }
   } else {
     for (char32_t c : pystr::decode(s)) {
+      check();
       if (plain(c)) continue;
       if (!ensure_ascii || c < 0x7f + 1) {
         pystr::append_utf8(out, c);
@@ -417,7 +491,9 @@ std::string json_float(double x) {
 void dump_json(const Value& v, const JsonDumpOptions& o, int level, std::string& out, int line) {
   using T = Value::Type;
   if (level > 500) throw TemplateError("tojson: value nested too deeply", line);
+  charge_work(kLookupBytes);
   auto newline = [&](int lvl) {
+    check_string_size(add_sat(out.size(), mul_sat(static_cast<size_t>(lvl), o.indent.size()) + 1));
     out += '\n';
     for (int k = 0; k < lvl; ++k) out += o.indent;
   };
@@ -435,7 +511,8 @@ void dump_json(const Value& v, const JsonDumpOptions& o, int level, std::string&
       out += json_float(v.f);
       return;
     case T::string:
-      dump_string(v.s, o.ensure_ascii, out);
+      dump_string(v.s(), o.ensure_ascii, out);
+      check_string_size(out.size());
       return;
     case T::list:
     case T::tuple: {
@@ -448,7 +525,7 @@ void dump_json(const Value& v, const JsonDumpOptions& o, int level, std::string&
       if (o.has_indent) newline(level + 1);
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) {
-          out += o.item_sep;
+          append_checked(out, o.item_sep);
           if (o.has_indent) newline(level + 1);
         }
         dump_json((*v.list)[k], o, level + 1, out, line);
@@ -472,14 +549,14 @@ void dump_json(const Value& v, const JsonDumpOptions& o, int level, std::string&
       bool first = true;
       for (const auto* kv : items) {
         if (!first) {
-          out += o.item_sep;
+          append_checked(out, o.item_sep);
           if (o.has_indent) newline(level + 1);
         }
         first = false;
         const Value& k = kv->first;
         switch (k.type) {
           case T::string:
-            dump_string(k.s, o.ensure_ascii, out);
+            dump_string(k.s(), o.ensure_ascii, out);
             break;
           case T::none:
             out += "\"null\"";
@@ -497,7 +574,7 @@ void dump_json(const Value& v, const JsonDumpOptions& o, int level, std::string&
             throw TemplateError("keys must be str, int, float, bool or None, not " + type_name(k),
                                 line);
         }
-        out += o.key_sep;
+        append_checked(out, o.key_sep);
         dump_json(kv->second, o, level + 1, out, line);
       }
       if (o.has_indent) newline(level);

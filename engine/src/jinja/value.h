@@ -2,7 +2,8 @@
 // hands around: Undefined, None, bool, int, float, str, list, tuple, dict, a
 // namespace(), callables (macros, bound methods, globals) and the loop object.
 // Lists and dicts are immutable once built (transformers' sandbox forbids
-// mutating them) and shared by pointer; a namespace is the one mutable object.
+// mutating them) and shared by pointer, and so are strings; a namespace is the
+// one mutable object.
 #pragma once
 
 #include <cstdint>
@@ -67,11 +68,12 @@ struct Value {
   bool markup = false;
   // A list jinja2 yields lazily (map, select, ...): it has no len(), no index, no JSON.
   bool generator = false;
+  // How deeply a list or dict nests (0 for anything else): bounded at
+  // Limits::max_depth, so that no walk over a value (repr, ==, tojson, its
+  // destructor) recurses without bound.
+  uint16_t depth = 0;
   int64_t i = 0;
   double f = 0;
-  // string; for undefined: the hint of what was missing; for a generator: the
-  // error iterating it raises (a generator over a non-iterable input), if any
-  std::string s;
   std::shared_ptr<const List> list;  // list, tuple
   std::shared_ptr<const Dict> dict;
   std::shared_ptr<Namespace> ns;
@@ -79,9 +81,14 @@ struct Value {
   std::shared_ptr<LoopState> loop;
 
   Value() = default;
+  // The string; for undefined: the hint of what was missing; for a generator:
+  // the error iterating it raises (a generator over a non-iterable input), if any.
+  const std::string& s() const { return text_ ? *text_ : empty_text(); }
+  void set_text(std::string text);
+
   static Value undefined(std::string hint = {}) {
     Value v;
-    v.s = std::move(hint);
+    v.set_text(std::move(hint));
     return v;
   }
   static Value none() { return with_type(Type::none); }
@@ -100,21 +107,15 @@ struct Value {
     v.f = x;
     return v;
   }
+  // The payloads of strings, lists and dicts are charged to the render's
+  // budget while they live (jinja/budget.h).
   static Value string(std::string x) {
     Value v = with_type(Type::string);
-    v.s = std::move(x);
+    v.set_text(std::move(x));
     return v;
   }
-  static Value make_list(List items, bool tuple = false) {
-    Value v = with_type(tuple ? Type::tuple : Type::list);
-    v.list = std::make_shared<const List>(std::move(items));
-    return v;
-  }
-  static Value make_dict(Dict d) {
-    Value v = with_type(Type::dict);
-    v.dict = std::make_shared<const Dict>(std::move(d));
-    return v;
-  }
+  static Value make_list(List items, bool tuple = false);
+  static Value make_dict(Dict d);
   static Value function(std::string name, std::function<Value(Interp&, CallArgs&, int)> fn) {
     Value v = with_type(Type::callable);
     v.fn = std::make_shared<const Callable>(Callable{std::move(name), std::move(fn)});
@@ -136,6 +137,9 @@ struct Value {
     v.type = t;
     return v;
   }
+  static const std::string& empty_text();
+  // Shared by every copy: copying a Value never copies its bytes. Null when empty.
+  std::shared_ptr<const std::string> text_;
 };
 
 // Python's type name of a value, for error messages ("'int' object ...").

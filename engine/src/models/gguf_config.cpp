@@ -248,8 +248,12 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   }
 
   if (auto bos = m.token_id("tokenizer.ggml.bos_token_id", c.vocab_size)) c.bos_token_id = *bos;
-  if (auto eos = m.token_id("tokenizer.ggml.eos_token_id", c.vocab_size))
-    c.eos_token_ids.push_back(*eos);
+  // Generation stops at every end the file declares: of the sequence, of a turn
+  // (eot: Llama 3's <|eot_id|>), of a message (eom: its <|eom_id|>).
+  for (const char* end : {"eos", "eot", "eom"})
+    if (auto id = m.token_id(std::string("tokenizer.ggml.") + end + "_token_id", c.vocab_size);
+        id && !c.is_eos(*id))
+      c.eos_token_ids.push_back(*id);
   return c;
 }
 

@@ -213,8 +213,9 @@ std::optional<std::string> hf_expert_name(const std::string& name, size_t e) {
 }
 
 // llama.cpp's Llama converter reorders each Q/K head's rows for interleaved RoPE
-// pairs (LlamaModel.permute); HF's rotate_half wants them back: HF row
-// (h, half, i) is GGUF row (h, i, half). Other architectures keep HF's order.
+// pairs (LlamaModel.permute), biases too (one value per row); HF's rotate_half
+// wants them back: HF row (h, half, i) is GGUF row (h, i, half). Other
+// architectures keep HF's order.
 std::vector<int32_t> unpermute_order(const std::string& arch, const std::string& hf_name,
                                      size_t rows, const ModelConfig& c) {
   // Granite's and SmolLM3's converters are the Llama converter's subclasses.
@@ -223,9 +224,11 @@ std::vector<int32_t> unpermute_order(const std::string& arch, const std::string&
   if (hf_name.find(".self_attn.q_proj.") != std::string::npos) heads = c.num_heads;
   if (hf_name.find(".self_attn.k_proj.") != std::string::npos) heads = c.num_kv_heads;
   if (heads == 0) return {};
-  check(rows % (2 * static_cast<size_t>(heads)) == 0,
-        hf_name + ": " + std::to_string(rows) + " rows do not split into " + std::to_string(heads) +
-            " heads of rotary pairs");
+  const size_t want = static_cast<size_t>(heads) * static_cast<size_t>(c.head_dim);
+  check(rows == want && c.head_dim % 2 == 0,
+        hf_name + ": " + std::to_string(rows) + " rows, but the metadata's " +
+            std::to_string(heads) + " heads of " + std::to_string(c.head_dim) + " need " +
+            std::to_string(want) + " (in rotary pairs)");
   const size_t half = rows / heads / 2;
   std::vector<int32_t> order(rows);
   for (size_t h = 0; h < static_cast<size_t>(heads); ++h)
@@ -274,8 +277,9 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
                  .file = g.path()};
     for (auto d = t.dims.rbegin(); d != t.dims.rend(); ++d)
       v.shape.push_back(static_cast<int64_t>(*d));
-    // A vector's (a bias's) rows are its elements: Q/K biases are permuted as the weights' rows.
-    const size_t rows = t.dims.size() == 1 ? t.numel() : t.rows();
+    // A vector (a bias) is reordered as a column: one value per row.
+    const bool vector = t.dims.size() == 1;
+    const size_t rows = vector ? t.numel() : t.rows(), cols = vector ? 1 : t.cols();
     std::vector<int32_t> order = unpermute_order(arch, hf, rows, config);
     if (!is_float(t.type)) {
       check(t.dims.size() == 2, g.path() + ": tensor '" + name + "' is quantized but not a matrix");
@@ -295,7 +299,6 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
         v.nbytes = t.nbytes;
       } else {
         std::vector<float>& out = w->owned.emplace_back(t.numel());
-        const size_t cols = t.numel() / rows;
         for (size_t r = 0; r < rows; ++r) {
           const size_t src = order.empty() ? r : static_cast<size_t>(order[r]);
           for (size_t i = 0; i < cols; ++i) {

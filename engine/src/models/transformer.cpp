@@ -236,7 +236,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   const size_t H = c_.hidden_size, D = c_.head_dim;
   const size_t nh = c_.num_heads, nkv = c_.num_kv_heads;
   const size_t qkv_width = (nh + 2 * nkv) * D;
-  {
+  if (c_.pre_norms) {
     Profiler::Scope z(prof_, Zone::norm);
     for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.x[t * H], L.attn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H], cfg_.isa);
@@ -245,9 +245,17 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
   {
     Profiler::Scope z(prof_, Zone::qkv_proj, static_cast<double>(L.qkv.byte_size()),
                       2.0 * n * L.qkv.rows * L.qkv.cols);
-    kernels::matmul(L.qkv, s.xn.data(), n, s.qkv.data(), pool_, cfg_, batch);
+    kernels::matmul(L.qkv, block_input(s), n, s.qkv.data(), pool_, cfg_, batch);
   }
-  if (c_.qk_norm) {
+  if (c_.qk_norm_whole) {
+    Profiler::Scope z(prof_, Zone::qk_norm);
+    for_tokens(n, [&](size_t t) {
+      float* row = &s.qkv[t * qkv_width];
+      kernels::rmsnorm(row, L.q_norm.data(), nh * D, c_.rms_norm_eps, row, cfg_.isa);
+      kernels::rmsnorm(row + nh * D, L.k_norm.data(), nkv * D, c_.rms_norm_eps, row + nh * D,
+                       cfg_.isa);
+    });
+  } else if (c_.qk_norm) {
     Profiler::Scope z(prof_, Zone::qk_norm);
     for_tokens(n, [&](size_t t) {
       float* row = &s.qkv[t * qkv_width];
@@ -256,15 +264,6 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
       for (size_t h = 0; h < nkv; ++h)
         kernels::rmsnorm(row + (nh + h) * D, L.k_norm.data(), D, c_.rms_norm_eps,
                          row + (nh + h) * D, cfg_.isa);
-    });
-  }
-  if (c_.qk_norm_whole) {  // OLMoE: one RMSNorm over all of q, one over all of k
-    Profiler::Scope z(prof_, Zone::qk_norm);
-    for_tokens(n, [&](size_t t) {
-      float* row = &s.qkv[t * qkv_width];
-      kernels::rmsnorm(row, L.q_norm.data(), nh * D, c_.rms_norm_eps, row, cfg_.isa);
-      kernels::rmsnorm(row + nh * D, L.k_norm.data(), nkv * D, c_.rms_norm_eps, row + nh * D,
-                       cfg_.isa);
     });
   }
   const size_t layer_cache = l * nkv * max_context_ * D;
@@ -358,14 +357,14 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
 void Transformer::mlp_block(size_t l, Scratch& s, size_t n, kernels::Batch batch) {
   const LayerWeights& L = weights_.layers[l];
   const size_t H = c_.hidden_size;
-  {
+  if (c_.pre_norms) {
     Profiler::Scope z(prof_, Zone::norm);
     for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.x[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H], cfg_.isa);
     });
   }
   if (c_.layers[l].moe)
-    moe_feed_forward(L, c_, s.xn.data(), n, s.proj.data(), s.moe, pool_, cfg_, batch, prof_);
+    moe_feed_forward(L, c_, block_input(s), n, s.proj.data(), s.moe, pool_, cfg_, batch, prof_);
   else
     dense_mlp(L, s, n, batch);
   if (c_.sandwich_norms) {
@@ -383,7 +382,7 @@ void Transformer::dense_mlp(const LayerWeights& L, Scratch& s, size_t n, kernels
   {
     Profiler::Scope z(prof_, Zone::gate_up_proj, static_cast<double>(L.gate_up.byte_size()),
                       2.0 * n * L.gate_up.rows * L.gate_up.cols);
-    kernels::matmul(L.gate_up, s.xn.data(), n, s.gate_up.data(), pool_, cfg_, batch);
+    kernels::matmul(L.gate_up, block_input(s), n, s.gate_up.data(), pool_, cfg_, batch);
   }
   {
     Profiler::Scope z(prof_, Zone::activation);

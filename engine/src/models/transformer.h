@@ -131,6 +131,11 @@ class Transformer {
   // The layer's feed-forward: the dense MLP, or its experts (LayerSpec::moe).
   void mlp_block(size_t layer, Scratch& s, size_t n, kernels::Batch batch);
   void dense_mlp(const LayerWeights& L, Scratch& s, size_t n, kernels::Batch batch);
+  // What a block's first matmul reads: the normed rows, or the residual stream itself where
+  // the family has no pre-norms (OLMo 2).
+  const float* block_input(const Scratch& s) const {
+    return c_.pre_norms ? s.xn.data() : s.x.data();
+  }
   // x += proj (times the residual multiplier) for n rows: each block's last step.
   void add_residual(Scratch& s, size_t n);
   // Granite's logit divisor, then the final softcap, in place.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "edgellm/bf16.h"
@@ -68,10 +69,12 @@ float element(const TensorView& t, size_t i) {
 // Appends a tensor's values as bf16 (the engine's weight dtype), rejecting
 // non-finite values: safetensors has no checksum, and a flipped exponent bit
 // in a corrupted file usually shows up as inf/NaN.
-// Elements [first, first + n) of the tensor.
-void append_bf16(const TensorView& t, size_t first, size_t n, std::vector<uint16_t>& out) {
+// Elements [first, first + n) of the tensor. Returns whether rounding to bf16
+// changed a value (an f32 or f16 file whose values are not all bf16 ones).
+bool append_bf16(const TensorView& t, size_t first, size_t n, std::vector<uint16_t>& out) {
   const size_t base = out.size();
   out.resize(base + n);
+  bool rounded = false;
   for (size_t k = 0; k < n; ++k) {
     const size_t i = first + k;
     const float v = element(t, i);
@@ -79,11 +82,20 @@ void append_bf16(const TensorView& t, size_t first, size_t n, std::vector<uint16
       throw Error(t.file + ": tensor '" + t.name + "' holds a non-finite value at index " +
                   std::to_string(i) + " (corrupt file?)");
     out[base + k] = t.dtype == DType::bf16 ? load<uint16_t>(t, i) : float_to_bf16(v);
+    rounded |= bf16_to_float(out[base + k]) != v;
   }
+  return rounded;
 }
-void append_bf16(const TensorView& t, std::vector<uint16_t>& out) {
-  append_bf16(t, 0, static_cast<size_t>(t.numel()), out);
+bool append_bf16(const TensorView& t, std::vector<uint16_t>& out) {
+  return append_bf16(t, 0, static_cast<size_t>(t.numel()), out);
 }
+
+// What packing produced: bytes, and the dtype of a matrix whose values were
+// rounded to bf16 (null when every value was held as stored).
+struct PackStats {
+  size_t bytes = 0;
+  const char* rounded_from = nullptr;
+};
 
 std::vector<float> to_float(const TensorView& t, float add) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
@@ -144,22 +156,22 @@ std::shared_ptr<const kernels::QuantMatrix> pack_quant(
 }
 
 kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const TensorView*> parts,
-                           size_t& bytes, kernels::Isa isa) {
+                           PackStats& stats, kernels::Isa isa) {
   if (auto q = pack_quant(quant, parts)) {
     kernels::PackedMatrix m = kernels::pack_quant(std::move(q), isa);
-    bytes += m.byte_size();
+    stats.bytes += m.byte_size();
     for (const TensorView* t : parts) t->release_pages();
     return m;
   }
   std::vector<uint16_t> rows;
   size_t n_rows = 0, cols = static_cast<size_t>(parts.begin()[0]->shape[1]);
   for (const TensorView* t : parts) {
-    append_bf16(*t, rows);
+    if (append_bf16(*t, rows)) stats.rounded_from = dtype_name(t->dtype);
     n_rows += static_cast<size_t>(t->shape[0]);
   }
   for (const TensorView* t : parts) t->release_pages();
   kernels::PackedMatrix m = kernels::pack_matrix(rows.data(), n_rows, cols, isa);
-  bytes += m.byte_size();
+  stats.bytes += m.byte_size();
   return m;
 }
 
@@ -168,7 +180,8 @@ struct ExpertTensors {
   const TensorView *gate, *up, *down;
 };
 struct LayerTensors {
-  const TensorView *attn_norm, *q, *k, *v, *o, *ffn_norm;
+  const TensorView *attn_norm = nullptr, *ffn_norm = nullptr;  // pre_norms only
+  const TensorView *q, *k, *v, *o;
   const TensorView *gate = nullptr, *up = nullptr, *down = nullptr;  // dense layers
   const TensorView* router = nullptr;                                // MoE layers
   std::vector<ExpertTensors> experts;
@@ -186,7 +199,7 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
     return &src.required(p + name, std::move(shape));
   };
   LayerTensors t;
-  t.attn_norm = req("input_layernorm.weight", {H});
+  if (c.pre_norms) t.attn_norm = req("input_layernorm.weight", {H});
   t.q = req("self_attn.q_proj.weight", {q_rows, H});
   t.k = req("self_attn.k_proj.weight", {kv_rows, H});
   t.v = req("self_attn.v_proj.weight", {kv_rows, H});
@@ -198,18 +211,14 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
   }
   if (c.attention_out_bias) t.o_bias = req("self_attn.o_proj.bias", {H});
   if (c.qk_norm) {
-    t.q_norm = req("self_attn.q_norm.weight", {D});
-    t.k_norm = req("self_attn.k_norm.weight", {D});
-  }
-  if (c.qk_norm_whole) {
-    t.q_norm = req("self_attn.q_norm.weight", {q_rows});
-    t.k_norm = req("self_attn.k_norm.weight", {kv_rows});
+    t.q_norm = req("self_attn.q_norm.weight", {c.qk_norm_whole ? q_rows : D});
+    t.k_norm = req("self_attn.k_norm.weight", {c.qk_norm_whole ? kv_rows : D});
   }
   if (c.sandwich_norms) {
-    // Gemma 3: post_attention_layernorm follows attention; pre_feedforward_layernorm precedes the
-    // MLP.
+    // Gemma 3 / OLMo 2: post_attention_layernorm follows attention; Gemma's
+    // pre_feedforward_layernorm precedes the MLP.
     t.post_attn_norm = req("post_attention_layernorm.weight", {H});
-    t.ffn_norm = req("pre_feedforward_layernorm.weight", {H});
+    if (c.pre_norms) t.ffn_norm = req("pre_feedforward_layernorm.weight", {H});
     t.post_ffn_norm = req("post_feedforward_layernorm.weight", {H});
   } else {
     // Llama family: post_attention_layernorm is the norm before the MLP.
@@ -242,6 +251,30 @@ struct WeightPlan {
   size_t bytes = 0;           // what load_weights will allocate
 };
 
+// Why the config has no place for `name` (the flag that would make one), or "".
+std::string missing_switch(const std::string& name, const ModelConfig& c) {
+  if (name.ends_with("_proj.bias")) return " (attention_bias is false)";
+  if (name.find("q_norm.") != std::string::npos || name.find("k_norm.") != std::string::npos)
+    return " (it has no QK-norm)";
+  if (name.find("feedforward_layernorm.") != std::string::npos)
+    return " (it has no sandwich norms)";
+  if (name.starts_with("model.layers."))
+    return " (num_hidden_layers is " + std::to_string(c.num_layers) + ")";
+  return "";
+}
+
+// A tensor the plan leaves unread is a file that does not fit its declared
+// architecture (a Qwen2 file declared as Llama loses its q/k/v bias): refused,
+// never silently run without it. Old checkpoints' RoPE buffers are not weights.
+void check_all_planned(const Checkpoint& ckpt, const ModelConfig& c,
+                       const std::set<const TensorView*>& planned) {
+  for (const auto& [name, t] : ckpt.tensors()) {
+    if (planned.contains(&t) || name.ends_with(".rotary_emb.inv_freq")) continue;
+    throw Error(t.file + ": tensor '" + name + "' is unexpected for " + c.architecture +
+                missing_switch(name, c) + ": the file does not fit its declared architecture");
+  }
+}
+
 WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
   TensorSource src(ckpt);
   const int64_t H = c.hidden_size, V = c.vocab_size;
@@ -254,6 +287,7 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
         "checkpoint: tensor 'lm_head.weight' is missing and config.json does not tie word "
         "embeddings");
   plan.lm_head = head && !c.tie_word_embeddings ? head : plan.embed;
+  std::set<const TensorView*> planned = {plan.embed, plan.final_norm, head};
   // Matrices become bf16, vectors fp32; an untied embedding is copied too.
   auto add = [&](const TensorView* t) {
     if (t) plan.bytes += static_cast<size_t>(t->numel()) * (t->shape.size() == 2 ? 2 : 4);
@@ -261,11 +295,17 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
   for (const LayerTensors& t : plan.layers)
     for (const TensorView* v :
          {t.attn_norm, t.q, t.k, t.v, t.o, t.ffn_norm, t.gate, t.up, t.down, t.q_bias, t.k_bias,
-          t.v_bias, t.o_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm, t.router})
+          t.v_bias, t.o_bias, t.q_norm, t.k_norm, t.post_attn_norm, t.post_ffn_norm, t.router}) {
       add(v);
+      planned.insert(v);
+    }
   for (const LayerTensors& t : plan.layers)
     for (const ExpertTensors& x : t.experts)
-      for (const TensorView* v : {x.gate, x.up, x.down}) add(v);
+      for (const TensorView* v : {x.gate, x.up, x.down}) {
+        add(v);
+        planned.insert(v);
+      }
+  check_all_planned(ckpt, c, planned);
   add(plan.final_norm);
   add(plan.lm_head);
   if (plan.lm_head != plan.embed) add(plan.embed);
@@ -275,11 +315,11 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
 // One layer's tensors, checked and packed. Layers are independent, so setup
 // packs them in parallel (validation and packing dominate setup time).
 LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const QuantSource* quant,
-                        kernels::Isa isa, size_t& bytes) {
+                        kernels::Isa isa, PackStats& stats) {
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
   LayerWeights L;
-  L.attn_norm = to_float(*t.attn_norm, norm_add);
-  L.qkv = pack(quant, {t.q, t.k, t.v}, bytes, isa);
+  if (c.pre_norms) L.attn_norm = to_float(*t.attn_norm, norm_add);
+  L.qkv = pack(quant, {t.q, t.k, t.v}, stats, isa);
   if (c.attention_bias) {
     std::vector<float> bias;
     for (const TensorView* b : {t.q_bias, t.k_bias, t.v_bias}) {
@@ -288,30 +328,31 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     }
     L.qkv.bias = kernels::Bias(std::move(bias));
   }
-  if (c.qk_norm || c.qk_norm_whole) {
+  if (c.qk_norm) {
     L.q_norm = to_float(*t.q_norm, norm_add);
     L.k_norm = to_float(*t.k_norm, norm_add);
   }
-  L.o_proj = pack(quant, {t.o}, bytes, isa);
+  L.o_proj = pack(quant, {t.o}, stats, isa);
   if (c.attention_out_bias) L.o_proj.bias = kernels::Bias(to_float(*t.o_bias, 0.0f));
   if (c.sandwich_norms) {
     L.post_attn_norm = to_float(*t.post_attn_norm, norm_add);
     L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
   }
-  L.ffn_norm = to_float(*t.ffn_norm, norm_add);
+  if (c.pre_norms) L.ffn_norm = to_float(*t.ffn_norm, norm_add);
   if (t.router) {
-    L.router = pack(quant, {t.router}, bytes, isa);
-    size_t experts = 0;
+    L.router = pack(quant, {t.router}, stats, isa);
+    PackStats experts;
     for (const ExpertTensors& x : t.experts) {
       L.expert_gate_up.push_back(pack(quant, {x.gate, x.up}, experts, isa));
       L.expert_down.push_back(pack(quant, {x.down}, experts, isa));
     }
     // A decode step reads only the experts_per_token experts of its token (all of one size).
-    bytes += experts / t.experts.size() * static_cast<size_t>(c.moe.experts_per_token);
+    stats.bytes += experts.bytes / t.experts.size() * static_cast<size_t>(c.moe.experts_per_token);
+    if (experts.rounded_from) stats.rounded_from = experts.rounded_from;
     return L;
   }
-  L.gate_up = pack(quant, {t.gate, t.up}, bytes, isa);
-  L.down = pack(quant, {t.down}, bytes, isa);
+  L.gate_up = pack(quant, {t.gate, t.up}, stats, isa);
+  L.down = pack(quant, {t.down}, stats, isa);
   return L;
 }
 
@@ -334,11 +375,11 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, ThreadPo
   ModelWeights w;
   const float norm_add = c.norm_adds_one ? 1.0f : 0.0f;  // Gemma stores w, applies (1 + w)
   if (quant && quant->gguf.count(plan.embed->name)) {  // lookups dequantize rows of the GGUF table
-    size_t table_bytes = 0;  // a lookup reads one row per token, not the table
-    w.embed_quant = pack(quant, {plan.embed}, table_bytes, isa);
+    PackStats table;  // a lookup reads one row per token, not the table: not decode bytes
+    w.embed_quant = pack(quant, {plan.embed}, table, isa);
   }
 
-  std::vector<size_t> layer_bytes(static_cast<size_t>(c.num_layers), 0);
+  std::vector<PackStats> layer_stats(static_cast<size_t>(c.num_layers));
   w.layers.resize(static_cast<size_t>(c.num_layers));
   // Layers are packed on the session's pool (one layer per item): no threads
   // of setup's own. A task must not throw (the pool would terminate), so the
@@ -349,7 +390,7 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, ThreadPo
   auto load = [&](size_t l) {
     if (failed.load(std::memory_order_relaxed)) return;
     try {
-      w.layers[l] = load_layer(plan.layers[l], c, quant, isa, layer_bytes[l]);
+      w.layers[l] = load_layer(plan.layers[l], c, quant, isa, layer_stats[l]);
     } catch (...) {
       std::lock_guard lock(error_mutex);
       if (!first_error) first_error = std::current_exception();
@@ -361,7 +402,10 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, ThreadPo
   else
     for (size_t l = 0; l < w.layers.size(); ++l) load(l);
   if (first_error) std::rethrow_exception(first_error);
-  for (size_t b : layer_bytes) w.decode_bytes += b;
+  for (const PackStats& s : layer_stats) {
+    w.decode_bytes += s.bytes;
+    if (s.rounded_from) w.rounded_from = s.rounded_from;
+  }
 
   w.final_norm = to_float(*plan.final_norm, norm_add);
   if (plan.lm_head == plan.embed && w.embed_quant.quant) {  // tied: the GGUF table is the head too
@@ -370,8 +414,12 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, ThreadPo
   } else {
     // Nothing may point into the mapping after setup (the session unmaps it): a
     // tied embedding is read back from the packed lm_head, an untied one copied.
-    if (plan.lm_head != plan.embed && !w.embed_quant.quant) append_bf16(*plan.embed, w.embed);
-    w.lm_head = pack(quant, {plan.lm_head}, w.decode_bytes, isa);
+    if (plan.lm_head != plan.embed && !w.embed_quant.quant && append_bf16(*plan.embed, w.embed))
+      w.rounded_from = dtype_name(plan.embed->dtype);
+    PackStats head;
+    w.lm_head = pack(quant, {plan.lm_head}, head, isa);
+    w.decode_bytes += head.bytes;
+    if (head.rounded_from) w.rounded_from = head.rounded_from;
   }
   return w;
 }

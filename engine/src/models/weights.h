@@ -41,6 +41,9 @@ struct ModelWeights {
   kernels::PackedMatrix lm_head;  // [vocab, hidden] (the embedding when tied)
 
   size_t decode_bytes = 0;  // weight bytes one decode step reads (MoE: the routed experts')
+  // "f32" / "f16": some matrix of that dtype held values that are not bf16 ones,
+  // rounded at load (the engine holds matrices in bf16); null: all held exactly.
+  const char* rounded_from = nullptr;
 
   // Token's embedding row as fp32 (unscaled), from `embed` or the tied lm_head.
   void embed_row(size_t token, float* out) const;

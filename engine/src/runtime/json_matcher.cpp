@@ -1,5 +1,6 @@
 #include "runtime/json_matcher.h"
 
+#include <cassert>
 #include <cstring>
 #include <limits>
 
@@ -81,9 +82,10 @@ MatchFrame frame(uint8_t kind, int32_t node, uint8_t state = 0, uint8_t flag = 0
 
 JsonMatcher::JsonMatcher(std::shared_ptr<const JsonGrammar> grammar)
     : grammar_(std::move(grammar)), nodes_(&grammar_->nodes) {
-  // One stack copy per recursion level: any_of chains are acyclic (the compiler
-  // checks), so no deeper than the node count; never resized while in use.
-  scratch_.resize(nodes_->size() + 4);
+  // One stack copy per recursion level. An any_of's alternatives are never
+  // any_of (the compiler flattens them), so an expansion nests one level:
+  // scratch_[0] holds the stack, scratch_[1] an alternative or a next key.
+  scratch_.resize(2);
   state_.frames.push_back(frame(kValue, grammar_->root));
   state_.ends.push_back(1);
 }
@@ -166,6 +168,7 @@ void JsonMatcher::step_stack(std::vector<MatchFrame>& s, uint8_t c, MatchState& 
         const GrammarNode& n = nodes[static_cast<size_t>(f.node)];
         switch (n.kind) {
           case GrammarKind::any_of: {
+            assert(level + 1 < scratch_.size());
             for (const int32_t alt : n.alternatives) {
               std::vector<MatchFrame>& t = scratch_[level + 1];
               t = s;

@@ -1,12 +1,22 @@
 // JSON Schema -> grammar nodes (json_grammar_nodes.h). Whatever cannot be
 // enforced is refused with a JsonSchemaError naming the keyword: a request
 // never falls back to free text.
+//
+// The schema is untrusted, so its cost is bounded (JsonSchemaLimits): native
+// recursion follows only the JSON nesting of one schema (bounded when it is
+// parsed); a $ref's target is compiled later, from a queue, so a chain of
+// references costs no stack; nodes, literal bytes and alternatives are counted
+// before they are added.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <unordered_map>
 
+#include "edgellm/json_file.h"
 #include "runtime/json_grammar_nodes.h"
 
 namespace edgellm {
@@ -14,6 +24,7 @@ namespace edgellm {
 namespace {
 
 using Json = nlohmann::ordered_json;  // keeps the properties in declared order
+using Limits = JsonSchemaLimits;
 
 GrammarNode node(GrammarKind kind) {
   GrammarNode n;
@@ -22,9 +33,14 @@ GrammarNode node(GrammarKind kind) {
 }
 
 [[noreturn]] void refuse(const std::string& construct, const std::string& why) {
-  throw JsonSchemaError(construct, "response_format: the JSON schema uses '" + construct +
+  throw JsonSchemaError(construct, "the JSON schema uses '" + construct +
                                        "', which structured output cannot enforce" +
                                        (why.empty() ? "" : " (" + why + ")"));
+}
+
+// A JsonSchemaLimits budget spent: `what` names the input and the limit.
+[[noreturn]] void over_limit(const std::string& construct, const std::string& what) {
+  throw JsonSchemaError(construct, "the JSON schema is refused: " + what);
 }
 
 // Keywords that describe and never constrain.
@@ -40,14 +56,47 @@ const std::set<std::string> kIntegerKeys = {"minimum", "maximum", "exclusiveMini
 const std::set<std::string> kTypes = {"object",  "array",   "string", "number",
                                       "integer", "boolean", "null"};
 
+// A schema with its own "$id" (a URI, not a "#name" anchor) is a resource
+// root: the "#..." references inside it resolve against it.
+bool is_resource_root(const Json& s) {
+  if (!s.is_object()) return false;
+  const auto id = s.find("$id");
+  return id != s.end() && id->is_string() && !id->get<std::string>().starts_with('#');
+}
+
+// A value the type "integer" admits: an integral number (1e300 included),
+// tested without casting it to an integer type it may not fit.
+bool is_integral(const Json& v) {
+  if (v.is_number_integer()) return true;
+  if (!v.is_number_float()) return false;
+  const double d = v.get<double>();
+  return std::isfinite(d) && std::trunc(d) == d;
+}
+
+std::string number_text(double v) {
+  return Json(v).dump();
+}
+
 class Compiler {
  public:
-  explicit Compiler(const Json& root) : root_(root) {}
+  explicit Compiler(const Json& root) : root_(root), resource_(&root) {}
 
-  JsonGrammar run() { return finish(compile(root_)); }
+  JsonGrammar run() {
+    const int32_t root = compile(root_);
+    // References, breadth first: each target's depth is its fewest hops from the root.
+    while (!pending_.empty()) {
+      const PendingRef p = pending_.front();
+      pending_.pop_front();
+      resource_ = p.resource;
+      ref_depth_ = p.depth;
+      const int32_t body = compile(*p.target);
+      g_.nodes[static_cast<size_t>(p.id)].alternatives = {body};
+    }
+    return finish(root);
+  }
   JsonGrammar finish(int32_t root) {
     g_.root = root;
-    check_any_of_cycles();
+    flatten_alternatives();
     return std::move(g_);
   }
 
@@ -76,11 +125,27 @@ class Compiler {
   }
 
  private:
+  // A reference whose target compiles later (run()).
+  struct PendingRef {
+    int32_t id;            // its one-alternative any_of, filled with the target's node
+    const Json* target;    // the schema it points to
+    const Json* resource;  // the resource root the target sits in
+    int depth;             // $ref hops from the root
+  };
+
   int32_t add(GrammarNode node) {
+    if (g_.nodes.size() >= Limits::kMaxNodes)
+      over_limit("size", "it compiles to more than " + std::to_string(Limits::kMaxNodes) +
+                             " grammar nodes (the limit; one per value schema, enum or const "
+                             "value, property and $ref)");
     g_.nodes.push_back(std::move(node));
     return static_cast<int32_t>(g_.nodes.size() - 1);
   }
   int32_t literal(std::string text) {
+    literal_bytes_ += text.size();
+    if (literal_bytes_ > Limits::kMaxLiteralBytes)
+      over_limit("size", "its enum and const values and property names take more than " +
+                             std::to_string(Limits::kMaxLiteralBytes) + " bytes (the limit)");
     GrammarNode n = node(GrammarKind::literal);
     n.text = std::move(text);
     return add(std::move(n));
@@ -88,12 +153,24 @@ class Compiler {
 
   static int32_t count(const Json& s, const char* key) {
     const Json& v = s.at(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1'000'000)
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
       refuse(key, "expected a non-negative integer");
+    if (v.get<int64_t>() > Limits::kMaxCount)
+      refuse(key, v.dump() + " is above " + std::to_string(Limits::kMaxCount) +
+                      ", the most structured output enforces");
     return static_cast<int32_t>(v.get<int64_t>());
   }
 
   int32_t compile(const Json& s) {
+    // An embedded resource: its "#..." references resolve against it.
+    const Json* const outer = resource_;
+    if (&s != resource_ && is_resource_root(s)) resource_ = &s;
+    const int32_t id = compile_here(s);
+    resource_ = outer;
+    return id;
+  }
+
+  int32_t compile_here(const Json& s) {
     if (s.is_boolean()) {
       if (s.get<bool>()) return any_value();
       refuse("false", "a schema that accepts nothing");
@@ -135,13 +212,9 @@ class Compiler {
       if (s.contains("enum") && s.contains("const")) refuse("const", "alongside 'enum'");
       const bool is_enum = s.contains("enum");
       only(is_enum ? "enum" : "const", {"type"});
-      std::vector<Json> values;
-      if (is_enum) {
-        if (!s.at("enum").is_array()) refuse("enum", "expected an array");
-        values.assign(s.at("enum").begin(), s.at("enum").end());
-      } else {
-        values.push_back(s.at("const"));
-      }
+      if (is_enum && !s.at("enum").is_array()) refuse("enum", "expected an array");
+      const Json single = is_enum ? Json() : Json::array({s.at("const")});
+      const Json& values = is_enum ? s.at("enum") : single;
       std::vector<int32_t> ids;
       for (const Json& v : values)
         if (!s.contains("type") || matches_type(v, s.at("type"))) ids.push_back(literal(v.dump()));
@@ -197,10 +270,7 @@ class Compiler {
     if (t == "string") return v.is_string();
     if (t == "boolean") return v.is_boolean();
     if (t == "null") return v.is_null();
-    if (t == "integer")
-      return v.is_number_integer() ||
-             (v.is_number_float() &&
-              v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())));
+    if (t == "integer") return is_integral(v);
     if (t == "number") return v.is_number();
     refuse("type", "unknown type '" + t + "'");
   }
@@ -218,14 +288,7 @@ class Compiler {
       return add(node(GrammarKind::number));
     }
     if (type == "integer") return integer(s);
-    if (type == "string") {
-      GrammarNode n = node(GrammarKind::string);
-      if (s.contains("minLength")) n.min_length = count(s, "minLength");
-      if (s.contains("maxLength")) n.max_length = count(s, "maxLength");
-      if (n.max_length >= 0 && n.min_length > n.max_length)
-        refuse("minLength", "greater than maxLength");
-      return add(std::move(n));
-    }
+    if (type == "string") return add(string_node(s));
     if (type == "array") {
       GrammarNode n = node(GrammarKind::array);
       if (s.contains("minItems")) n.min_items = count(s, "minItems");
@@ -290,6 +353,16 @@ class Compiler {
     return id;
   }
 
+  // A string within s's minLength / maxLength.
+  static GrammarNode string_node(const Json& s) {
+    GrammarNode n = node(GrammarKind::string);
+    if (s.contains("minLength")) n.min_length = count(s, "minLength");
+    if (s.contains("maxLength")) n.max_length = count(s, "maxLength");
+    if (n.max_length >= 0 && n.min_length > n.max_length)
+      refuse("minLength", "greater than maxLength");
+    return n;
+  }
+
   // The string node free keys must match (propertyNames); -1 for any key. A key
   // is always a string, so only a string's own bounds can constrain it here.
   int32_t key_schema(const Json& s) {
@@ -300,28 +373,40 @@ class Compiler {
           !(key == "type" && value == Json("string")))
         refuse("propertyNames",
                "only 'minLength' and 'maxLength' are enforced on keys, not '" + key + "'");
-    Json string_schema = s;
-    string_schema["type"] = "string";
-    return compile(string_schema);
+    return add(string_node(s));
   }
 
-  // An integer within its bounds (each clipped to the 15 digits an integer may have).
+  // An integer within its bounds. The grammar emits integers of at most 15
+  // digits (|v| <= kMaxInteger): a lower bound above that (or an upper one
+  // below its negative) admits none of them and is refused; one beyond it on
+  // the other side admits them all.
   int32_t integer(const Json& s) {
     GrammarNode n = node(GrammarKind::integer);
+    constexpr double kLargest = static_cast<double>(kMaxInteger);
     const auto bound = [&](const char* key) {
       const Json& v = s.at(key);
       if (!v.is_number()) refuse(key, "expected a number");
-      return std::clamp(v.get<double>(), -1e16, 1e16);
+      return v.get<double>();
     };
-    const auto clip = [](double v) {
-      return static_cast<int64_t>(std::clamp(v, -double(kMaxInteger), double(kMaxInteger)));
+    // The least (or greatest) integer the bound admits, within the emitted range.
+    const auto lower = [&](const char* key, double least) {
+      if (least > kLargest)
+        refuse(key, number_text(bound(key)) + " is above " + std::to_string(kMaxInteger) +
+                        ", the largest integer structured output emits (15 digits)");
+      n.minimum = std::max(n.minimum, static_cast<int64_t>(std::max(least, -kLargest)));
     };
-    if (s.contains("minimum")) n.minimum = std::max(n.minimum, clip(std::ceil(bound("minimum"))));
+    const auto upper = [&](const char* key, double greatest) {
+      if (greatest < -kLargest)
+        refuse(key, number_text(bound(key)) + " is below -" + std::to_string(kMaxInteger) +
+                        ", the smallest integer structured output emits (15 digits)");
+      n.maximum = std::min(n.maximum, static_cast<int64_t>(std::min(greatest, kLargest)));
+    };
+    if (s.contains("minimum")) lower("minimum", std::ceil(bound("minimum")));
     if (s.contains("exclusiveMinimum"))
-      n.minimum = std::max(n.minimum, clip(std::floor(bound("exclusiveMinimum")) + 1));
-    if (s.contains("maximum")) n.maximum = std::min(n.maximum, clip(std::floor(bound("maximum"))));
+      lower("exclusiveMinimum", std::floor(bound("exclusiveMinimum")) + 1);
+    if (s.contains("maximum")) upper("maximum", std::floor(bound("maximum")));
     if (s.contains("exclusiveMaximum"))
-      n.maximum = std::min(n.maximum, clip(std::ceil(bound("exclusiveMaximum")) - 1));
+      upper("exclusiveMaximum", std::ceil(bound("exclusiveMaximum")) - 1);
     if (n.minimum > n.maximum) refuse("minimum", "no integer lies within the bounds");
     return add(std::move(n));
   }
@@ -329,39 +414,142 @@ class Compiler {
   int32_t ref(const Json& r) {
     if (!r.is_string()) refuse("$ref", "expected a string");
     const std::string target = r.get<std::string>();
-    if (const auto it = refs_.find(target); it != refs_.end()) return it->second;
+    const auto key = std::make_pair(resource_, target);
+    if (const auto it = refs_.find(key); it != refs_.end()) return it->second;
     if (target.empty() || target[0] != '#') refuse("$ref", "only local references (#/...)");
-    const Json* node = nullptr;
-    try {
-      node = &root_.at(Json::json_pointer(target.substr(1)));
-    } catch (const std::exception&) {
-      refuse("$ref", "'" + target + "' does not resolve");
-    }
+    const Json* resource = resource_;
+    const Json* node = resolve(target, resource);
+    if (ref_depth_ + 1 > Limits::kMaxRefDepth)
+      over_limit("$ref", "'" + target + "' is more than " + std::to_string(Limits::kMaxRefDepth) +
+                             " $ref hops from the root (the limit on reference depth)");
     // Registered before its target compiles, so that recursion refers back to it.
     const int32_t id = add({});
-    refs_[target] = id;
-    const int32_t body = compile(*node);
-    g_.nodes[static_cast<size_t>(id)].alternatives = {body};
+    refs_[key] = id;
+    pending_.push_back({id, node, resource, ref_depth_ + 1});
     return id;
   }
 
-  // A cycle through any_of nodes alone ({"$ref": "#"} at the root) never
-  // consumes a byte: the matcher would expand it forever.
-  void check_any_of_cycles() const {
-    std::vector<int> mark(g_.nodes.size(), 0);  // 0 new, 1 on the path, 2 done
-    const auto visit = [&](auto&& self, int32_t id) -> void {
-      if (g_.nodes[static_cast<size_t>(id)].kind != GrammarKind::any_of || mark[id] == 2) return;
-      if (mark[id] == 1) refuse("$ref", "a reference cycle that never reaches a value");
-      mark[id] = 1;
-      for (const int32_t alt : g_.nodes[static_cast<size_t>(id)].alternatives) self(self, alt);
-      mark[id] = 2;
+  // The schema a "#/a/b" JSON pointer names inside resource_; `resource`
+  // becomes the resource root the target sits in (the innermost one it passes).
+  const Json* resolve(const std::string& target, const Json*& resource) {
+    const Json* node = resource_;
+    std::string_view rest = std::string_view(target).substr(1);
+    const auto fail = [&]() -> const Json* { refuse("$ref", "'" + target + "' does not resolve"); };
+    if (!rest.empty() && rest[0] != '/') return fail();
+    while (!rest.empty()) {
+      rest.remove_prefix(1);  // the '/'
+      const size_t end = std::min(rest.find('/'), rest.size());
+      std::string token;
+      for (size_t i = 0; i < end; ++i) {  // ~1 is '/', ~0 is '~'
+        if (rest[i] != '~') {
+          token += rest[i];
+        } else if (i + 1 < end && (rest[i + 1] == '0' || rest[i + 1] == '1')) {
+          token += rest[++i] == '0' ? '~' : '/';
+        } else {
+          return fail();
+        }
+      }
+      rest.remove_prefix(end);
+      if (node->is_object()) {
+        node = member(*node, token);
+        if (!node) return fail();
+      } else if (node->is_array()) {
+        const bool index =
+            !token.empty() && token.size() < 10 &&
+            std::all_of(token.begin(), token.end(),
+                        [](char c) { return std::isdigit(static_cast<uint8_t>(c)); }) &&
+            (token == "0" || token[0] != '0');
+        if (!index || std::stoul(token) >= node->size()) return fail();
+        node = &(*node)[std::stoul(token)];
+      } else {
+        return fail();
+      }
+      if (!rest.empty() && is_resource_root(*node)) resource = node;
+    }
+    return node;
+  }
+
+  // object[key], or null. ordered_json finds a key by a linear search: a large
+  // object ($defs with thousands of entries) gets a hash index, built once.
+  const Json* member(const Json& object, const std::string& key) {
+    if (object.size() <= 16) {
+      const auto it = object.find(key);
+      return it == object.end() ? nullptr : &*it;
+    }
+    auto [index, added] = key_index_.try_emplace(&object);
+    if (added)
+      for (const auto& entry : object.items()) index->second.emplace(entry.key(), &entry.value());
+    const auto it = index->second.find(key);
+    return it == index->second.end() ? nullptr : it->second;
+  }
+
+  // Makes every any_of's alternatives the values it may begin (no any_of
+  // among them, each once), so the matcher expands one level per byte however
+  // references and anyOf nest or share. Iterative (a chain of references may
+  // be long), counting the alternatives it visits against the budget; a cycle
+  // through any_of nodes alone ({"$ref": "#"} at the root) never consumes a
+  // byte and is refused.
+  void flatten_alternatives() {
+    std::vector<GrammarNode>& nodes = g_.nodes;
+    const auto is_any_of = [&](int32_t id) {
+      return nodes[static_cast<size_t>(id)].kind == GrammarKind::any_of;
     };
-    for (size_t i = 0; i < g_.nodes.size(); ++i) visit(visit, static_cast<int32_t>(i));
+    enum : uint8_t { kNew, kOnPath, kDone };
+    std::vector<uint8_t> mark(nodes.size(), kNew);
+    std::vector<int32_t> seen(nodes.size(), -1);  // the node whose list holds it already
+    size_t visited = 0;
+    std::vector<std::pair<int32_t, size_t>> path;  // (any_of node, next alternative)
+    for (size_t start = 0; start < nodes.size(); ++start) {
+      if (!is_any_of(static_cast<int32_t>(start)) || mark[start] == kDone) continue;
+      path.push_back({static_cast<int32_t>(start), 0});
+      mark[start] = kOnPath;
+      while (!path.empty()) {
+        const int32_t id = path.back().first;
+        size_t& next = path.back().second;
+        const std::vector<int32_t>& alts = nodes[static_cast<size_t>(id)].alternatives;
+        if (next < alts.size()) {
+          const int32_t alt = alts[next++];
+          if (!is_any_of(alt) || mark[static_cast<size_t>(alt)] == kDone) continue;
+          if (mark[static_cast<size_t>(alt)] == kOnPath)
+            refuse("$ref", "a reference cycle that never reaches a value");
+          mark[static_cast<size_t>(alt)] = kOnPath;
+          path.push_back({alt, 0});
+          continue;
+        }
+        // Every alternative is flat now: splice theirs in.
+        std::vector<int32_t> flat;
+        const auto take = [&](int32_t alt) {
+          if (++visited > Limits::kMaxAlternatives)
+            over_limit("anyOf",
+                       "its alternatives (anyOf, enum, type lists and $ref), with "
+                       "every reference followed, number more than " +
+                           std::to_string(Limits::kMaxAlternatives) + " (the limit)");
+          if (seen[static_cast<size_t>(alt)] == id) return;
+          seen[static_cast<size_t>(alt)] = id;
+          flat.push_back(alt);
+        };
+        for (const int32_t alt : alts) {
+          if (!is_any_of(alt)) {
+            take(alt);
+            continue;
+          }
+          for (const int32_t leaf : nodes[static_cast<size_t>(alt)].alternatives) take(leaf);
+        }
+        nodes[static_cast<size_t>(id)].alternatives = std::move(flat);
+        mark[static_cast<size_t>(id)] = kDone;
+        path.pop_back();
+      }
+    }
   }
 
   const Json& root_;
+  const Json* resource_;  // the resource root "#..." references resolve against
+  int ref_depth_ = 0;     // $ref hops from the root to the schema being compiled
+  size_t literal_bytes_ = 0;
   JsonGrammar g_;
-  std::map<std::string, int32_t> refs_;
+  std::map<std::pair<const Json*, std::string>, int32_t> refs_;
+  std::deque<PendingRef> pending_;
+  std::unordered_map<const Json*, std::unordered_map<std::string_view, const Json*>> key_index_;
   int32_t any_ = -1;
 };
 
@@ -369,11 +557,10 @@ class Compiler {
 
 std::shared_ptr<const JsonGrammar> compile_json_schema(std::string_view schema_json) {
   Json schema;
-  try {
-    schema = Json::parse(schema_json);
-  } catch (const nlohmann::json::exception& e) {
-    throw JsonSchemaError("json",
-                          std::string("response_format: the schema is not JSON: ") + e.what());
+  try {  // bounded nesting: the compiler recurses once per level
+    schema = parse_ordered_json(schema_json, "the JSON schema");
+  } catch (const Error& e) {
+    throw JsonSchemaError("json", e.what());
   }
   Compiler compiler(schema);
   return std::make_shared<const JsonGrammar>(compiler.run());

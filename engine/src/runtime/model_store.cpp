@@ -32,7 +32,9 @@ void set_default_model_store(const std::filesystem::path& store) {
 }
 
 std::filesystem::path checkpoint_dir(const std::filesystem::path& model) {
-  return model.extension() == ".gguf" ? model.parent_path() : model;
+  if (model.extension() != ".gguf") return model;
+  // A bare file name ("model.gguf") has an empty parent: the current folder holds it.
+  return model.has_parent_path() ? model.parent_path() : std::filesystem::path(".");
 }
 
 std::string model_id(const std::filesystem::path& model) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "edgellm/json_file.h"
 #include "edgellm/json_grammar.h"
 
 namespace edgellm {
@@ -15,8 +16,13 @@ namespace {
 
 std::shared_ptr<const JsonGrammar> response_format_grammar(std::string_view response_format) {
   using json = nlohmann::ordered_json;  // the schema's properties keep the client's order
-  const json rf = json::parse(response_format, nullptr, /*allow_exceptions=*/false);
-  if (rf.is_discarded() || !rf.is_object() || !rf.contains("type") || !rf.at("type").is_string())
+  json rf;
+  try {  // bounded nesting: dump() below recurses once per level
+    rf = parse_ordered_json(response_format, "response_format");
+  } catch (const Error& e) {
+    throw JsonSchemaError("response_format", e.what());
+  }
+  if (!rf.is_object() || !rf.contains("type") || !rf.at("type").is_string())
     malformed("expected an object with a string 'type'");
   const std::string type = rf.at("type").get<std::string>();
   const auto only = [&](std::initializer_list<const char*> fields, const json& object,
@@ -42,9 +48,16 @@ std::shared_ptr<const JsonGrammar> response_format_grammar(std::string_view resp
   only({"name", "schema", "strict", "description"}, js, "json_schema.");
   if (js.contains("strict") && !js.at("strict").is_boolean() && !js.at("strict").is_null())
     malformed("json_schema.strict must be a boolean");
+  for (const char* key : {"name", "description"})
+    if (js.contains(key) && !js.at(key).is_string() && !js.at(key).is_null())
+      malformed(std::string("json_schema.") + key + " must be a string");
   if (!js.contains("schema") || js.at("schema").is_null())
     malformed("json_schema.schema is required");
-  return compile_json_schema(js.at("schema").dump());
+  try {
+    return compile_json_schema(js.at("schema").dump());
+  } catch (const JsonSchemaError& e) {
+    throw JsonSchemaError(e.construct(), "response_format: " + std::string(e.what()));
+  }
 }
 
 }  // namespace edgellm

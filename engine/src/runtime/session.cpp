@@ -36,6 +36,7 @@ struct Model::State {
   Profiler profiler;
   std::unique_ptr<Transformer> model;
   int max_context = 0;
+  std::string rounded_from;  // the dtype of weights rounded to bf16 at load ("": none)
   std::mutex forward_mutex;  // one forward pass at a time: the pool takes one caller
   Scratch batch_scratch;     // decode_batch's activations (under forward_mutex)
 };
@@ -229,6 +230,13 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     step = "packing " + gb_str(weight_bytes) + " of weights";
     ModelWeights weights =
         load_weights(checkpoint, s->config, s->pool.get(), quant ? &*quant : nullptr, cfg.isa);
+    if (weights.rounded_from) {  // said once, at load: the exact path's promise does not hold
+      s->rounded_from = weights.rounded_from;
+      std::fprintf(stderr,
+                   "note: %s: its %s weight matrices hold values bf16 cannot, rounded to bf16 at "
+                   "load (the engine's weight format); verify judges them as bf16 weights\n",
+                   model.string().c_str(), weights.rounded_from);
+    }
     step = "building the RoPE tables for " + std::to_string(s->max_context) + " positions";
     s->model = std::make_unique<Transformer>(s->config, std::move(weights), s->max_context,
                                              *s->pool, s->profiler, cfg);
@@ -273,6 +281,9 @@ int Model::max_context() const {
 }
 int Model::threads() const {
   return ready_model(state_).pool->size();
+}
+std::string Model::rounded_weights() const {
+  return ready_model(state_).rounded_from;
 }
 size_t Model::weight_bytes() const {
   return ready_model(state_).model->decode_bytes();

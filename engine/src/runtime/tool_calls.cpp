@@ -301,8 +301,13 @@ ojson call_schema(const Tools& tools) {
   ojson any = ojson::array();
   for (const ToolFunction& f : tools.functions) {
     if (tools.choice == Tools::Choice::function && f.name != tools.forced_name) continue;
+    // The parameters are a schema document of their own: an $id makes them a
+    // resource root, so their "#..." references resolve inside them, not in
+    // this wrapper. (References by URI are refused, so replacing theirs loses nothing.)
+    ojson arguments = f.parameters;
+    arguments["$id"] = "urn:edgellm:tool:" + f.name;
     any.push_back({{"type", "object"},
-                   {"properties", {{"name", {{"const", f.name}}}, {"arguments", f.parameters}}},
+                   {"properties", {{"name", {{"const", f.name}}}, {"arguments", arguments}}},
                    {"required", {"name", "arguments"}},
                    {"additionalProperties", false}});
   }

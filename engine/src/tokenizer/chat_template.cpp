@@ -115,8 +115,12 @@ nlohmann::ordered_json message_json(const ChatMessage& m) {
   if (!m.tool_calls.empty()) {
     nlohmann::ordered_json calls = nlohmann::ordered_json::array();
     for (const ToolCall& c : m.tool_calls) {
-      nlohmann::ordered_json args = nlohmann::ordered_json::parse(c.arguments, nullptr, false);
-      if (args.is_discarded()) args = c.arguments;
+      nlohmann::ordered_json args;
+      try {  // the bounded, linear parse: arguments come from the request
+        args = parse_ordered_json(c.arguments, "arguments");
+      } catch (const Error&) {
+        args = c.arguments;  // not JSON: the template gets the string
+      }
       calls.push_back({{"id", c.id},
                        {"type", "function"},
                        {"function", {{"name", c.name}, {"arguments", std::move(args)}}}});
@@ -362,6 +366,8 @@ ChatTemplate ChatTemplate::from_text(const std::string& tmpl, const std::string&
   ct.eos_token_ = eos_token;
   try {
     ct.program_ = std::make_shared<const jinja::Template>(jinja::Template::parse(tmpl));
+  } catch (const jinja::LimitError& e) {
+    throw Error(source + ": chat template: " + e.what());  // beyond its budget: refused at load
   } catch (const jinja::TemplateError& e) {
     ct.parse_error_ = e.what();  // kept: chat requests get it, completions still work
   }

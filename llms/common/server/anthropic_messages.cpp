@@ -20,17 +20,18 @@ const ojson* field(const ojson& object, const char* name) {
 }
 
 // Refuses a key of `object` outside `known`: an ignored key could change what
-// the client expects back.
+// the client expects back. `cache_control` marks a prefix for caching; this
+// server caches every prefix anyway, so the mark (an object) asks for nothing more.
 void check_keys(const ojson& object, const std::set<std::string>& known, const std::string& where) {
-  for (const auto& [key, value] : object.items())
-    if (!value.is_null() && !known.contains(key))
-      bad(where.empty() ? key : where + "." + key, "unsupported field '" +
-                                                       (where.empty() ? key : where + "." + key) +
-                                                       "': this server does not implement it");
+  for (const auto& [key, value] : object.items()) {
+    if (value.is_null()) continue;
+    const std::string at = where.empty() ? key : where + "." + key;
+    if (!known.contains(key))
+      bad(at, "unsupported field '" + at + "': this server does not implement it");
+    if (key == "cache_control" && !value.is_object()) bad(at, at + " must be an object");
+  }
 }
 
-// `cache_control` marks a prefix for caching; this server caches every prefix
-// anyway, so the mark asks for nothing more.
 const std::set<std::string> kTextBlock = {"type", "text", "cache_control"};
 
 // A string, or an array of text blocks, as one text.
@@ -130,14 +131,20 @@ ojson chat_tools(const ojson& tools) {
     const std::string at = "tools[" + std::to_string(i) + "]";
     if (!t.is_object()) bad(at, at + " must be an object");
     if (const ojson* type = field(t, "type"); type && *type != "custom")
-      bad(at + ".type", at + ": server tools ('" + type->dump() + "') are not supported");
+      bad(at + ".type",
+          at + ".type " + type->dump() + ": server tools are not supported (only \"custom\" ones)");
     check_keys(t, {"type", "name", "description", "input_schema", "cache_control"}, at);
     const ojson* name = field(t, "name");
     if (!name || !name->is_string()) bad(at + ".name", at + ".name must be a string");
     const ojson* schema = field(t, "input_schema");
     if (!schema) bad(at + ".input_schema", "missing " + at + ".input_schema");
+    if (!schema->is_object())
+      bad(at + ".input_schema", at + ".input_schema must be a JSON schema object");
     ojson function = {{"name", *name}, {"parameters", *schema}};
-    if (const ojson* d = field(t, "description")) function["description"] = *d;
+    if (const ojson* d = field(t, "description")) {
+      if (!d->is_string()) bad(at + ".description", at + ".description must be a string");
+      function["description"] = *d;
+    }
     out.push_back({{"type", "function"}, {"function", std::move(function)}});
   }
   return out;
@@ -147,7 +154,8 @@ ojson chat_tools(const ojson& tools) {
 void chat_tool_choice(const ojson& choice, ojson& out) {
   if (!choice.is_object()) bad("tool_choice", "'tool_choice' must be an object with a type");
   check_keys(choice, {"type", "name", "disable_parallel_tool_use"}, "tool_choice");
-  const std::string type = choice.value("type", "");
+  const ojson* t = field(choice, "type");
+  const std::string type = t && t->is_string() ? t->get<std::string>() : "";
   if (type == "auto") {
     out["tool_choice"] = "auto";
   } else if (type == "any") {
@@ -171,6 +179,7 @@ void chat_tool_choice(const ojson& choice, ojson& out) {
 }  // namespace
 
 ojson to_chat_request(const ojson& body) {
+  if (!body.is_object()) bad("", "the request body must be a JSON object");
   check_keys(body,
              {"model", "max_tokens", "messages", "system", "stop_sequences", "stream",
               "temperature", "top_p", "top_k", "tools", "tool_choice", "metadata", "thinking"},
@@ -180,8 +189,14 @@ ojson to_chat_request(const ojson& body) {
   const ojson* max_tokens = field(body, "max_tokens");
   if (!max_tokens) bad("max_tokens", "missing required field 'max_tokens'");
   out["max_tokens"] = *max_tokens;
-  for (const char* name : {"stream", "top_p", "top_k", "metadata"})
+  for (const char* name : {"stream", "top_p", "top_k"})
     if (const ojson* v = field(body, name)) out[name] = *v;
+  if (const ojson* m = field(body, "metadata")) {  // names the user; changes nothing
+    if (!m->is_object()) bad("metadata", "'metadata' must be an object");
+    check_keys(*m, {"user_id"}, "metadata");
+    if (const ojson* u = field(*m, "user_id"); u && !u->is_string())
+      bad("metadata.user_id", "'metadata.user_id' must be a string");
+  }
   if (const ojson* t = field(body, "temperature")) {  // Anthropic's range is [0, 1]
     if (!t->is_number() || t->get<double>() < 0 || t->get<double>() > 1)
       bad("temperature", "'temperature' must be a number in [0, 1]");

@@ -119,14 +119,14 @@ class GenerationRequest(BaseModel):
     ignore_eos: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: Literal[1] | None = None
+    n: Annotated[int, Field(ge=1, le=1)] | None = None  # a strict int: true is not 1
     # Structured output: compiled by the engine (compile_response_format) in the replica, which
     # answers 400 naming a schema construct it cannot enforce.
     response_format: dict[str, Any] | None = None
-    # Accepted, never change the output.
-    user: Any = None
-    metadata: Any = None
-    store: Any = None
+    # Accepted, never change the output; typed as OpenAI documents them.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -177,12 +177,20 @@ class CompletionRequest(GenerationRequest):
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
-    """A pydantic error location as server.cpp names it: messages[0].content, temperature."""
-    if not loc:
-        return None
-    if loc[0] == "messages" and len(loc) >= 3 and isinstance(loc[1], int):
-        return f"messages[{loc[1]}].{loc[2]}"
-    return str(loc[0])
+    """A pydantic error location as server.cpp names it: messages[0].content[1].text,
+    stream_options.include_usage, temperature. Union members' tags in it ('str',
+    'list[TextPart]') name no field and are left out."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif not _union_tag(str(part)):
+            param += f".{part}" if param else str(part)
+    return param or None
+
+
+def _union_tag(part: str) -> bool:
+    return part in ("str", "int", "float", "bool") or "[" in part or "-" in part
 
 
 class TokenizeRequest(ToolFields):
@@ -278,7 +286,12 @@ def _validate(cls: type[BaseModel], raw: dict[str, Any]) -> Any:
     except ValidationError as e:
         # Unknown fields first, as server.cpp checks them before the values.
         errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")
+        # Of one field's errors, the deepest: a union's member that got further (a text
+        # part's 'text' in a content list) names the fault better than 'not a string'.
         first = errors[0]
+        if first["type"] != "extra_forbidden":
+            same_field = [err for err in errors if err["loc"][:3] == first["loc"][:3]]
+            first = max(same_field, key=lambda err: len(err["loc"]))
         param = _param(tuple(first["loc"]))
         if first["type"] == "missing":
             raise ApiError(400, f"missing required field '{param}'", param) from None

@@ -118,6 +118,20 @@ void check_fields(const json& body, const std::set<std::string>& known) {
   }
 }
 
+// `user`, `metadata` and `store` change nothing, but hold the types OpenAI
+// documents: a wrong one is as much a client bug as anywhere else.
+void check_ignored_fields(const json& body) {
+  if (const json* v = optional_field(body, "user"); v && !v->is_string())
+    bad("user", "'user' must be a string");
+  if (const json* v = optional_field(body, "store"); v && !v->is_boolean())
+    bad("store", "'store' must be a boolean");
+  if (const json* v = optional_field(body, "metadata")) {
+    if (!v->is_object()) bad("metadata", "'metadata' must be an object of strings");
+    for (const auto& [key, value] : v->items())
+      if (!value.is_string()) bad("metadata", "'metadata." + key + "' must be a string");
+  }
+}
+
 // What every generation request shares, parsed and checked.
 struct GenerationRequest {
   std::vector<int32_t> prompt;
@@ -273,7 +287,7 @@ struct Api {
     if (!optional_field(body, "tools") && !optional_field(body, "tool_choice") &&
         !optional_field(body, "parallel_tool_calls"))
       return {};
-    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(text);
+    const nlohmann::ordered_json ordered = parse_ordered_json(text, "the request body");
     auto get = [&](const char* name) {
       auto it = ordered.find(name);
       return it == ordered.end() ? nlohmann::ordered_json(nullptr) : *it;
@@ -312,7 +326,7 @@ struct Api {
     nlohmann::ordered_json kwargs = nullptr;
     if (const json* k = optional_field(body, "chat_template_kwargs")) {
       if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-      kwargs = nlohmann::ordered_json::parse(k->dump());
+      kwargs = parse_ordered_json(k->dump(), "chat_template_kwargs");
     }
     try {
       return encode_conversation(model.tokenizer(), model.chat_template(), chat, true, tools,
@@ -344,6 +358,7 @@ struct Api {
     o.sampling.seed = std::random_device{}();
     if (const json* v = optional_field(body, "n"); v && *v != 1)
       bad("n", "only n = 1 is supported");
+    check_ignored_fields(body);
     int max_tokens = -1;
     for (const char* name : {"max_tokens", "max_completion_tokens"}) {
       if (const json* v = optional_field(body, name)) {
@@ -408,7 +423,7 @@ struct Api {
       // declared order (json sorts keys): objects are emitted in that order.
       try {
         o.grammar = response_format_grammar(
-            nlohmann::ordered_json::parse(text).at("response_format").dump());
+            parse_ordered_json(text, "the request body").at("response_format").dump());
       } catch (const JsonSchemaError& e) {
         bad("response_format", e.what());
       }
@@ -476,7 +491,7 @@ struct Api {
     parse_body(raw);  // JSON within the depth bound, and the model
     std::string text;
     try {
-      text = anthropic::to_chat_request(nlohmann::ordered_json::parse(raw)).dump();
+      text = anthropic::to_chat_request(parse_ordered_json(raw, "the request body")).dump();
     } catch (const anthropic::RequestError& e) {
       bad(e.param(), e.what());
     }
@@ -848,6 +863,8 @@ struct Server::Impl {
         fail(e);
       } catch (const Error& e) {
         fail({400, e.what(), "", ""});
+      } catch (const std::exception& e) {  // a bug: still in the route's own shape
+        fail({500, std::string("internal error: ") + e.what(), "", ""});
       }
     };
   }

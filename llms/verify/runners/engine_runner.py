@@ -180,7 +180,8 @@ def precision_of(
     The tier is ``fp32`` only when the session's resolved config is exact (fp32 GEMM and
     attention arithmetic, fp32 KV cache and quantized-matmul activations: its ``exec_config``)
     and the weights are the checkpoint's own (not quantized at setup; a .gguf file only where
-    HF loads its dequantized values exactly); otherwise ``reduced``. Weights quantized at setup
+    HF loads its dequantized values exactly; not f32/f16 values the engine rounded to bf16 at
+    load, which the truth reads unrounded); otherwise ``reduced``. Weights quantized at setup
     (``--weights q8_0``) are weights HF never saw: ``requantized``, where the calibrated lens
     only reports.
     """
@@ -190,6 +191,9 @@ def precision_of(
         # HF loads the GGUF's dequantized values exactly (fp32 beside the file): the
         # engine's fp32-activation path multiplies the same weights as the truth.
         weights = "gguf-exact"
+    rounded = str(getattr(session, "rounded_weights", "") or "")
+    if rounded:
+        weights = f"{weights} ({rounded} rounded to bf16 at load)"
     described = cfg.get("description", f"isa {isa}")
     if quantized_at_setup:
         return f"{described}, weights {quantized_at_setup} (quantized at setup)", "requantized"
