@@ -405,8 +405,8 @@ def write_fixture_gguf(
 ) -> None:
     """The fixture's weights and config as llama.cpp's converter would write them (F32),
     declared as `arch` (default: the fixture's own), with `extra` GGUF tensors, what
-    `edit` adds to the writer, and `chat_template` as its tokenizer.chat_template; with `q8_experts`, the stacked gate
-    and up experts as Q8_0, quantized by gguf-py."""
+    `edit` adds to the writer, and `chat_template` as its tokenizer.chat_template; with
+    `q8_experts`, the stacked gate and up experts as Q8_0, quantized by gguf-py."""
     import torch
     from safetensors.torch import load_file
 
