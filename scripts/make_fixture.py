@@ -122,6 +122,36 @@ CONFIGS: dict[str, tuple[str, dict]] = {
             "eos_token_id": 2,
         },
     ),
+    # Qwen3-30B-A3B's shape in miniature: 8 experts, top-2 renormalised, experts narrower
+    # than the dense MLP of the one mlp_only layer.
+    "qwen3moe-tiny": (
+        "Qwen3MoeConfig",
+        {
+            **TINY,
+            "rope_theta": 50000.0,
+            "tie_word_embeddings": False,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 40,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+        },
+    ),
+    # OLMoE: QK-norm over the whole projections, top-3 of 8 without renormalisation, every
+    # layer MoE with experts intermediate_size wide; its heads are hidden / heads wide.
+    "olmoe-tiny": (
+        "OlmoeConfig",
+        {
+            **{k: v for k, v in TINY.items() if k != "head_dim"},
+            "rope_theta": 60000.0,
+            "num_experts": 8,
+            "num_experts_per_tok": 3,
+            "norm_topk_prob": False,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     # No pre-norms, post-norms on both blocks, QK-norm over the whole projections, biases.
     "olmo2-tiny": (
         "Olmo2Config",

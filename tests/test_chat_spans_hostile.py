@@ -129,9 +129,7 @@ SEARCH = {  # every field a template in the corpus reads (Cohere: each parameter
 SEEDS = range(12)
 FAIL_CLOSED = "so special tokens cannot be kept to its own"
 # Needs a `functions` variable no request provides: it refuses every conversation itself.
-TEMPLATE_REFUSES_ALL = {
-    "fireworks-ai-llama-3-firefunction-v2"
-}  # conversations per template
+TEMPLATE_REFUSES_ALL = {"fireworks-ai-llama-3-firefunction-v2"}  # conversations per template
 
 
 @pytest.fixture(scope="module")

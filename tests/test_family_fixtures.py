@@ -37,6 +37,8 @@ FIXTURES = [
     "granite-tiny",
     "smollm3-tiny",
     "olmo2-tiny",
+    "qwen3moe-tiny",
+    "olmoe-tiny",
     "phi3-tiny",
 ]
 TOKENS = [1, 504, 3101, 42, 77, 19000, 8, 260, 4431, 12, 999, 31, 5, 48000, 600, 2, 7, 300]
@@ -70,7 +72,12 @@ def hf_logits(model_dir: Path) -> np.ndarray:
 def test_fixture_is_what_it_claims(fixture_dir: Path) -> None:
     """The switches under test are really in the files (a fixture edit cannot drop them)."""
     cfg = json.loads((fixture_dir / "config.json").read_text())
-    assert cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]
+    if cfg["architectures"] != ["OlmoeForCausalLM"]:  # OLMoE's heads are hidden / heads wide
+        assert cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]
+    if "num_experts" in cfg:  # routing that a wrong top-k, renormalisation or width would change
+        assert 1 < cfg["num_experts_per_tok"] < cfg["num_experts"]
+    if "moe_intermediate_size" in cfg:  # Qwen3-MoE: a dense layer among the MoE ones
+        assert cfg["moe_intermediate_size"] != cfg["intermediate_size"] and cfg["mlp_only_layers"]
     if "query_pre_attn_scalar" in cfg:
         assert cfg["query_pre_attn_scalar"] != cfg["head_dim"]
         assert cfg["final_logit_softcapping"] and cfg["attn_logit_softcapping"]
@@ -132,6 +139,54 @@ def test_every_position_matches_transformers(
         f"{name:<12} {tier:<7} max|logit| {scale:7.3f}  tolerance {TOLERANCE * scale:.2e}  "
         + "  ".join(f"{k} {v:.2e}" for k, v in errors.items()),
     )
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "olmoe-tiny"])
+def test_moe_batched_decode_is_bit_identical_to_alone(
+    name: str, tier: str, family_fixture: Any, engine_binding: Any, monkeypatch: Any
+) -> None:
+    """A decode batch groups its sequences' tokens by expert (one matmul per expert over
+    several sequences): each sequence's logits must stay those of its own decode_step."""
+    if TIERS.index(tier) > TIERS.index(engine_binding.detected_isa()):
+        pytest.skip(f"ISA tier {tier}: this CPU lacks it (not testable here)")
+    monkeypatch.setenv("EDGELLM_ISA", tier)  # Model.setup reads the tier from the environment
+    model = engine_binding.Model()
+    model.setup(str(family_fixture(name)), threads=2, max_context=64, precision="exact")
+    assert model.exec_config["isa"] == tier
+    prompts = [TOKENS[:3], TOKENS[4:9], TOKENS[10:12]]
+    alone = [engine_binding.Context(model) for _ in prompts]
+    batched = [engine_binding.Context(model) for _ in prompts]
+    tokens = []
+    for a, b, ids in zip(alone, batched, prompts, strict=True):
+        a.prefill(ids)
+        tokens.append(int(np.argmax(b.prefill(ids))))
+    for _ in range(4):
+        positions = [c.position for c in batched]
+        together = engine_binding.decode_batch(batched, tokens, positions)
+        for i, ctx in enumerate(alone):
+            assert np.array_equal(ctx.decode_step(tokens[i], positions[i]), together[i]), (name, i)
+        tokens = [int(np.argmax(t)) for t in together]
+
+
+def test_moe_weight_bytes_count_the_routed_experts(
+    family_fixture: Any, engine_binding: Any, tmp_path: Path
+) -> None:
+    """weight_bytes (what one decode step streams, the roofline's numerator) counts the
+    experts_per_token experts a token reads, not every expert: each more per token adds one
+    expert's bytes on each MoE layer."""
+    src = family_fixture("qwen3moe-tiny")
+    cfg = json.loads((src / "config.json").read_text())
+    sizes = []
+    for k in (1, 2, 3):
+        (src / "config.json").write_text(json.dumps({**cfg, "num_experts_per_tok": k}))
+        session = engine_binding.Session()
+        session.setup(str(src), threads=2, max_context=64, precision="exact")
+        sizes.append(session.weight_bytes)
+    assert sizes[1] - sizes[0] == sizes[2] - sizes[1] > 0, sizes
+    # 2 MoE layers (layer 1 is dense), each expert's gate, up and down at least bf16's bytes.
+    per_expert = 3 * cfg["moe_intermediate_size"] * cfg["hidden_size"] * 2
+    assert sizes[1] - sizes[0] >= 2 * per_expert
 
 
 def test_longrope_context_stops_at_the_original(family_fixture: Any, engine_binding: Any) -> None:

@@ -49,7 +49,15 @@ FOLDERS = {"smollm2": "smollm2_135m", "gemma3": "gemma3_270m"}  # deployment of 
 WINDOW = 16  # Gemma's sliding window in the window mutant's checkpoint: the prompts cross it
 # The families proven on tiny random fixtures: the clean engine passes the gate on each, and
 # mutants of each family's own switches fail it (FAMILY_MUTANTS below).
-FAMILY_FIXTURES = ("mistral-tiny", "granite-tiny", "smollm3-tiny", "olmo2-tiny", "phi3-tiny")
+FAMILY_FIXTURES = (
+    "mistral-tiny",
+    "granite-tiny",
+    "smollm3-tiny",
+    "olmo2-tiny",
+    "qwen3moe-tiny",
+    "olmoe-tiny",
+    "phi3-tiny",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,7 +307,22 @@ WEIGHT_MUTANTS: dict[str, WeightMutant] = {
 
 MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny",)
 OLMO2 = ("olmo2-tiny",)
+MOE = ("qwen3moe-tiny", "olmoe-tiny")
 PHI3 = ("phi3-tiny",)
+EXPERT = "model.layers.{}.mlp.experts.{}.{}_proj.weight"
+
+
+def _swap_experts(t: Tensors, c: Config) -> None:
+    """Experts 0 and 1 of layer 0 trade weights; the router still sends tokens by index."""
+    for proj in ("gate", "up", "down"):
+        a, b = EXPERT.format(0, 0, proj), EXPERT.format(0, 1, proj)
+        t[a], t[b] = t[b], t[a]
+
+
+def _swap_expert_gate_up(t: Tensors, c: Config) -> None:
+    """Expert 0 of layer 0 with its gate and up projections fused in the wrong order."""
+    a, b = EXPERT.format(0, 0, "gate"), EXPERT.format(0, 0, "up")
+    t[a], t[b] = t[b], t[a]
 
 
 def _swap_fused_gate_up(t: Tensors, c: Config) -> None:
@@ -361,6 +384,15 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
     "RoPE skipped on a RoPE layer": WeightMutant(
         SMOLLM3, config=lambda c: {"no_rope_layers": [0] * c["num_hidden_layers"]}
     ),
+    "MoE top-k off by one": WeightMutant(
+        MOE, config=lambda c: {"num_experts_per_tok": c["num_experts_per_tok"] + 1}
+    ),
+    "MoE norm_topk_prob flipped": WeightMutant(
+        MOE, config=lambda c: {"norm_topk_prob": not c["norm_topk_prob"]}
+    ),
+    "two experts' weights swapped (layer 0)": WeightMutant(MOE, _swap_experts),
+    # (Swapping two router rows is the same model as swapping the two experts' weights.)
+    "one expert's gate_proj and up_proj swapped (layer 0)": WeightMutant(MOE, _swap_expert_gate_up),
     "rotary over the full head (partial_rotary_factor 1.0)": WeightMutant(
         PHI3, config=_full_rotary
     ),

@@ -316,6 +316,7 @@ LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",  # a MoE layer's router
 }
 GEMMA_NAMES = {
     "pre_feedforward_layernorm": "ffn_norm",
@@ -329,6 +330,7 @@ ARCH = {
     "gemma3-tiny": "gemma3",
     "granite-tiny": "granite",
     "smollm3-tiny": "smollm3",
+    "qwen3moe-tiny": "qwen3moe",
 }
 PERMUTED = ("llama", "granite", "smollm3")  # archs whose converter is llama.cpp's LlamaModel
 
@@ -377,6 +379,20 @@ def llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
+def stack_experts(weights: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
+    """Each MoE layer's experts as llama.cpp's converter stacks them: one 3-D tensor
+    blk.N.ffn_{gate,up,down}_exps [n_expert, rows, cols] per projection."""
+    for layer in range(cfg["num_hidden_layers"]):
+        for proj in ("gate", "up", "down"):
+            names = [
+                f"model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight"
+                for e in range(cfg["num_experts"])
+            ]
+            if names[0] in weights:
+                stacked = np.stack([weights.pop(n) for n in names])
+                weights[f"blk.{layer}.ffn_{proj}_exps.weight"] = stacked
+
+
 def write_fixture_gguf(
     fixture: Path,
     name: str,
@@ -385,10 +401,12 @@ def write_fixture_gguf(
     extra: dict[str, Any] | None = None,
     edit: Callable[[Any], None] | None = None,
     chat_template: str | None = None,
+    q8_experts: bool = False,
 ) -> None:
     """The fixture's weights and config as llama.cpp's converter would write them (F32),
     declared as `arch` (default: the fixture's own), with `extra` GGUF tensors, what
-    `edit` adds to the writer, and `chat_template` as its tokenizer.chat_template."""
+    `edit` adds to the writer, and `chat_template` as its tokenizer.chat_template; with
+    `q8_experts`, the stacked gate and up experts as Q8_0, quantized by gguf-py."""
     import torch
     from safetensors.torch import load_file
 
@@ -426,6 +444,11 @@ def write_fixture_gguf(
         writer.add_residual_scale(cfg["residual_multiplier"])
         writer.add_attention_scale(cfg["attention_multiplier"])
         writer.add_logit_scale(cfg["logits_scaling"])
+    if arch == "qwen3moe":
+        writer.add_expert_count(cfg["num_experts"])
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        stack_experts(weights, cfg)
     add_smollm2_vocab(writer)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
@@ -438,7 +461,15 @@ def write_fixture_gguf(
             w = permute(w, cfg["num_key_value_heads"])
         if arch == "gemma3" and hf.endswith("norm.weight"):
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's (1 + w)
-        writer.add_tensor(gguf_name(arch, hf), np.ascontiguousarray(w, dtype=np.float32))
+        tensor = hf if hf.startswith("blk.") else gguf_name(arch, hf)  # stacked experts: named
+        if q8_experts and tensor.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight")):
+            from gguf import GGMLQuantizationType
+            from gguf.quants import quantize
+
+            q8 = GGMLQuantizationType.Q8_0
+            writer.add_tensor(tensor, quantize(w, q8), raw_dtype=q8)
+            continue
+        writer.add_tensor(tensor, np.ascontiguousarray(w, dtype=np.float32))
     for name_in_gguf, w in (extra or {}).items():
         writer.add_tensor(name_in_gguf, w)
     if edit:
@@ -485,6 +516,25 @@ def test_family_fixture_gguf_logits_bit_identical(
     assert diff.size == 0, f"{name}: {diff.size} logits differ, max {np.abs(got - want).max()}"
 
 
+@pytest.mark.parametrize("fixture_pair", ["qwen3moe-tiny"], indirect=True)
+def test_quantized_stacked_experts_slice_per_expert(
+    fixture_pair: tuple[str, Path, Path], engine_binding: Any, tmp_path: Path
+) -> None:
+    """A quantized 3-D expert tensor is sliced into its experts' blocks: the Q8_0 file answers
+    as the F32 one does, within Q8_0's rounding (an expert read at another's offset, as the
+    expert-swap gate mutants show, moves the logits by a large fraction of their range)."""
+    name, fixture, f32 = fixture_pair
+    q8 = tmp_path / "model.gguf"
+    write_fixture_gguf(fixture, name, q8, q8_experts=True)
+    reference = setup(engine_binding, f32, "exact")
+    tokens = reference.tokenizer.encode(PROMPT)
+    want = reference.prefill_logits(tokens)
+    got = setup(engine_binding, q8, "exact").prefill_logits(tokens)
+    err, scale = float(np.abs(got - want).max()), float(np.abs(want).max())
+    assert err <= 0.02 * scale, f"max |diff| {err:.3g} > 2% of max |logit| {scale:.3g}"
+    assert int(np.argmax(got)) == int(np.argmax(want))
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
@@ -502,7 +552,7 @@ def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_run: list[str
     assert_one_line_error(
         proc,
         "architecture 'mamba' is not supported",
-        "(supported: gemma3, granite, llama, qwen2, qwen3, smollm3)",
+        "(supported: gemma3, granite, llama, qwen2, qwen3, qwen3moe, smollm3)",
     )
 
 

@@ -201,7 +201,9 @@ def hostile_gguf(tmp_path_factory: pytest.TempPathFactory, family_fixture: Any) 
     from test_gguf_only import write_fixture_gguf
 
     out = tmp_path_factory.mktemp("hostile") / "model.gguf"
-    write_fixture_gguf(family_fixture("llama-tiny"), "llama-tiny", out, chat_template=dispatch_template())
+    write_fixture_gguf(
+        family_fixture("llama-tiny"), "llama-tiny", out, chat_template=dispatch_template()
+    )
     return out
 
 
@@ -222,7 +224,9 @@ def test_cli_refuses_a_hostile_gguf_template(
     start = time.monotonic()
     proc = run_cli(hostile_gguf, name)
     assert time.monotonic() - start < SECONDS + 10
-    assert_one_line_error(proc, f"{hostile_gguf}: metadata 'tokenizer.chat_template'", needle, code=2)
+    assert_one_line_error(
+        proc, f"{hostile_gguf}: metadata 'tokenizer.chat_template'", needle, code=2
+    )
 
 
 def test_cli_runs_the_same_gguf_on_a_benign_prompt(hostile_gguf: Path, edgellm_bin: Path) -> None:
@@ -236,9 +240,13 @@ def test_template_beyond_the_source_budget_is_refused_at_load(
     from test_gguf_only import write_fixture_gguf
 
     path = tmp_path / "model.gguf"
-    write_fixture_gguf(family_fixture("llama-tiny"), "llama-tiny", path, chat_template=PARSE_CASES[0][1])
+    write_fixture_gguf(
+        family_fixture("llama-tiny"), "llama-tiny", path, chat_template=PARSE_CASES[0][1]
+    )
     proc = run_cli(path, "hello")
-    assert_one_line_error(proc, f"{path}: metadata 'tokenizer.chat_template'", "source budget", code=2)
+    assert_one_line_error(
+        proc, f"{path}: metadata 'tokenizer.chat_template'", "source budget", code=2
+    )
 
 
 def test_source_budget_is_a_load_time_refusal(tmp_path: Path, engine_binding: Any) -> None:

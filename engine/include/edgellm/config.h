@@ -33,6 +33,17 @@ struct LayerSpec {
   float rope_theta = 10000.0f;
   bool rope_scaled = true;  // whether rope_scaling applies to this layer
   bool rope = true;         // false: a NoPE layer (SmolLM3's every 4th), positions unrotated
+  bool moe = false;         // the feed-forward is ModelConfig::moe's experts, not the dense MLP
+};
+
+// A mixture-of-experts feed-forward (Qwen3-MoE, OLMoE): a [num_experts, hidden] router,
+// softmax over the experts in fp32, the top experts_per_token of them, their weights
+// optionally renormalised to sum to 1, and the weighted sum of those experts' SwiGLU MLPs.
+struct MoeSpec {
+  int num_experts = 0;  // 0: no MoE layer
+  int experts_per_token = 0;
+  int expert_intermediate_size = 0;  // each expert's MLP width (moe_intermediate_size)
+  bool norm_topk_prob = false;       // renormalise the top-k weights
 };
 
 struct ModelConfig {
@@ -54,7 +65,7 @@ struct ModelConfig {
   bool attention_bias = false;       // Qwen2: q/k/v projections carry a bias
   bool attention_out_bias = false;   // Llama / Granite attention_bias: o_proj has one too
   bool qk_norm = false;              // Qwen3, Gemma 3: RMSNorm over each head of q and k
-  bool qk_norm_whole = false;        // OLMo 2: ... over the whole q and k projections instead
+  bool qk_norm_whole = false;        // OLMo 2, OLMoE: ... over the whole q and k projections
   bool sandwich_norms = false;       // Gemma 3, OLMo 2: norms after attention and after the MLP
   bool pre_norms = true;             // false (OLMo 2): no norm before attention and the MLP
   bool fused_projections = false;    // Phi-3: checkpoint stores qkv_proj and gate_up_proj fused
@@ -65,6 +76,8 @@ struct ModelConfig {
   float attn_logit_softcap = 0.0f;   // 0 = off
   float residual_scale = 1.0f;       // Granite: each block's output times residual_multiplier
   float logit_divisor = 1.0f;        // Granite: logits / logits_scaling
+
+  MoeSpec moe;  // the experts of the layers whose LayerSpec::moe is set
 
   std::vector<LayerSpec> layers;
   int bos_token_id = -1;

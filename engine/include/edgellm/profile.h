@@ -20,6 +20,7 @@ enum class Zone : int {
   rope,
   attention,
   o_proj,
+  router,  // a mixture-of-experts block's router matmul and top-k
   gate_up_proj,
   activation,
   down_proj,

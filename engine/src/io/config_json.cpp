@@ -91,9 +91,9 @@ struct Reader {
 constexpr int kMaxLayers = 1 << 14;
 
 const std::set<std::string> kSupported = {
-    "LlamaForCausalLM",   "MistralForCausalLM", "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",   "Gemma3ForCausalLM",  "GraniteForCausalLM",
-    "SmolLM3ForCausalLM", "Olmo2ForCausalLM",   "Phi3ForCausalLM"};
+    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",   "GraniteForCausalLM", "SmolLM3ForCausalLM", "Olmo2ForCausalLM",
+    "Qwen3MoeForCausalLM", "OlmoeForCausalLM",   "Phi3ForCausalLM"};
 
 std::string supported_list() {
   std::string s;
@@ -189,6 +189,11 @@ std::pair<int, std::vector<bool>> sliding_layers(const Reader& r, const ModelCon
     sliding.assign(n, true);
     return {r.positive_int_or("sliding_window", 4096), sliding};
   }
+  if (arch == "Qwen3MoeForCausalLM") {  // every layer, with use_sliding_window
+    if (!r.bool_or("use_sliding_window", false)) return {0, sliding};
+    sliding.assign(n, true);
+    return {r.positive_int_or("sliding_window", 4096), sliding};
+  }
   const bool gemma = arch == "Gemma3ForCausalLM";
   const bool qwen =
       arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "SmolLM3ForCausalLM";
@@ -238,6 +243,38 @@ void read_nope_layers(const Reader& r, ModelConfig& c) {
   }
 }
 
+// The experts of a mixture-of-experts family, and which layers use them: Qwen3-MoE every
+// decoder_sparse_step-th layer not in mlp_only_layers (num_experts 0: none), OLMoE every layer
+// with experts as wide as intermediate_size.
+void read_moe(const Reader& r, ModelConfig& c) {
+  const bool olmoe = c.architecture == "OlmoeForCausalLM";
+  MoeSpec& m = c.moe;
+  m.num_experts = olmoe ? r.positive_int_or("num_experts", 64) : r.count_or("num_experts", 128);
+  if (m.num_experts == 0) return;
+  m.experts_per_token = r.positive_int_or("num_experts_per_tok", 8);
+  if (m.experts_per_token > m.num_experts)
+    r.fail("num_experts_per_tok", "(" + std::to_string(m.experts_per_token) +
+                                      ") must not exceed num_experts (" +
+                                      std::to_string(m.num_experts) + ")");
+  m.expert_intermediate_size =
+      olmoe ? c.intermediate_size : r.positive_int_or("moe_intermediate_size", 768);
+  m.norm_topk_prob = r.bool_or("norm_topk_prob", false);
+  const size_t n = c.layers.size();
+  std::vector<bool> dense(n, false);
+  if (!olmoe && r.has("mlp_only_layers")) {
+    const json& v = r.j["mlp_only_layers"];
+    if (!v.is_array()) r.fail("mlp_only_layers", "must list layer indices");
+    for (const json& i : v) {
+      if (!i.is_number_integer() || i.get<long long>() < 0 ||
+          i.get<long long>() >= static_cast<long long>(n))
+        r.fail("mlp_only_layers", "entries must be layer indices below " + std::to_string(n));
+      dense[i.get<size_t>()] = true;
+    }
+  }
+  const int step = olmoe ? 1 : r.positive_int_or("decoder_sparse_step", 1);
+  for (size_t l = 0; l < n; ++l) c.layers[l].moe = !dense[l] && (l + 1) % step == 0;
+}
+
 }  // namespace
 
 void apply_architecture_switches(ModelConfig& c) {
@@ -251,8 +288,10 @@ void apply_architecture_switches(ModelConfig& c) {
   c.attention_bias = c.attention_bias || qwen2;
   c.attention_out_bias = c.attention_bias && !qwen2;
   const bool olmo2 = c.architecture == "Olmo2ForCausalLM";
-  c.qk_norm = c.architecture == "Qwen3ForCausalLM" || gemma || olmo2;
-  c.qk_norm_whole = olmo2;
+  c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM" ||
+              gemma || olmo2;
+  c.qk_norm_whole = olmo2 || c.architecture == "OlmoeForCausalLM";
+  c.qk_norm = c.qk_norm || c.qk_norm_whole;
   c.sandwich_norms = gemma || olmo2;
   c.pre_norms = !olmo2;  // OLMo 2 normalises each block's output, not its input
   c.norm_adds_one = gemma;
@@ -287,7 +326,10 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   c.num_layers = r.positive_int("num_hidden_layers", kMaxLayers);
   c.num_heads = r.positive_int("num_attention_heads");
   c.num_kv_heads = r.positive_int_or("num_key_value_heads", c.num_heads);
-  c.head_dim = r.positive_int_or("head_dim", c.hidden_size / c.num_heads);
+  // OLMoE's attention ignores head_dim: its heads are always hidden_size / heads wide.
+  c.head_dim = c.architecture == "OlmoeForCausalLM"
+                   ? c.hidden_size / c.num_heads
+                   : r.positive_int_or("head_dim", c.hidden_size / c.num_heads);
   c.vocab_size = r.positive_int("vocab_size");
   c.max_position_embeddings = r.positive_int_or("max_position_embeddings", 2048);
   c.rms_norm_eps = r.positive_number_or("rms_norm_eps", 1e-6f);
@@ -355,6 +397,11 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   for (int i = 0; i < c.num_layers; ++i)
     if (sliding[i]) c.layers[i] = local;
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
+  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "OlmoeForCausalLM")
+    read_moe(r, c);
+  // OLMoE's clamp of q, k and v is not implemented: refused, never ignored.
+  if (c.architecture == "OlmoeForCausalLM" && r.has("clip_qkv"))
+    r.fail("clip_qkv", "is not supported");
 
   if (r.has("bos_token_id"))
     c.bos_token_id = r.token_id(j["bos_token_id"], "bos_token_id", c.vocab_size);

@@ -60,6 +60,7 @@ const char* hf_architecture(const std::string& arch) {
   if (arch == "gemma3") return "Gemma3ForCausalLM";
   if (arch == "granite") return "GraniteForCausalLM";
   if (arch == "smollm3") return "SmolLM3ForCausalLM";
+  if (arch == "qwen3moe") return "Qwen3MoeForCausalLM";
   return nullptr;
 }
 
@@ -154,11 +155,25 @@ std::vector<bool> sliding_layers(const Meta& m, int layers) {
   return sliding;
 }
 
+// Qwen3-MoE's experts as llama.cpp reads them: expert_count, expert_used_count and
+// expert_feed_forward_length; the top-k weights renormalised unless expert_weights_norm says
+// otherwise (llama.cpp hard-codes norm_w for qwen3moe); a layer is MoE where its router
+// blk.N.ffn_gate_inp is.
+void read_experts(const Meta& m, ModelConfig& c) {
+  MoeSpec& e = c.moe;
+  e.num_experts = m.positive_int("expert_count");
+  e.experts_per_token = m.positive_int("expert_used_count", e.num_experts);
+  e.expert_intermediate_size = m.positive_int("expert_feed_forward_length");
+  e.norm_topk_prob = m.g.get_int(m.key("expert_weights_norm")).value_or(1) != 0;
+  for (int l = 0; l < c.num_layers; ++l)
+    c.layers[l].moe = m.g.find("blk." + std::to_string(l) + ".ffn_gate_inp.weight") != nullptr;
+}
+
 }  // namespace
 
 const std::vector<std::string>& supported_gguf_architectures() {
-  static const std::vector<std::string> kArchs = {"gemma3", "granite", "llama",
-                                                  "qwen2",  "qwen3",   "smollm3"};
+  static const std::vector<std::string> kArchs = {"gemma3", "granite",  "llama",  "qwen2",
+                                                  "qwen3",  "qwen3moe", "smollm3"};
   return kArchs;
 }
 
@@ -218,6 +233,7 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   }
   if (*arch == "smollm3")  // llama.cpp hard-codes SmolLM3's NoPE layers: every 4th
     for (int i = 0; i < c.num_layers; ++i) c.layers[i].rope = (i + 1) % 4 != 0;
+  if (*arch == "qwen3moe") read_experts(m, c);
   if (gemma) {
     // llama.cpp (LLM_ARCH_GEMMA3): 1/sqrt(head_dim), except 27B (62 layers): hidden/heads.
     const int scalar = c.num_layers == 62 ? c.hidden_size / c.num_heads : c.head_dim;

@@ -159,6 +159,7 @@ std::optional<std::string> hf_layer_kind(const std::string& arch, const std::str
       {"attn_output", "self_attn.o_proj"}, {"ffn_gate", "mlp.gate_proj"},
       {"ffn_up", "mlp.up_proj"},           {"ffn_down", "mlp.down_proj"},
       {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
+      {"ffn_gate_inp", "mlp.gate"},  // a MoE layer's router
   };
   static const std::map<std::string, std::string> kGemma = {
       {"ffn_norm", "pre_feedforward_layernorm"},
@@ -190,6 +191,25 @@ std::optional<std::string> hf_tensor_name(const std::string& arch, const std::st
   const auto kind = hf_layer_kind(arch, base.substr(kind_at + 1));
   if (!kind) return std::nullopt;
   return "model.layers." + layer + "." + *kind + suffix;
+}
+
+// llama.cpp stacks a MoE layer's experts into one 3-D tensor per projection,
+// blk.N.ffn_{gate,up,down}_exps [n_expert][rows][cols]: the HF name of expert e's slice, or
+// nullopt when `name` is not such a tensor.
+std::optional<std::string> hf_expert_name(const std::string& name, size_t e) {
+  static const std::pair<const char*, const char*> kExps[] = {
+      {".ffn_gate_exps.weight", "gate_proj"},
+      {".ffn_up_exps.weight", "up_proj"},
+      {".ffn_down_exps.weight", "down_proj"}};
+  if (!name.starts_with("blk.")) return std::nullopt;
+  for (const auto& [suffix, proj] : kExps) {
+    if (!name.ends_with(suffix)) continue;
+    const std::string layer = name.substr(4, name.size() - 4 - std::strlen(suffix));
+    if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos)
+      return std::nullopt;
+    return "model.layers." + layer + ".mlp.experts." + std::to_string(e) + "." + proj + ".weight";
+  }
+  return std::nullopt;
 }
 
 // llama.cpp's Llama converter reorders each Q/K head's rows for interleaved RoPE
@@ -247,15 +267,9 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
   const ModelConfig config = model_config_from_gguf(g);  // its head counts order Q/K rows
   const std::string arch = g.get_string("general.architecture").value_or("");
   std::map<std::string, TensorView> views;
-  for (const auto& [name, t] : g.tensors()) {
-    if (name == "rope_freqs.weight") continue;  // Llama 3 RoPE scaling: read into the config
-    const auto hf = hf_tensor_name(arch, name);
-    check(hf.has_value(),
-          g.path() + ": tensor '" + name + "' is not one edgellm knows for a " + arch + " model");
-    check(t.dims.size() == 1 || t.dims.size() == 2, g.path() + ": tensor '" + name + "' has " +
-                                                        std::to_string(t.dims.size()) +
-                                                        " dimensions, expected 1 or 2");
-    TensorView v{.name = *hf,
+  // One 1-D or 2-D tensor (or one expert's slice of a stacked one) under its HF name.
+  const auto add = [&](const std::string& name, const GgufTensor& t, const std::string& hf) {
+    TensorView v{.name = hf,
                  .dtype = DType::f32,
                  .shape = {},
                  .data = nullptr,
@@ -266,15 +280,15 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
     // A vector (a bias) is reordered as a column: one value per row.
     const bool vector = t.dims.size() == 1;
     const size_t rows = vector ? t.numel() : t.rows(), cols = vector ? 1 : t.cols();
-    std::vector<int32_t> order = unpermute_order(arch, *hf, rows, config);
+    std::vector<int32_t> order = unpermute_order(arch, hf, rows, config);
     if (!is_float(t.type)) {
       check(t.dims.size() == 2, g.path() + ": tensor '" + name + "' is quantized but not a matrix");
-      w->source.gguf.emplace(*hf, GgufMatrix{.format = runnable_format(g.path(), t),
-                                             .blocks = t.data,
-                                             .nbytes = t.nbytes,
-                                             .rows = t.rows(),
-                                             .cols = t.cols(),
-                                             .row_order = std::move(order)});
+      w->source.gguf.emplace(hf, GgufMatrix{.format = runnable_format(g.path(), t),
+                                            .blocks = t.data,
+                                            .nbytes = t.nbytes,
+                                            .rows = t.rows(),
+                                            .cols = t.cols(),
+                                            .row_order = std::move(order)});
     } else {
       // HF's Gemma norms hold w where llama.cpp stores 1 + w; subtracting in fp32, as the
       // converter does, keeps this path bit-identical to the converted fp32 checkpoint.
@@ -296,7 +310,32 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
         v.nbytes = out.size() * sizeof(float);
       }
     }
-    views.emplace(*hf, std::move(v));
+    views.emplace(hf, std::move(v));
+  };
+  for (const auto& [name, t] : g.tensors()) {
+    if (name == "rope_freqs.weight") continue;  // Llama 3 RoPE scaling: read into the config
+    if (hf_expert_name(name, 0)) {
+      // Each expert is a view of its rows of the mapping, nothing copied.
+      check(t.dims.size() == 3 && t.dims[2] > 0 && t.nbytes % t.dims[2] == 0,
+            g.path() + ": tensor '" + name + "' must be 3-D [experts][rows][cols]");
+      const size_t experts = t.dims[2], bytes = t.nbytes / experts;
+      for (size_t e = 0; e < experts; ++e) {
+        GgufTensor slice = t;
+        slice.dims = {t.dims[0], t.dims[1]};
+        slice.data = t.data + e * bytes;
+        slice.nbytes = bytes;
+        const std::string hf = *hf_expert_name(name, e);
+        add(name, slice, hf);
+      }
+      continue;
+    }
+    const auto hf = hf_tensor_name(arch, name);
+    check(hf.has_value(),
+          g.path() + ": tensor '" + name + "' is not one edgellm knows for a " + arch + " model");
+    check(t.dims.size() == 1 || t.dims.size() == 2, g.path() + ": tensor '" + name + "' has " +
+                                                        std::to_string(t.dims.size()) +
+                                                        " dimensions, expected 1 or 2");
+    add(name, t, *hf);
   }
   w->checkpoint = Checkpoint::from_views(std::move(views));
   return w;

@@ -95,8 +95,12 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
       throw Error("weights packed for " + std::string(kernels::isa_name(m.kernels->tier)) +
                   " but the model runs at " + std::string(kernels::isa_name(cfg_.isa)));
   };
-  for (const LayerWeights& L : weights_.layers)
-    for (const kernels::PackedMatrix* m : {&L.qkv, &L.o_proj, &L.gate_up, &L.down}) check_tier(*m);
+  for (const LayerWeights& L : weights_.layers) {
+    for (const kernels::PackedMatrix* m : {&L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.router})
+      check_tier(*m);
+    for (const auto* experts : {&L.expert_gate_up, &L.expert_down})
+      for (const kernels::PackedMatrix& m : *experts) check_tier(m);
+  }
   check_tier(weights_.lm_head);
   for (const LayerSpec& spec : c_.layers) {
     const bool scaled = spec.rope_scaled && c_.rope_scaling.type != RopeScaling::Type::none;
@@ -361,13 +365,29 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
 
 void Transformer::mlp_block(size_t l, Scratch& s, size_t n, kernels::Batch batch) {
   const LayerWeights& L = weights_.layers[l];
-  const size_t H = c_.hidden_size, I = c_.intermediate_size;
+  const size_t H = c_.hidden_size;
   if (c_.pre_norms) {
     Profiler::Scope z(prof_, Zone::norm);
     for_tokens(n, [&](size_t t) {
       kernels::rmsnorm(&s.x[t * H], L.ffn_norm.data(), H, c_.rms_norm_eps, &s.xn[t * H], cfg_.isa);
     });
   }
+  if (c_.layers[l].moe)
+    moe_feed_forward(L, c_, block_input(s), n, s.proj.data(), s.moe, pool_, cfg_, batch, prof_);
+  else
+    dense_mlp(L, s, n, batch);
+  if (c_.sandwich_norms) {
+    Profiler::Scope z(prof_, Zone::norm);
+    for_tokens(n, [&](size_t t) {
+      kernels::rmsnorm(&s.proj[t * H], L.post_ffn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H],
+                       cfg_.isa);
+    });
+  }
+  add_residual(s, n);
+}
+
+void Transformer::dense_mlp(const LayerWeights& L, Scratch& s, size_t n, kernels::Batch batch) {
+  const size_t I = c_.intermediate_size;
   {
     Profiler::Scope z(prof_, Zone::gate_up_proj, static_cast<double>(L.gate_up.byte_size()),
                       2.0 * n * L.gate_up.rows * L.gate_up.cols);
@@ -388,14 +408,6 @@ void Transformer::mlp_block(size_t l, Scratch& s, size_t n, kernels::Batch batch
                       2.0 * n * L.down.rows * L.down.cols);
     kernels::matmul(L.down, s.act.data(), n, s.proj.data(), pool_, cfg_, batch);
   }
-  if (c_.sandwich_norms) {
-    Profiler::Scope z(prof_, Zone::norm);
-    for_tokens(n, [&](size_t t) {
-      kernels::rmsnorm(&s.proj[t * H], L.post_ffn_norm.data(), H, c_.rms_norm_eps, &s.proj[t * H],
-                       cfg_.isa);
-    });
-  }
-  add_residual(s, n);
 }
 
 void Transformer::forward(KvCache& kv, Scratch& s, const int32_t* tokens, size_t n, size_t start,

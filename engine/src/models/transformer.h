@@ -11,6 +11,7 @@
 #include "edgellm/session.h"
 #include "edgellm/thread_pool.h"
 #include "kernels/kernels.h"
+#include "models/moe.h"
 #include "models/weights.h"
 
 namespace edgellm {
@@ -73,6 +74,7 @@ struct KvCache {
 struct Scratch {
   size_t tokens = 0;
   std::vector<float> x, xn, qkv, q, attn, proj, gate_up, act, logits;
+  MoeScratch moe;  // the mixture-of-experts layers'
 };
 
 // The rows of one sequence inside a forward pass: positions [start, start + n)
@@ -126,7 +128,9 @@ class Transformer {
   void ensure_scratch(Scratch& s, size_t n) const;
   void attention_block(size_t layer, Scratch& s, std::span<const SequenceRows> seqs, size_t n,
                        kernels::Batch batch);
+  // The layer's feed-forward: the dense MLP, or its experts (LayerSpec::moe).
   void mlp_block(size_t layer, Scratch& s, size_t n, kernels::Batch batch);
+  void dense_mlp(const LayerWeights& L, Scratch& s, size_t n, kernels::Batch batch);
   // What a block's first matmul reads: the normed rows, or the residual stream itself where
   // the family has no pre-norms (OLMo 2).
   const float* block_input(const Scratch& s) const {

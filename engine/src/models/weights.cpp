@@ -176,11 +176,17 @@ kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const
 }
 
 // One layer's checkpoint tensors, looked up and shape-checked (no data read).
+struct ExpertTensors {
+  const TensorView *gate, *up, *down;
+};
 struct LayerTensors {
   const TensorView *attn_norm = nullptr, *ffn_norm = nullptr;  // pre_norms only
-  const TensorView *q = nullptr, *k = nullptr, *v = nullptr, *o, *down;
-  const TensorView *gate = nullptr, *up = nullptr;
-  const TensorView *qkv = nullptr, *gate_up = nullptr;  // fused_projections (Phi-3) instead
+  const TensorView *q = nullptr, *k = nullptr, *v = nullptr, *o;
+  const TensorView* qkv = nullptr;  // fused_projections (Phi-3) instead of q, k, v
+  const TensorView *gate = nullptr, *up = nullptr, *down = nullptr;  // dense layers
+  const TensorView* gate_up = nullptr;  // fused_projections instead of gate, up
+  const TensorView* router = nullptr;   // MoE layers
+  std::vector<ExpertTensors> experts;
   const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // attention_bias
   const TensorView* o_bias = nullptr;                                        // attention_out_bias
   const TensorView *q_norm = nullptr, *k_norm = nullptr;                     // qk_norm
@@ -223,6 +229,16 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
   } else {
     // Llama family: post_attention_layernorm is the norm before the MLP.
     t.ffn_norm = req("post_attention_layernorm.weight", {H});
+  }
+  if (c.layers[l].moe) {
+    const int64_t E = c.moe.num_experts, X = c.moe.expert_intermediate_size;
+    t.router = req("mlp.gate.weight", {E, H});
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = "mlp.experts." + std::to_string(e) + ".";
+      t.experts.push_back({req(x + "gate_proj.weight", {X, H}), req(x + "up_proj.weight", {X, H}),
+                           req(x + "down_proj.weight", {H, X})});
+    }
+    return t;
   }
   if (c.fused_projections) {  // rows [gate; up] (HF Phi3MLP: gate, up = chunk(2))
     t.gate_up = req("mlp.gate_up_proj.weight", {2 * I, H});
@@ -287,12 +303,20 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
     if (t) plan.bytes += static_cast<size_t>(t->numel()) * (t->shape.size() == 2 ? 2 : 4);
   };
   for (const LayerTensors& t : plan.layers)
-    for (const TensorView* v : {t.attn_norm, t.q, t.k, t.v, t.qkv, t.o, t.ffn_norm, t.gate, t.up,
-                                t.gate_up, t.down, t.q_bias, t.k_bias, t.v_bias, t.o_bias, t.q_norm,
-                                t.k_norm, t.post_attn_norm, t.post_ffn_norm}) {
+    for (const TensorView* v :
+         {t.attn_norm,     t.q,      t.k,      t.v,       t.qkv,    t.o,
+          t.ffn_norm,      t.gate,   t.up,     t.gate_up, t.down,   t.q_bias,
+          t.k_bias,        t.v_bias, t.o_bias, t.q_norm,  t.k_norm, t.post_attn_norm,
+          t.post_ffn_norm, t.router}) {
       add(v);
       planned.insert(v);
     }
+  for (const LayerTensors& t : plan.layers)
+    for (const ExpertTensors& x : t.experts)
+      for (const TensorView* v : {x.gate, x.up, x.down}) {
+        add(v);
+        planned.insert(v);
+      }
   check_all_planned(ckpt, c, planned);
   add(plan.final_norm);
   add(plan.lm_head);
@@ -328,6 +352,18 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
   }
   if (c.pre_norms) L.ffn_norm = to_float(*t.ffn_norm, norm_add);
+  if (t.router) {
+    L.router = pack(quant, {t.router}, stats, isa);
+    PackStats experts;
+    for (const ExpertTensors& x : t.experts) {
+      L.expert_gate_up.push_back(pack(quant, {x.gate, x.up}, experts, isa));
+      L.expert_down.push_back(pack(quant, {x.down}, experts, isa));
+    }
+    // A decode step reads only the experts_per_token experts of its token (all of one size).
+    stats.bytes += experts.bytes / t.experts.size() * static_cast<size_t>(c.moe.experts_per_token);
+    if (experts.rounded_from) stats.rounded_from = experts.rounded_from;
+    return L;
+  }
   L.gate_up = c.fused_projections ? pack(quant, {t.gate_up}, stats, isa)
                                   : pack(quant, {t.gate, t.up}, stats, isa);
   L.down = pack(quant, {t.down}, stats, isa);

@@ -24,9 +24,13 @@ struct LayerWeights {
   kernels::PackedMatrix o_proj;       // [hidden, heads * head_dim]
   std::vector<float> post_attn_norm;  // Gemma sandwich norm, after attention
   std::vector<float> ffn_norm;        // [hidden]  norm before the MLP
-  kernels::PackedMatrix gate_up;      // [2 * intermediate, hidden]
-  kernels::PackedMatrix down;         // [hidden, intermediate]
-  std::vector<float> post_ffn_norm;   // Gemma sandwich norm, after the MLP
+  kernels::PackedMatrix gate_up;      // [2 * intermediate, hidden]; dense layers
+  kernels::PackedMatrix down;         // [hidden, intermediate]; dense layers
+  // MoE layers (LayerSpec::moe): the router and each expert's MLP, gate and up fused.
+  kernels::PackedMatrix router;                       // [num_experts, hidden]
+  std::vector<kernels::PackedMatrix> expert_gate_up;  // [2 * expert_intermediate, hidden] each
+  std::vector<kernels::PackedMatrix> expert_down;     // [hidden, expert_intermediate] each
+  std::vector<float> post_ffn_norm;                   // Gemma sandwich norm, after the MLP
 };
 
 struct ModelWeights {
@@ -36,7 +40,7 @@ struct ModelWeights {
   std::vector<float> final_norm;  // [hidden]
   kernels::PackedMatrix lm_head;  // [vocab, hidden] (the embedding when tied)
 
-  size_t decode_bytes = 0;  // weight bytes one decode step reads
+  size_t decode_bytes = 0;  // weight bytes one decode step reads (MoE: the routed experts')
   // "f32" / "f16": some matrix of that dtype held values that are not bf16 ones,
   // rounded at load (the engine holds matrices in bf16); null: all held exactly.
   const char* rounded_from = nullptr;

@@ -24,6 +24,8 @@ std::string_view zone_name(Zone zone) {
       return "attention";
     case Zone::o_proj:
       return "o_proj";
+    case Zone::router:
+      return "moe_router";
     case Zone::gate_up_proj:
       return "gate_up_proj";
     case Zone::activation:

@@ -1,0 +1,100 @@
+#include "models/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace edgellm {
+
+void route_token(const float* logits, size_t num_experts, size_t k, bool renormalize,
+                 Route* routes) {
+  // F.softmax(router_logits, dim=1, dtype=torch.float): max-subtracted exponentials.
+  float max = logits[0];
+  for (size_t e = 1; e < num_experts; ++e) max = std::max(max, logits[e]);
+  std::vector<float> p(num_experts);
+  float sum = 0.0f;
+  for (size_t e = 0; e < num_experts; ++e) {
+    p[e] = std::exp(logits[e] - max);
+    sum += p[e];
+  }
+  for (float& v : p) v /= sum;
+  // torch.topk(routing_weights, k): the k largest, largest first.
+  std::vector<int> order(num_experts);
+  for (size_t e = 0; e < num_experts; ++e) order[e] = static_cast<int>(e);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  float top = 0.0f;
+  for (size_t i = 0; i < k; ++i) {
+    routes[i] = {order[i], p[order[i]]};
+    top += routes[i].weight;
+  }
+  // routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+  if (renormalize)
+    for (size_t i = 0; i < k; ++i) routes[i].weight /= top;
+}
+
+void moe_feed_forward(const LayerWeights& L, const ModelConfig& c, const float* xn, size_t n,
+                      float* out, MoeScratch& s, ThreadPool& pool, const kernels::ExecConfig& cfg,
+                      kernels::Batch batch, Profiler& prof) {
+  const size_t H = c.hidden_size, E = c.moe.num_experts, k = c.moe.experts_per_token;
+  const size_t X = c.moe.expert_intermediate_size;
+  s.router.resize(n * E);
+  s.routes.resize(n * k);
+  {
+    Profiler::Scope z(prof, Zone::router, static_cast<double>(L.router.byte_size()),
+                      2.0 * n * E * H);
+    kernels::matmul(L.router, xn, n, s.router.data(), pool, cfg, batch);
+    for (size_t t = 0; t < n; ++t)
+      route_token(&s.router[t * E], E, k, c.moe.norm_topk_prob, &s.routes[t * k]);
+  }
+  std::fill(out, out + n * H, 0.0f);
+  for (size_t e = 0; e < E; ++e) {
+    s.rows.clear();
+    s.weights.clear();
+    for (size_t t = 0; t < n; ++t)
+      for (size_t i = 0; i < k; ++i)
+        if (s.routes[t * k + i].expert == static_cast<int>(e)) {
+          s.rows.push_back(t);
+          s.weights.push_back(s.routes[t * k + i].weight);
+        }
+    const size_t m = s.rows.size();
+    if (m == 0) continue;  // an expert no token chose is never read
+    s.x.resize(m * H);
+    s.gate_up.resize(m * 2 * X);
+    s.act.resize(m * X);
+    s.out.resize(m * H);
+    for (size_t i = 0; i < m; ++i) std::memcpy(&s.x[i * H], &xn[s.rows[i] * H], H * sizeof(float));
+    const kernels::PackedMatrix &gate_up = L.expert_gate_up[e], &down = L.expert_down[e];
+    {
+      Profiler::Scope z(prof, Zone::gate_up_proj, static_cast<double>(gate_up.byte_size()),
+                        2.0 * m * gate_up.rows * gate_up.cols);
+      kernels::matmul(gate_up, s.x.data(), m, s.gate_up.data(), pool, cfg, batch);
+    }
+    {
+      Profiler::Scope z(prof, Zone::activation);
+      for (size_t i = 0; i < m; ++i) {
+        const float* gate = &s.gate_up[i * 2 * X];
+        if (c.hidden_act == Activation::silu)
+          kernels::silu_mul(gate, gate + X, X, &s.act[i * X], cfg.isa);
+        else
+          kernels::gelu_tanh_mul(gate, gate + X, X, &s.act[i * X], cfg.isa);
+      }
+    }
+    {
+      Profiler::Scope z(prof, Zone::down_proj, static_cast<double>(down.byte_size()),
+                        2.0 * m * down.rows * down.cols);
+      kernels::matmul(down, s.act.data(), m, s.out.data(), pool, cfg, batch);
+    }
+    // HF: expert(x) * routing_weight, then index_add_ into the token's row.
+    for (size_t i = 0; i < m; ++i) {
+      float* y = &out[s.rows[i] * H];
+      const float* o = &s.out[i * H];
+      for (size_t j = 0; j < H; ++j) {
+        const float weighted = o[j] * s.weights[i];
+        y[j] += weighted;
+      }
+    }
+  }
+}
+
+}  // namespace edgellm
