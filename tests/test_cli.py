@@ -154,7 +154,7 @@ def test_numeric_option_errors_name_the_bound(
 
 
 def test_empty_prompt_is_an_error(smollm2_run: list[str]) -> None:
-    assert_one_line_error(run(smollm2_run, "--prompt", ""), "--prompt is empty", code=1)
+    assert_one_line_error(run(smollm2_run, "--prompt", ""), "--prompt is empty", code=2)
 
 
 def test_prefill_progress_on_a_terminal(smollm2_run: list[str]) -> None:

@@ -339,7 +339,7 @@ def test_bad_command_line(args: list[str], message: str) -> None:
 
 def test_unknown_deployment_names_the_known_ones() -> None:
     proc = edgellm("run", "--deployment", "nope")
-    assert_one_line_error(proc, "--deployment nope: no ", "known: gemma3_270m", code=1)
+    assert_one_line_error(proc, "--deployment nope: no ", "known: gemma3_270m", code=2)
     # --version and --help still answer without a readable preset.
     assert edgellm("--version", env={"EDGELLM_DEPLOYMENT": "nope"}).returncode == 0
 
@@ -356,4 +356,4 @@ def test_system_message_needs_a_chat_template() -> None:
 
 def test_verify_without_the_venv(tmp_path: Path) -> None:
     proc = edgellm("verify", env={"EDGELLM_VENV": str(tmp_path / "no-venv")})
-    assert_one_line_error(proc, "no-venv", "make bootstrap", code=1)
+    assert_one_line_error(proc, "no-venv", "make bootstrap", code=2)
