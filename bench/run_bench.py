@@ -310,11 +310,11 @@ def main() -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     PROMPT_LENGTHS, DECODE_AFTER = args.lengths, args.decode_after
-    if 512 not in PROMPT_LENGTHS or not {32, 512} <= set(DECODE_AFTER):
-        parser.error("--lengths must include 512 and --decode-after 32 and 512 (the ratios)")
-    if args.worker:
+    if args.worker:  # any lengths (bench/size_ladder.py runs these workers too)
         args.model = args.model[-1]
         return worker(args)
+    if 512 not in PROMPT_LENGTHS or not {32, 512} <= set(DECODE_AFTER):
+        parser.error("--lengths must include 512 and --decode-after 32 and 512 (the ratios)")
     models = args.model or [str(REPO / "models" / m) for m in DEFAULT_MODELS]
     for m in models:
         if not (Path(m) / "config.json").exists():

@@ -81,6 +81,20 @@ def test_fast_by_default_exact_on_request_and_reported(smollm2_run: list[str]) -
     assert "arithmetic:       exact (" in proc.stderr, proc.stderr
 
 
+def test_resident_memory_is_reported(smollm2_run: list[str]) -> None:
+    """`run` prints the process's resident set: the KV cache is touched at setup, so 8192
+    positions hold ~180 MB more than 256 do, and the peak is never below the present."""
+    small = as_json(smollm2_run, "--n-tokens", "2", "--max-context", "256")
+    large = as_json(smollm2_run, "--n-tokens", "2", "--max-context", "8192")
+    grown = large["resident_bytes"] - small["resident_bytes"]
+    kv_grown = large["kv_cache_bytes"] - small["kv_cache_bytes"]
+    assert 0.9 * kv_grown <= grown <= 1.1 * kv_grown + 20e6, (grown, kv_grown)
+    for r in (small, large):
+        assert r["peak_resident_bytes"] >= r["resident_bytes"] > 100e6, r
+    proc = run(smollm2_run, "--n-tokens", "2", "--max-context", "256")
+    assert re.search(r"resident memory:  \d+\.\d MB \(peak \d+\.\d MB\)", proc.stderr), proc.stderr
+
+
 def test_tps_over_all_n_tokens_with_ignore_eos(smollm2_run: list[str]) -> None:
     """The default answer ends at EOS after a few tokens; --ignore-eos still times them all."""
     stopped = as_json(smollm2_run, "--n-tokens", "30")

@@ -2,11 +2,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -114,6 +116,24 @@ std::shared_ptr<const JsonGrammar> output_grammar(const Options& opt) {
   return compile_json_schema(text);
 }
 
+// The process's resident set now and at its peak (VmRSS, VmHWM), in bytes; 0 where
+// /proc cannot say. The peak is what a model too large for a second copy must keep low.
+struct ResidentMemory {
+  size_t now = 0, peak = 0;
+};
+ResidentMemory resident_memory() {
+  ResidentMemory m;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    size_t* field = line.starts_with("VmRSS:")   ? &m.now
+                    : line.starts_with("VmHWM:") ? &m.peak
+                                                 : nullptr;
+    if (field) *field = std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;  // "  123 kB"
+  }
+  return m;
+}
+
 void print_figures(const Options& opt, const Figures& f, const Session& session, std::FILE* err) {
   std::fprintf(err, "\nprompt tokens:    %zu\n", f.prompt_tokens);
   std::fprintf(err, "answer tokens:    %d (%s)\n", f.answer_tokens,
@@ -127,6 +147,8 @@ void print_figures(const Options& opt, const Figures& f, const Session& session,
   std::fprintf(err, "KV cache:         %s, %.1f MB for %d positions\n",
                session.kv_cache_dtype().c_str(), session.kv_cache_bytes() / 1e6,
                session.max_context());
+  const ResidentMemory mem = resident_memory();
+  std::fprintf(err, "resident memory:  %.1f MB (peak %.1f MB)\n", mem.now / 1e6, mem.peak / 1e6);
   std::fprintf(err, "TTFT (prefill):   %.1f ms\n", f.ttft_ms);
   std::fprintf(err, "TPS (decode):     %.2f tokens/s over %d decode steps (%.2f ms/token)\n",
                f.tps(), f.decode_steps, f.decode_steps > 0 ? f.decode_ms / f.decode_steps : 0.0);
@@ -145,6 +167,7 @@ void print_figures(const Options& opt, const Figures& f, const Session& session,
 
 void print_json(const Options& opt, const Figures& f, const Session& session,
                 const std::string& deployment, const std::string& answer) {
+  const ResidentMemory mem = resident_memory();
   nlohmann::json j = {
       {"deployment", deployment},
       {"model", opt.model},
@@ -164,6 +187,8 @@ void print_json(const Options& opt, const Figures& f, const Session& session,
       {"precision", describe_exec_config(session.exec_config())},
       {"kv_cache_dtype", session.kv_cache_dtype()},
       {"kv_cache_bytes", session.kv_cache_bytes()},
+      {"resident_bytes", mem.now},
+      {"peak_resident_bytes", mem.peak},
       {"temperature", opt.sampling.temperature},
   };
   if (opt.sampling.temperature > 0) j["seed"] = opt.sampling.seed;
