@@ -119,6 +119,11 @@ QuantSegment quantize_rows(BlockFormat f, const float* x, size_t rows, size_t co
 // callers that quantize a large matrix a few rows at a time.
 void quantize_blocks(BlockFormat f, const float* x, size_t rows, size_t cols, uint8_t* out);
 
+// What repack_gguf allocates for such a matrix (the memory check before setup):
+// exact for the formats that store half scales (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0),
+// an upper bound for the others (fp32 scales, which may shrink to halves).
+size_t repacked_bytes(BlockFormat f, size_t rows, size_t cols);
+
 // Appends a segment's rows below the matrix's (same cols).
 void append_segment(QuantMatrix& m, QuantSegment s);
 

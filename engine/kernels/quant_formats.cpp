@@ -252,8 +252,9 @@ void store_halves_if_exact(QuantSegment& s) {
   s.half_scales = true;
   s.scales16 = std::move(sc);
   s.mins16 = std::move(mn);
-  s.scales = {};
-  s.mins = {};
+  // Freed, not cleared: `= {}` would keep the fp32 capacity (a quarter of a Q4_0 matrix).
+  std::vector<float>().swap(s.scales);
+  std::vector<float>().swap(s.mins);
 }
 
 }  // namespace
@@ -284,6 +285,15 @@ QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size
   }
   store_halves_if_exact(s);
   return s;
+}
+
+size_t repacked_bytes(BlockFormat f, size_t rows, size_t cols) {
+  const FormatInfo& fi = info(f);
+  // The formats whose block scale (and min) is an IEEE half: store_halves_if_exact keeps them so.
+  const bool halves = f == BlockFormat::q4_0 || f == BlockFormat::q4_1 || f == BlockFormat::q5_0 ||
+                      f == BlockFormat::q5_1 || f == BlockFormat::q8_0;
+  const size_t groups = rows * (cols / fi.group) * (fi.has_min ? 2 : 1);
+  return rows * (cols / 32) * layout_block_bytes(fi.layout) + groups * (halves ? 2 : 4);
 }
 
 void quantize_blocks(BlockFormat f, const float* x, size_t rows, size_t cols, uint8_t* out) {

@@ -400,6 +400,24 @@ TEST(QuantTest, ExactHalfScalesAreStoredAsHalves) {
   EXPECT_FALSE(random_matrix(BlockFormat::q4_k, 3, 256, rng).segments[0].half_scales);
 }
 
+// The memory a repacked matrix holds is what it streams, plus nothing: the fp32
+// scales a half-scale format was first read into are freed, not just cleared
+// (they were a fifth of a Q4_0 model's resident memory), and repacked_bytes(),
+// the memory check's figure, is what the segment allocates.
+TEST(QuantTest, RepackedMatrixHoldsOnlyItsBytes) {
+  std::mt19937 rng(8);
+  for (BlockFormat f : {BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q5_0, BlockFormat::q8_0,
+                        BlockFormat::q4_k, BlockFormat::q6_k}) {
+    const size_t rows = 5, cols = 512;
+    const QuantSegment s = repack_gguf(f, random_blocks(f, rows, cols, rng).data(), rows, cols);
+    const size_t held = s.qs.capacity() + (s.scales.capacity() + s.mins.capacity()) * 4 +
+                        (s.scales16.capacity() + s.mins16.capacity()) * 2;
+    EXPECT_EQ(held, s.bytes()) << block_format_name(f);
+    EXPECT_LE(s.bytes(), repacked_bytes(f, rows, cols)) << block_format_name(f);
+    if (s.half_scales) EXPECT_EQ(s.bytes(), repacked_bytes(f, rows, cols)) << block_format_name(f);
+  }
+}
+
 // Q5_0 and Q5_1 repack into u5 and stream exactly their GGUF bytes: 16 bytes
 // of nibbles + 4 of fifth bits + the half scale (and min) per block of 32.
 TEST(QuantTest, Q5FormatsStreamTheirGgufSize) {

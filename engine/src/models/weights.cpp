@@ -285,7 +285,8 @@ void check_all_planned(const Checkpoint& ckpt, const ModelConfig& c,
   }
 }
 
-WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
+WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c,
+                        const QuantSource* quant = nullptr) {
   TensorSource src(ckpt);
   const int64_t H = c.hidden_size, V = c.vocab_size;
   WeightPlan plan;
@@ -298,9 +299,20 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
         "embeddings");
   plan.lm_head = head && !c.tie_word_embeddings ? head : plan.embed;
   std::set<const TensorView*> planned = {plan.embed, plan.final_norm, head};
-  // Matrices become bf16, vectors fp32; an untied embedding is copied too.
-  auto add = [&](const TensorView* t) {
-    if (t) plan.bytes += static_cast<size_t>(t->numel()) * (t->shape.size() == 2 ? 2 : 4);
+  // Matrices become bf16 or their quantized form, vectors fp32; an untied embedding is
+  // copied too.
+  auto add = [&](const TensorView* t, bool quantized_at_setup = true) {
+    if (!t) return;
+    const bool matrix = t->shape.size() == 2;
+    const auto rows = matrix ? static_cast<size_t>(t->shape[0]) : 0;
+    const auto cols = matrix ? static_cast<size_t>(t->shape[1]) : 0;
+    if (const auto g = quant ? quant->gguf.find(t->name) : decltype(quant->gguf)::const_iterator{};
+        quant && g != quant->gguf.end())
+      plan.bytes += kernels::repacked_bytes(g->second.format, g->second.rows, g->second.cols);
+    else if (matrix && quant && quant->quantize && quantized_at_setup && cols % 32 == 0)
+      plan.bytes += kernels::repacked_bytes(*quant->quantize, rows, cols);
+    else
+      plan.bytes += static_cast<size_t>(t->numel()) * (matrix ? 2 : 4);
   };
   for (const LayerTensors& t : plan.layers)
     for (const TensorView* v :
@@ -320,7 +332,7 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
   check_all_planned(ckpt, c, planned);
   add(plan.final_norm);
   add(plan.lm_head);
-  if (plan.lm_head != plan.embed) add(plan.embed);
+  if (plan.lm_head != plan.embed) add(plan.embed, false);  // --weights leaves it bf16
   return plan;
 }
 
@@ -372,8 +384,8 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
 
 }  // namespace
 
-size_t check_weights(const Checkpoint& ckpt, const ModelConfig& config) {
-  return plan_weights(ckpt, config).bytes;
+size_t check_weights(const Checkpoint& ckpt, const ModelConfig& config, const QuantSource* quant) {
+  return plan_weights(ckpt, config, quant).bytes;
 }
 
 void ModelWeights::embed_row(size_t token, float* out) const {

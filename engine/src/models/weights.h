@@ -49,11 +49,14 @@ struct ModelWeights {
   void embed_row(size_t token, float* out) const;
 };
 
+struct QuantSource;
 // Finds every tensor the config needs and checks its shape without reading
-// data; returns the bytes load_weights will allocate (as bf16: an upper bound
-// for quantized weights). Call it before sizing anything by the config: it
-// fails on the first tensor the checkpoint lacks.
-size_t check_weights(const Checkpoint& ckpt, const ModelConfig& config);
+// data; returns the bytes load_weights will allocate (matrices from `quant` at
+// their repacked size, kernels::repacked_bytes; the others as bf16). Call it
+// before sizing anything by the config: it fails on the first tensor the
+// checkpoint lacks.
+size_t check_weights(const Checkpoint& ckpt, const ModelConfig& config,
+                     const QuantSource* quant = nullptr);
 
 // Where the 2-D matrices come from when they are not the checkpoint's bf16:
 // a GGUF file's blocks, kept exact (models/gguf_weights.h), or the bf16

@@ -219,14 +219,14 @@ void Model::setup(const std::filesystem::path& model, const SessionOptions& opti
     const std::optional<Checkpoint> own =
         bare ? std::nullopt : std::optional<Checkpoint>(Checkpoint::open(model_dir));
     const Checkpoint& checkpoint = bare ? *gguf->checkpoint : *own;
-    const size_t weight_bytes = check_weights(checkpoint, s->config);
+    step = "reading the GGUF file";
+    if (is_gguf && !bare) gguf = open_gguf_weights(model, s->config);
+    const auto quant = quant_source(gguf, options.weights);
+    const size_t weight_bytes = check_weights(checkpoint, s->config, quant ? &*quant : nullptr);
     s->max_context = std::min(options.max_context, s->config.position_limit());
     check_memory(s->config, weight_bytes, s->max_context, cfg.kv);
     step = "starting the worker threads";
     s->pool = std::make_unique<ThreadPool>(threads);
-    step = "reading the GGUF file";
-    if (is_gguf && !bare) gguf = open_gguf_weights(model, s->config);
-    const auto quant = quant_source(gguf, options.weights);
     step = "packing " + gb_str(weight_bytes) + " of weights";
     ModelWeights weights =
         load_weights(checkpoint, s->config, s->pool.get(), quant ? &*quant : nullptr, cfg.isa);
