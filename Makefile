@@ -10,6 +10,7 @@ SAN_DIR := build-sanitize
 FUZZ_DIR := build-fuzz
 FUZZ_SECONDS ?= 10
 BENCH_REPS ?= 3
+comma := ,
 PREFIX ?= /usr/local
 # Ray (docs/scale_out.md): RAY_ADDRESS empty = a local single-node cluster, dashboard off.
 RAY_ADDRESS ?=
@@ -25,7 +26,7 @@ CMAKE_LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=c
 RAY_ENV := PYTHONPATH=$(CURDIR)/build/python:$(CURDIR)/llms:$(CURDIR) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 .PHONY: help bootstrap build install fetch run serve serve-ray verify-sweep test test-cpp test-py test-sanitize build-sanitize \
-  build-fuzz fuzz bench bench-peers bench-serve quality format lint clean
+  build-fuzz fuzz bench bench-peers bench-sizes peers bench-serve quality format lint clean
 
 help:
 	@echo "make run        set up, build, fetch SmolLM2-135M-Instruct and run it (PROMPT, N_TOKENS, MODEL, THREADS,"
@@ -39,6 +40,7 @@ help:
 	@echo "make fuzz       every libFuzzer target in engine/fuzz for FUZZ_SECONDS each (default $(FUZZ_SECONDS))"
 	@echo "make bench      side-by-side benchmark against peers (docs/benchmarks.md)"
 	@echo "make bench-peers  ours vs llama.cpp (built natively in .venv-peers) and HF bf16, each model's GGUF"
+	@echo "make bench-sizes  ours vs llama.cpp on real-shape random-weight GGUFs, 1.5B to 30B-A3B (RUNGS=shape:type,...)"
 	@echo "make bench-serve  server throughput, 8 streams vs 1 (docs/benchmarks.md, serving section)"
 	@echo "make quality    KLD of each fast configuration vs the exact path (docs/quality.md)"
 	@echo "make format     clang-format the C++ and ruff-format the Python"
@@ -132,14 +134,22 @@ bench: build fetch
 # each model's own GGUF file, beside ours (bf16 and GGUF) and HF bf16 in the same run.
 PEERS_VENV := .venv-peers
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
-bench-peers: build fetch
+peers:
 	@if ! $(PEERS_VENV)/bin/python -c 'import llama_cpp' 2>/dev/null; then \
-	  echo "[bench-peers] building $(LLAMA_CPP_PYTHON) natively into $(PEERS_VENV) (several minutes)"; \
+	  echo "[peers] building $(LLAMA_CPP_PYTHON) natively into $(PEERS_VENV) (several minutes)"; \
 	  python3 -m venv $(PEERS_VENV) && CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS_VENV)/bin/pip install -q \
 	    $(LLAMA_CPP_PYTHON) $$(grep -E '^(tokenizers|numpy)==' requirements.txt); fi
+
+bench-peers: build fetch peers
 	@for m in smollm2-135m-instruct gemma3-270m; do \
 	  flock -x /tmp/edgellm-cpu.lock $(PY) bench/run_bench.py --model models/$$m --gguf gguf=models/$$m/gguf/model.gguf \
 	    --reps $(BENCH_REPS) --no-hf-float32 || exit 1; done
+
+# The size ladder: random-weight GGUFs of real shapes (written on first use, models/shapes/,
+# 1-17 GB each) run by us and llama.cpp in one run; RUNGS=shape:type,... picks some.
+bench-sizes: build fetch peers
+	flock -x /tmp/edgellm-cpu.lock $(PY) bench/size_ladder.py --reps $(BENCH_REPS) \
+	  $(foreach r,$(subst $(comma), ,$(RUNGS)),--rung $(r))
 
 # KLD of each fast configuration vs the exact path, every deployment with a fetched model
 # (docs/quality.md holds the last run's tables).
