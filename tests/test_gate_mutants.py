@@ -57,6 +57,7 @@ FAMILY_FIXTURES = (
     "qwen3moe-tiny",
     "olmoe-tiny",
     "phi3-tiny",
+    "gptoss-tiny",
 )
 
 
@@ -309,6 +310,7 @@ MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny
 OLMO2 = ("olmo2-tiny",)
 MOE = ("qwen3moe-tiny", "olmoe-tiny")
 PHI3 = ("phi3-tiny",)
+GPTOSS = ("gptoss-tiny",)
 EXPERT = "model.layers.{}.mlp.experts.{}.{}_proj.weight"
 
 
@@ -329,6 +331,24 @@ def _swap_fused_gate_up(t: Tensors, c: Config) -> None:
     w = t["model.layers.1.mlp.gate_up_proj.weight"]  # rows [gate; up]
     i = c["intermediate_size"]
     _swap_rows(w, slice(0, i), slice(i, 2 * i))
+
+
+def _drop_sinks(t: Tensors, c: Config) -> None:
+    """Every attention sink at -1e4: exp(sink - max) is 0, as if the sinks were not there."""
+    for k in t:
+        if k.endswith("self_attn.sinks"):
+            t[k].fill_(-1e4)
+
+
+def _swap_interleaved_gate_up(t: Tensors, c: Config) -> None:
+    """Layer 0's experts read with gate and up de-interleaved the wrong way round (gate from the
+    odd columns of gate_up_proj, up from the even ones), weights and biases alike."""
+    for k in (
+        "model.layers.0.mlp.experts.gate_up_proj",
+        "model.layers.0.mlp.experts.gate_up_proj_bias",
+    ):
+        w = t[k]
+        w[..., 0::2], w[..., 1::2] = w[..., 1::2].clone(), w[..., 0::2].clone()
 
 
 def _full_rotary(c: Config) -> Config:
@@ -410,6 +430,19 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
         PHI3, config=lambda c: {"max_position_embeddings": c["original_max_position_embeddings"]}
     ),
     "sliding window ignored (Phi-3)": WeightMutant(PHI3, config=lambda c: {"sliding_window": None}),
+    "attention sinks dropped": WeightMutant(GPTOSS, _drop_sinks),
+    "experts' gate/up interleave swapped (layer 0)": WeightMutant(
+        GPTOSS, _swap_interleaved_gate_up
+    ),
+    "sliding window on the wrong layers (layer_types inverted)": WeightMutant(
+        GPTOSS,
+        config=lambda c: {
+            "layer_types": [
+                "full_attention" if t == "sliding_attention" else "sliding_attention"
+                for t in c["layer_types"]
+            ]
+        },
+    ),
 }
 WEIGHT_MUTANTS.update(FAMILY_MUTANTS)
 
