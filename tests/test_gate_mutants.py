@@ -39,7 +39,7 @@ from verify.gate import (
     evaluate,
 )
 from verify.phases import PROMPTS_DIR, load_prompts
-from verify.runners.engine_runner import EngineRunner
+from verify.runners.engine_runner import EngineRunner, import_binding
 from verify.runners.records import DecodeStepRecord, PrefillRecord
 
 VERIFY = 2  # make verify's prompt count
@@ -634,6 +634,23 @@ class SkipFinalNorm(Wrapped):
         return DecodeStepRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
 
 
+class WithFault(Wrapped):
+    """The engine with one fault-injection mutant on (kernels/fault_injection.h) while it runs:
+    a family switch broken inside the forward pass, where no checkpoint edit reaches."""
+
+    def __init__(self, inner: EngineRunner, fault: str) -> None:
+        super().__init__(inner)
+        import_binding().set_kernel_fault(fault)
+
+    def close(self) -> None:
+        import_binding().set_kernel_fault("none")
+        super().close()
+
+
+def _with_fault(fault: str) -> Callable[[Subject, Path], Wrapped]:
+    return lambda s, _: WithFault(_engine(s.config.model_dir, s), fault)
+
+
 def _lm_head(model_dir: Path) -> np.ndarray:
     from safetensors import safe_open
 
@@ -682,6 +699,11 @@ CALL_MUTANTS: dict[str, CallMutant] = {
         _wrap(EarlyKvOverwritten)
     ),
     "logits rounded to bf16": CallMutant(_wrap(LogitsInBf16)),
+    # gpt-oss's own switches inside the forward pass
+    "router softmax over all experts, then top-k (gpt-oss)": CallMutant(
+        _with_fault("router softmax over all experts"), GPTOSS
+    ),
+    "SwiGLU clamp dropped (gpt-oss)": CallMutant(_with_fault("SwiGLU clamp dropped"), GPTOSS),
 }
 
 

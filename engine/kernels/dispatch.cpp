@@ -21,6 +21,7 @@
 
 #include "kernels/avx2.h"
 #include "kernels/avx512.h"
+#include "kernels/fault_injection.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
@@ -313,6 +314,7 @@ void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out, Isa
 
 void swiglu_oai_mul(const float* gate, const float* up, size_t n, float limit, float* out,
                     Isa isa) {
+  if (fault::active() == fault::Fault::swiglu_clamp_dropped) limit = INFINITY;
   if (isa >= Isa::avx512) return avx512::swiglu_oai_mul(gate, up, n, limit, out);
   if (isa >= Isa::avx2) return avx2::swiglu_oai_mul(gate, up, n, limit, out);
   ref::swiglu_oai_mul(gate, up, n, limit, out);

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/fault_injection.h"
+
 namespace edgellm {
 
 void route_token(const float* logits, size_t num_experts, size_t k, bool renormalize,
@@ -60,8 +62,11 @@ void moe_feed_forward(const LayerWeights& L, const ModelConfig& c, const float* 
     Profiler::Scope z(prof, Zone::router, static_cast<double>(L.router.byte_size()),
                       2.0 * n * E * H);
     kernels::matmul(L.router, xn, n, s.router.data(), pool, cfg, batch);
+    const bool topk_softmax =
+        c.moe.softmax_after_topk &&
+        kernels::fault::active() != kernels::fault::Fault::moe_softmax_over_all_experts;
     for (size_t t = 0; t < n; ++t) {
-      if (c.moe.softmax_after_topk)
+      if (topk_softmax)
         route_token_topk_softmax(&s.router[t * E], E, k, &s.routes[t * k]);
       else
         route_token(&s.router[t * E], E, k, c.moe.norm_topk_prob, &s.routes[t * k]);
