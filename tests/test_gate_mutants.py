@@ -434,6 +434,12 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
     "experts' gate/up interleave swapped (layer 0)": WeightMutant(
         GPTOSS, _swap_interleaved_gate_up
     ),
+    "YaRN attention factor dropped (attention_factor 1.0)": WeightMutant(
+        GPTOSS, config=lambda c: {"rope_scaling": {**c["rope_scaling"], "attention_factor": 1.0}}
+    ),
+    "YaRN correction range truncated (truncate true)": WeightMutant(
+        GPTOSS, config=lambda c: {"rope_scaling": {**c["rope_scaling"], "truncate": True}}
+    ),
     "sliding window on the wrong layers (layer_types inverted)": WeightMutant(
         GPTOSS,
         config=lambda c: {
