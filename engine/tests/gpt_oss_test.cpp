@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "edgellm/config.h"
 #include "edgellm/error.h"
@@ -11,6 +12,7 @@
 #include "models/gguf_config.h"
 #include "models/gguf_weights.h"
 #include "models/moe.h"
+#include "models/weights.h"
 #include "test_util.h"
 
 namespace edgellm {
@@ -102,6 +104,88 @@ TEST(GptOssRouting, TopKLogitsThenSoftmax) {
   const float huge[] = {1000.0f, -1000.0f, 999.0f};  // the max is subtracted first
   route_token_topk_softmax(huge, 3, 2, r);
   EXPECT_NEAR(r[0].weight, 1.0 / (1.0 + std::exp(-1.0)), 1e-6);
+}
+
+// One gpt-oss layer as transformers stores it, every element a distinct small integer (exact in
+// bf16), so a packed value says which checkpoint element it came from.
+struct GptOssCheckpoint {
+  ModelConfig c = gpt_oss_config(R"("num_hidden_layers": 1)");
+  std::map<std::string, std::vector<float>> values;
+  std::map<std::string, TensorView> views;
+  size_t bytes = 0;  // what the engine allocates for them: bf16 matrices, fp32 vectors
+
+  void add(const std::string& name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float>& v = values[name];
+    for (int64_t i = 0; i < n; ++i) v.push_back(static_cast<float>((i * 7 + name.size()) % 251));
+    views[name] = {name, DType::f32, shape, v.data(), v.size() * 4, "test"};
+    bytes += static_cast<size_t>(n) * (shape.size() >= 2 ? 2 : 4);
+  }
+  GptOssCheckpoint() {
+    const int64_t H = 64, D = 24, E = 8, X = 40, V = 100;
+    const std::string p = "model.layers.0.";
+    add("model.embed_tokens.weight", {V, H});
+    add("model.norm.weight", {H});
+    add("lm_head.weight", {V, H});
+    add(p + "input_layernorm.weight", {H});
+    add(p + "post_attention_layernorm.weight", {H});
+    for (const auto& [proj, rows] : {std::pair{"q", 4 * D}, {"k", 2 * D}, {"v", 2 * D}}) {
+      add(p + "self_attn." + proj + "_proj.weight", {rows, H});
+      add(p + "self_attn." + proj + "_proj.bias", {rows});
+    }
+    add(p + "self_attn.o_proj.weight", {H, 4 * D});
+    add(p + "self_attn.o_proj.bias", {H});
+    add(p + "self_attn.sinks", {4});
+    add(p + "mlp.router.weight", {E, H});
+    add(p + "mlp.router.bias", {E});
+    add(p + "mlp.experts.gate_up_proj", {E, H, 2 * X});
+    add(p + "mlp.experts.gate_up_proj_bias", {E, 2 * X});
+    add(p + "mlp.experts.down_proj", {E, X, H});
+    add(p + "mlp.experts.down_proj_bias", {E, H});
+  }
+};
+
+// HF's x @ W experts with gate and up interleaved become the engine's W[out][in] rows, [gate; up]
+// de-interleaved, each bias in its row's order; the plan counts the stacked tensors as the bf16
+// matrices they become.
+TEST(GptOssWeights, StackedExpertsUnpackPerExpert) {
+  GptOssCheckpoint ck;
+  const Checkpoint checkpoint = Checkpoint::from_views(ck.views);
+  EXPECT_EQ(check_weights(checkpoint, ck.c), ck.bytes);
+  // Setup drops a packed tensor's pages (TensorView::release_pages), which zeroes heap ones.
+  auto values = ck.values;
+  const ModelWeights w = load_weights(checkpoint, ck.c, nullptr, nullptr, kernels::Isa::scalar);
+  const LayerWeights& L = w.layers[0];
+  const size_t H = 64, E = 8, X = 40;
+  const std::string p = "model.layers.0.mlp.";
+  const auto& gate_up = values[p + "experts.gate_up_proj"];
+  const auto& gate_up_bias = values[p + "experts.gate_up_proj_bias"];
+  const auto& down = values[p + "experts.down_proj"];
+  const auto& down_bias = values[p + "experts.down_proj_bias"];
+  ASSERT_EQ(L.expert_gate_up.size(), E);
+  std::vector<float> row(H);
+  for (size_t e = 0; e < E; ++e) {
+    const kernels::PackedMatrix& m = L.expert_gate_up[e];
+    ASSERT_EQ(m.rows, 2 * X);
+    for (size_t r = 0; r < 2 * X; ++r) {
+      const size_t col = r < X ? 2 * r : 2 * (r - X) + 1;  // gate: even columns, up: odd
+      kernels::unpack_row(m, r, row.data());
+      for (size_t c = 0; c < H; ++c)
+        ASSERT_EQ(row[c], gate_up[(e * H + c) * 2 * X + col]) << e << " " << r << " " << c;
+      ASSERT_EQ(m.bias.get()[r], gate_up_bias[e * 2 * X + col]) << e << " " << r;
+    }
+    const kernels::PackedMatrix& d = L.expert_down[e];
+    ASSERT_EQ(d.rows, H);
+    std::vector<float> drow(X);
+    for (size_t h = 0; h < H; ++h) {
+      kernels::unpack_row(d, h, drow.data());
+      for (size_t x = 0; x < X; ++x) ASSERT_EQ(drow[x], down[(e * X + x) * H + h]) << e;
+      ASSERT_EQ(d.bias.get()[h], down_bias[e * H + h]) << e;
+    }
+  }
+  for (size_t e = 0; e < E; ++e) EXPECT_EQ(L.router.bias.get()[e], values[p + "router.bias"][e]);
+  EXPECT_EQ(L.sinks, values["model.layers.0.self_attn.sinks"]);
 }
 
 // A gpt-oss GGUF's metadata as llama.cpp's converter writes it (tensors: only the embedding).

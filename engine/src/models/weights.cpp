@@ -337,9 +337,10 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
         "embeddings");
   plan.lm_head = head && !c.tie_word_embeddings ? head : plan.embed;
   std::set<const TensorView*> planned = {plan.embed, plan.final_norm, head};
-  // Matrices become bf16, vectors fp32; an untied embedding is copied too.
+  // Matrices (gpt-oss's stacked experts included) become bf16, vectors fp32; an untied
+  // embedding is copied too.
   auto add = [&](const TensorView* t) {
-    if (t) plan.bytes += static_cast<size_t>(t->numel()) * (t->shape.size() == 2 ? 2 : 4);
+    if (t) plan.bytes += static_cast<size_t>(t->numel()) * (t->shape.size() >= 2 ? 2 : 4);
   };
   for (const LayerTensors& t : plan.layers)
     for (const TensorView* v : {t.attn_norm,
