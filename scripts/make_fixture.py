@@ -193,28 +193,30 @@ CONFIGS: dict[str, tuple[str, dict]] = {
         },
     ),
     # gpt-oss: attention sinks, q/k/v/o biases, sliding layers that are not HF's default
-    # alternation (window 5, crossed by the tests' tokens), YaRN with truncate off (a fractional
+    # alternation (window 6, crossed by the tests' tokens), YaRN with truncate off (a fractional
     # ramp: dims 1.7 to 5.4 of 12), top-3 of 8 experts by router logit, softmax over those 3,
     # biased router and experts, the clamped SwiGLU.
     "gptoss-tiny": (
         "GptOssConfig",
         {
             **TINY,
-            "num_hidden_layers": 4,
+            "num_hidden_layers": 5,  # not num_attention_heads (4): the sinks are per head
             "intermediate_size": 40,
             "num_local_experts": 8,
             "num_experts_per_tok": 3,
-            "sliding_window": 5,
+            "sliding_window": 6,
             "layer_types": [
                 "sliding_attention",
                 "full_attention",
                 "full_attention",
                 "sliding_attention",
+                "full_attention",
             ],
             "rope_theta": 80000.0,
+            "max_position_embeddings": 32768,  # factor x original, as HF's validation wants
             "rope_scaling": {
                 "rope_type": "yarn",
-                "factor": 4.0,
+                "factor": 32.0,
                 "beta_fast": 32.0,
                 "beta_slow": 1.0,
                 "truncate": False,

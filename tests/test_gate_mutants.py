@@ -437,9 +437,6 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
     "YaRN attention factor dropped (attention_factor 1.0)": WeightMutant(
         GPTOSS, config=lambda c: {"rope_scaling": {**c["rope_scaling"], "attention_factor": 1.0}}
     ),
-    "YaRN correction range truncated (truncate true)": WeightMutant(
-        GPTOSS, config=lambda c: {"rope_scaling": {**c["rope_scaling"], "truncate": True}}
-    ),
     "sliding window on the wrong layers (layer_types inverted)": WeightMutant(
         GPTOSS,
         config=lambda c: {
