@@ -192,6 +192,44 @@ CONFIGS: dict[str, tuple[str, dict]] = {
             "eos_token_id": 2,
         },
     ),
+    # gpt-oss: attention sinks, q/k/v/o biases, sliding layers that are not HF's default
+    # alternation (window 6, crossed by the tests' tokens), YaRN with truncate off (a fractional
+    # ramp: dims 1.7 to 5.4 of 12), top-3 of 8 experts by router logit, softmax over those 3,
+    # biased router and experts, the clamped SwiGLU.
+    "gptoss-tiny": (
+        "GptOssConfig",
+        {
+            **TINY,
+            "num_hidden_layers": 5,  # not num_attention_heads (4): the sinks are per head
+            "intermediate_size": 40,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 3,
+            "sliding_window": 6,
+            "layer_types": [
+                "sliding_attention",
+                "full_attention",
+                "full_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
+            "rope_theta": 80000.0,
+            "max_position_embeddings": 32768,  # factor x original, as HF's validation wants
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 1024,
+            },
+            "swiglu_limit": 7.0,
+            "tie_word_embeddings": False,
+            # HF's default ids lie outside the tiny vocabulary.
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "gemma3-tiny": (
         "Gemma3TextConfig",
         {
@@ -218,6 +256,11 @@ SAVE_OPTIONS: dict[str, dict[str, str]] = {
 }
 
 
+# Parameters initialised wider than the default 0.08, by fixture and name suffix: gpt-oss's
+# experts clamp gate and up at +-7, which the default init's pre-activations (~0.6) never reach.
+INIT_STD: dict[str, dict[str, float]] = {"gptoss-tiny": {"experts.gate_up_proj": 1.2}}
+
+
 def write_fixture(name: str, out: Path, seed: int) -> Path:
     """Writes config, bf16 weights, tokenizer and generation config into `out`."""
     import torch
@@ -235,7 +278,8 @@ def write_fixture(name: str, out: Path, seed: int) -> Path:
         # Larger-than-default init so random models have peaked, non-trivial logits.
         for pname, p in model.named_parameters():
             if p.dim() >= 2:
-                p.normal_(0.0, 0.08)
+                wide = INIT_STD.get(name, {})
+                p.normal_(0.0, next((s for k, s in wide.items() if pname.endswith(k)), 0.08))
             elif "norm" in pname:  # Gemma applies (1 + w), the others w
                 p.normal_(0.0 if gemma else 1.0, 0.1)
             else:  # biases

@@ -40,6 +40,7 @@ FIXTURES = [
     "qwen3moe-tiny",
     "olmoe-tiny",
     "phi3-tiny",
+    "gptoss-tiny",
 ]
 TOKENS = [1, 504, 3101, 42, 77, 19000, 8, 260, 4431, 12, 999, 31, 5, 48000, 600, 2, 7, 300]
 PROMPT_LEN = 5
@@ -76,6 +77,10 @@ def test_fixture_is_what_it_claims(fixture_dir: Path) -> None:
         assert cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]
     if "num_experts" in cfg:  # routing that a wrong top-k, renormalisation or width would change
         assert 1 < cfg["num_experts_per_tok"] < cfg["num_experts"]
+    if cfg["architectures"] == ["GptOssForCausalLM"]:  # sinks and a window crossed by TOKENS
+        assert 1 < cfg["num_experts_per_tok"] < cfg["num_local_experts"]
+        assert set(cfg["layer_types"]) == {"sliding_attention", "full_attention"}
+        assert cfg["sliding_window"] < len(TOKENS) and cfg["rope_scaling"]["rope_type"] == "yarn"
     if "moe_intermediate_size" in cfg:  # Qwen3-MoE: a dense layer among the MoE ones
         assert cfg["moe_intermediate_size"] != cfg["intermediate_size"] and cfg["mlp_only_layers"]
     if "query_pre_attn_scalar" in cfg:
@@ -142,7 +147,7 @@ def test_every_position_matches_transformers(
 
 
 @pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("name", ["qwen3moe-tiny", "olmoe-tiny"])
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "olmoe-tiny", "gptoss-tiny"])
 def test_moe_batched_decode_is_bit_identical_to_alone(
     name: str, tier: str, family_fixture: Any, engine_binding: Any, monkeypatch: Any
 ) -> None:

@@ -39,7 +39,7 @@ from verify.gate import (
     evaluate,
 )
 from verify.phases import PROMPTS_DIR, load_prompts
-from verify.runners.engine_runner import EngineRunner
+from verify.runners.engine_runner import EngineRunner, import_binding
 from verify.runners.records import DecodeStepRecord, PrefillRecord
 
 VERIFY = 2  # make verify's prompt count
@@ -57,6 +57,7 @@ FAMILY_FIXTURES = (
     "qwen3moe-tiny",
     "olmoe-tiny",
     "phi3-tiny",
+    "gptoss-tiny",
 )
 
 
@@ -309,6 +310,7 @@ MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny
 OLMO2 = ("olmo2-tiny",)
 MOE = ("qwen3moe-tiny", "olmoe-tiny")
 PHI3 = ("phi3-tiny",)
+GPTOSS = ("gptoss-tiny",)
 EXPERT = "model.layers.{}.mlp.experts.{}.{}_proj.weight"
 
 
@@ -329,6 +331,24 @@ def _swap_fused_gate_up(t: Tensors, c: Config) -> None:
     w = t["model.layers.1.mlp.gate_up_proj.weight"]  # rows [gate; up]
     i = c["intermediate_size"]
     _swap_rows(w, slice(0, i), slice(i, 2 * i))
+
+
+def _drop_sinks(t: Tensors, c: Config) -> None:
+    """Every attention sink at -1e4: exp(sink - max) is 0, as if the sinks were not there."""
+    for k in t:
+        if k.endswith("self_attn.sinks"):
+            t[k].fill_(-1e4)
+
+
+def _swap_interleaved_gate_up(t: Tensors, c: Config) -> None:
+    """Layer 0's experts read with gate and up de-interleaved the wrong way round (gate from the
+    odd columns of gate_up_proj, up from the even ones), weights and biases alike."""
+    for k in (
+        "model.layers.0.mlp.experts.gate_up_proj",
+        "model.layers.0.mlp.experts.gate_up_proj_bias",
+    ):
+        w = t[k]
+        w[..., 0::2], w[..., 1::2] = w[..., 1::2].clone(), w[..., 0::2].clone()
 
 
 def _full_rotary(c: Config) -> Config:
@@ -410,6 +430,22 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
         PHI3, config=lambda c: {"max_position_embeddings": c["original_max_position_embeddings"]}
     ),
     "sliding window ignored (Phi-3)": WeightMutant(PHI3, config=lambda c: {"sliding_window": None}),
+    "attention sinks dropped": WeightMutant(GPTOSS, _drop_sinks),
+    "experts' gate/up interleave swapped (layer 0)": WeightMutant(
+        GPTOSS, _swap_interleaved_gate_up
+    ),
+    "YaRN attention factor dropped (attention_factor 1.0)": WeightMutant(
+        GPTOSS, config=lambda c: {"rope_scaling": {**c["rope_scaling"], "attention_factor": 1.0}}
+    ),
+    "sliding window on the wrong layers (layer_types inverted)": WeightMutant(
+        GPTOSS,
+        config=lambda c: {
+            "layer_types": [
+                "full_attention" if t == "sliding_attention" else "sliding_attention"
+                for t in c["layer_types"]
+            ]
+        },
+    ),
 }
 WEIGHT_MUTANTS.update(FAMILY_MUTANTS)
 
@@ -601,6 +637,23 @@ class SkipFinalNorm(Wrapped):
         return DecodeStepRecord(logits=logits, top1=topk_token_ids(logits, 1)[0])
 
 
+class WithFault(Wrapped):
+    """The engine with one fault-injection mutant on (kernels/fault_injection.h) while it runs:
+    a family switch broken inside the forward pass, where no checkpoint edit reaches."""
+
+    def __init__(self, inner: EngineRunner, fault: str) -> None:
+        super().__init__(inner)
+        import_binding().set_kernel_fault(fault)
+
+    def close(self) -> None:
+        import_binding().set_kernel_fault("none")
+        super().close()
+
+
+def _with_fault(fault: str) -> Callable[[Subject, Path], Wrapped]:
+    return lambda s, _: WithFault(_engine(s.config.model_dir, s), fault)
+
+
 def _lm_head(model_dir: Path) -> np.ndarray:
     from safetensors import safe_open
 
@@ -649,6 +702,11 @@ CALL_MUTANTS: dict[str, CallMutant] = {
         _wrap(EarlyKvOverwritten)
     ),
     "logits rounded to bf16": CallMutant(_wrap(LogitsInBf16)),
+    # gpt-oss's own switches inside the forward pass
+    "router softmax over all experts, then top-k (gpt-oss)": CallMutant(
+        _with_fault("router softmax over all experts"), GPTOSS
+    ),
+    "SwiGLU clamp dropped (gpt-oss)": CallMutant(_with_fault("SwiGLU clamp dropped"), GPTOSS),
 }
 
 

@@ -331,6 +331,7 @@ ARCH = {
     "granite-tiny": "granite",
     "smollm3-tiny": "smollm3",
     "qwen3moe-tiny": "qwen3moe",
+    "gptoss-tiny": "gpt-oss",
 }
 PERMUTED = ("llama", "granite", "smollm3")  # archs whose converter is llama.cpp's LlamaModel
 
@@ -393,6 +394,29 @@ def stack_experts(weights: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
                 weights[f"blk.{layer}.ffn_{proj}_exps.weight"] = stacked
 
 
+def gpt_oss_tensors(weights: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
+    """gpt-oss's tensors under llama.cpp's names, as its converter (GptOssModel) writes an
+    unquantized checkpoint: HF's stacked x @ W experts transposed, gate/up de-interleaved
+    (even / odd columns) into ffn_{gate,up}_exps, their biases split the same way; the router as
+    ffn_gate_inp, sinks as attn_sinks.weight, post_attention_layernorm as post_attention_norm."""
+    for layer in range(cfg["num_hidden_layers"]):
+        hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
+        gate_up = weights.pop(hf + "mlp.experts.gate_up_proj").transpose(0, 2, 1)  # [E, 2X, H]
+        bias = weights.pop(hf + "mlp.experts.gate_up_proj_bias")  # [E, 2X]
+        weights[blk + "ffn_gate_exps.weight"] = gate_up[:, ::2, :]
+        weights[blk + "ffn_up_exps.weight"] = gate_up[:, 1::2, :]
+        weights[blk + "ffn_gate_exps.bias"] = bias[:, ::2]
+        weights[blk + "ffn_up_exps.bias"] = bias[:, 1::2]
+        down = weights.pop(hf + "mlp.experts.down_proj").transpose(0, 2, 1)  # [E, H, X]
+        weights[blk + "ffn_down_exps.weight"] = down
+        weights[blk + "ffn_down_exps.bias"] = weights.pop(hf + "mlp.experts.down_proj_bias")
+        for kind in ("weight", "bias"):
+            weights[blk + f"ffn_gate_inp.{kind}"] = weights.pop(hf + f"mlp.router.{kind}")
+        weights[blk + "attn_sinks.weight"] = weights.pop(hf + "self_attn.sinks")
+        norm = weights.pop(hf + "post_attention_layernorm.weight")
+        weights[blk + "post_attention_norm.weight"] = norm
+
+
 def write_fixture_gguf(
     fixture: Path,
     name: str,
@@ -449,6 +473,19 @@ def write_fixture_gguf(
         writer.add_expert_used_count(cfg["num_experts_per_tok"])
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         stack_experts(weights, cfg)
+    if arch == "gpt-oss":
+        from gguf import RopeScalingType
+
+        writer.add_expert_count(cfg["num_local_experts"])
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(cfg["intermediate_size"])
+        writer.add_sliding_window(cfg["sliding_window"])
+        writer.add_rope_scaling_type(RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
+        gpt_oss_tensors(weights, cfg)
     add_smollm2_vocab(writer)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
@@ -489,6 +526,12 @@ def fixture_pair(
     # hard-codes Gemma 3's query scale as 1/sqrt(head_dim).
     if "query_pre_attn_scalar" in cfg:
         cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+    # ... gpt-oss's sliding layers as the even ones ...
+    if cfg["architectures"] == ["GptOssForCausalLM"]:
+        cfg["layer_types"] = [
+            "sliding_attention" if i % 2 == 0 else "full_attention"
+            for i in range(cfg["num_hidden_layers"])
+        ]
     # ... and SmolLM3's NoPE layers as every 4th.
     if "no_rope_layers" in cfg:
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(cfg["num_hidden_layers"])]
@@ -552,7 +595,7 @@ def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_run: list[str
     assert_one_line_error(
         proc,
         "architecture 'mamba' is not supported",
-        "(supported: gemma3, granite, llama, qwen2, qwen3, qwen3moe, smollm3)",
+        "(supported: gemma3, gpt-oss, granite, llama, qwen2, qwen3, qwen3moe, smollm3)",
     )
 
 

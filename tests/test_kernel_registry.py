@@ -44,6 +44,10 @@ def test_used_by_comes_from_the_descriptors() -> None:
         assert not any(name in k["used_when"] for name in deployments), k
         # "deployment" or "deployment (qualifier)", e.g. "smollm2_135m (MODEL=gguf)"
         users = generate.used_by(k["used_when"], DEPLOYMENTS)
+        if not users:  # the activation of a family no deployment runs yet (gpt-oss's)
+            assert k["used_when"].startswith("hidden_act "), k
+            assert "scalar" in k["paths"], k
+            continue
         used = {u.split("(")[0].strip() for u in users.split(",")}
         assert used and used <= deployments, f"{k['name']}: unknown deployment in {used}"
         assert set(k["paths"]) <= set(TIERS) and "scalar" in k["paths"], k

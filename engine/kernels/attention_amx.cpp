@@ -393,6 +393,7 @@ void attend_item(Tiles tiles, const AttentionArgs& a, const KvTiles& kv, size_t 
   alignas(64) float inv_l[kRows];
   for (int h = 0; h < 2; ++h)
     _mm512_store_ps(inv_l + 16 * h, _mm512_div_ps(_mm512_set1_ps(1.0f), l[h]));
+  if (a.sinks) avx512::add_sinks_log2(a, group, kvh, rows, m, l, inv_l);
   // O^T back to rows ([32 rows][hd]), each scaled by 1 / l.
   thread_local std::vector<float> o_rows;
   o_rows.resize(kRows * hd);

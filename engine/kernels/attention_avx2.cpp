@@ -286,8 +286,9 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     for (size_t t = t0; t < t1; ++t) {
       for (size_t g = 0; g < plan.group; ++g) {
         const size_t row = (t - t0) * plan.group + g;
-        const __m256 inv = _mm256_set1_ps(1.0f / l[row]);
-        float* out = a.out + (t * a.n_heads + kvh * plan.group + g) * hd;
+        const size_t h = kvh * plan.group + g;
+        const __m256 inv = _mm256_set1_ps(1.0f / with_sink(a, h, m[row], l[row]));
+        float* out = a.out + (t * a.n_heads + h) * hd;
         for (size_t d = 0; d < hd; d += 8)
           _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(o + row * hd + d), inv));
       }
@@ -324,7 +325,8 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
                                _mm256_fmadd_ps(_mm256_loadu_ps(st + row * hd + d), vw, acc));
             }
           }
-          const __m256 inv = _mm256_set1_ps(1.0f / total);
+          const __m256 inv =
+              _mm256_set1_ps(1.0f / with_sink(a, kvh * plan.group + g, m_max, total));
           for (size_t d = 0; d < hd; d += 8)
             _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
         }

@@ -258,7 +258,7 @@ void attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
     attend_tile(a, group, kvh, t0, t1, st);
     for (size_t r = 0; r < rows; ++r) {
       const size_t t = t0 + r / group, h = kvh * group + r % group;
-      const __m512 inv = _mm512_set1_ps(1.0f / st.l[r]);
+      const __m512 inv = _mm512_set1_ps(1.0f / with_sink(a, h, st.m[r], st.l[r]));
       float* out = a.out + (t * a.n_heads + h) * hd;
       for (size_t d = 0; d < hd; d += 16)
         _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(st.o + r * hd + d), inv));

@@ -361,6 +361,7 @@ void attend_item(const AttentionArgs& a, const KvLayout& kv, size_t group, size_
   alignas(64) float inv_l[kRows];
   for (size_t h = 0; h < vecs; ++h)
     _mm512_store_ps(inv_l + 16 * h, _mm512_div_ps(_mm512_set1_ps(1.0f), l[h]));
+  if (a.sinks) add_sinks_log2(a, group, kvh, rows, m, l, inv_l);
   // O^T back to rows ([kRows][hd]), each scaled by 1 / l.
   for (size_t d0 = 0; d0 < hd; d0 += 16)
     for (size_t r0 = 0; r0 < vecs * 16; r0 += 16)

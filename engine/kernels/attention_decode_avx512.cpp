@@ -410,8 +410,9 @@ void attention_decode(const AttentionArgs& a, ThreadPool& pool) {
     if (plan.splits > 1) return;
     for (size_t row = 0; row < rows; ++row) {
       const size_t t = row / plan.group, g = row % plan.group;
-      const __m512 inv = _mm512_set1_ps(1.0f / l[row]);
-      float* out = a.out + (t * a.n_heads + kvh * plan.group + g) * hd;
+      const size_t h = kvh * plan.group + g;
+      const __m512 inv = _mm512_set1_ps(1.0f / with_sink(a, h, m[row], l[row]));
+      float* out = a.out + (t * a.n_heads + h) * hd;
       for (size_t d = 0; d < hd; d += 16)
         _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(o + row * hd + d), inv));
     }
@@ -439,7 +440,7 @@ void attention_decode(const AttentionArgs& a, ThreadPool& pool) {
           _mm512_storeu_ps(out + d, _mm512_fmadd_ps(_mm512_loadu_ps(st + row * hd + d), vw,
                                                     _mm512_loadu_ps(out + d)));
       }
-      const __m512 inv = _mm512_set1_ps(1.0f / total);
+      const __m512 inv = _mm512_set1_ps(1.0f / with_sink(a, kvh * plan.group + g, m_max, total));
       for (size_t d = 0; d < hd; d += 16)
         _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(out + d), inv));
     }

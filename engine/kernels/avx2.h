@@ -28,6 +28,7 @@ void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const fl
           const float* sin);
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
+void swiglu_oai_mul(const float* gate, const float* up, size_t n, float limit, float* out);
 void add(float* acc, const float* x, size_t n);
 void attention(const AttentionArgs& args, ThreadPool& pool);  // head_dim % 8 == 0
 void top_k(const float* x, size_t n, size_t k, int32_t* out_indices);

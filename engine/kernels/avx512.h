@@ -40,6 +40,7 @@ void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const fl
           const float* sin);
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
+void swiglu_oai_mul(const float* gate, const float* up, size_t n, float limit, float* out);
 void add(float* acc, const float* x, size_t n);
 // n == 1: fp32 GEMV; n > 1: vdpbf16ps GEMM on x rounded to bf16 at precision
 // bf16, else an fp32 FMA GEMM (fp32, and bf16x2, which only amx splits).

@@ -21,6 +21,7 @@
 
 #include "kernels/avx2.h"
 #include "kernels/avx512.h"
+#include "kernels/fault_injection.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
@@ -232,7 +233,8 @@ const std::vector<KernelInfo>& registered_kernels() {
        "parts, 6 tile passes per product; 3 on a bf16 cache). Fast (bf16) prefill: q, K, V, P "
        "rounded to bf16 once, vdpbf16ps (avx512, attention_bf16_avx512.cpp) or one TDPBF16PS "
        "pass (amx); decode stays fp32 (bandwidth)",
-       "causal, GQA, any n / start, sliding window, softcap; q8_0: head_dim % 32 == 0; avx2: "
+       "causal, GQA, any n / start, sliding window, softcap, attention sinks; q8_0: head_dim % 32 "
+       "== 0; avx2: "
        "head_dim % 8 == 0; avx512 "
        "(prefill, n >= 16; decode, n < 16, keys split across threads): head_dim % 16 == 0; amx "
        "(prefill, n >= 16): head_dim % 32 == 0, <= 32 query heads per kv head",
@@ -245,6 +247,11 @@ const std::vector<KernelInfo>& registered_kernels() {
        all},
       {"silu_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "hidden_act silu"},
       {"gelu_tanh_mul", {S, A2, A5}, "fp32", "any n; in place allowed", "hidden_act gelu_tanh"},
+      {"swiglu_oai_mul",
+       {S, A2, A5},
+       "fp32",
+       "any n; in place allowed; gate clamped above, up both ways at the limit",
+       "hidden_act swiglu_oai"},
       {"add", {S, A2, A5}, "fp32", "any n", all},
       {"top_k", {S, A2}, "fp32 in, int32 indices", "any n, k; NaN ranks last", all},
   };
@@ -303,6 +310,14 @@ void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out, Isa
   if (isa >= Isa::avx512) return avx512::gelu_tanh_mul(gate, up, n, out);
   if (isa >= Isa::avx2) return avx2::gelu_tanh_mul(gate, up, n, out);
   ref::gelu_tanh_mul(gate, up, n, out);
+}
+
+void swiglu_oai_mul(const float* gate, const float* up, size_t n, float limit, float* out,
+                    Isa isa) {
+  if (fault::active() == fault::Fault::swiglu_clamp_dropped) limit = INFINITY;
+  if (isa >= Isa::avx512) return avx512::swiglu_oai_mul(gate, up, n, limit, out);
+  if (isa >= Isa::avx2) return avx2::swiglu_oai_mul(gate, up, n, limit, out);
+  ref::swiglu_oai_mul(gate, up, n, limit, out);
 }
 
 void add(float* acc, const float* x, size_t n, Isa isa) {

@@ -108,6 +108,17 @@ void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out) {
   binary_map(gate, up, n, out, [](__m256 g, __m256 u) { return gelu_tanh_mul8(g, u); });
 }
 
+void swiglu_oai_mul(const float* gate, const float* up, size_t n, float limit, float* out) {
+  const __m256 hi = _mm256_set1_ps(limit), lo = _mm256_set1_ps(-limit);
+  const __m256 alpha = _mm256_set1_ps(kSwigluOaiAlpha), one = _mm256_set1_ps(1.0f);
+  binary_map(gate, up, n, out, [&](__m256 g, __m256 u) {
+    g = _mm256_min_ps(hi, g);  // min/max return their second operand for NaN: NaN stays
+    u = _mm256_max_ps(lo, _mm256_min_ps(hi, u));
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(g, alpha)));
+    return _mm256_mul_ps(_mm256_add_ps(u, one), _mm256_div_ps(g, _mm256_add_ps(one, e)));
+  });
+}
+
 void add(float* acc, const float* x, size_t n) {
   binary_map(acc, x, n, acc, [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); });
 }

@@ -93,6 +93,17 @@ void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out) {
   binary_map(gate, up, n, out, [](__m512 g, __m512 u) { return gelu_tanh_mul16(g, u); });
 }
 
+void swiglu_oai_mul(const float* gate, const float* up, size_t n, float limit, float* out) {
+  const __m512 hi = _mm512_set1_ps(limit), lo = _mm512_set1_ps(-limit);
+  const __m512 alpha = _mm512_set1_ps(kSwigluOaiAlpha), one = _mm512_set1_ps(1.0f);
+  binary_map(gate, up, n, out, [&](__m512 g, __m512 u) {
+    g = _mm512_min_ps(hi, g);  // min/max return their second operand for NaN: NaN stays
+    u = _mm512_max_ps(lo, _mm512_min_ps(hi, u));
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(g, alpha)));
+    return _mm512_mul_ps(_mm512_add_ps(u, one), _mm512_div_ps(g, _mm512_add_ps(one, e)));
+  });
+}
+
 void add(float* acc, const float* x, size_t n) {
   binary_map(acc, x, n, acc, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
 }

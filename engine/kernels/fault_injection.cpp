@@ -32,8 +32,18 @@ std::string_view name(Fault f) {
       return "stale tile config after a shape change";
     case Fault::skip_attention_block:
       return "skipped attention block at a boundary";
+    case Fault::swiglu_clamp_dropped:
+      return "SwiGLU clamp dropped";
+    case Fault::moe_softmax_over_all_experts:
+      return "router softmax over all experts";
   }
   return "?";
+}
+
+Fault from_name(std::string_view n) {
+  for (int f = 0; f <= static_cast<int>(Fault::moe_softmax_over_all_experts); ++f)
+    if (name(static_cast<Fault>(f)) == n) return static_cast<Fault>(f);
+  return Fault::none;
 }
 
 }  // namespace edgellm::kernels::fault

@@ -17,11 +17,16 @@ enum class Fault {
   v_through_k_scale,     // V dequantized with K's per-block scale
   stale_tile_config,     // AMX tile config of the previous shape kept after a shape change
   skip_attention_block,  // one key block at a boundary skipped by flash attention
+  swiglu_clamp_dropped,  // gpt-oss's SwiGLU (swiglu_oai_mul) without its clamp
+  // A gpt-oss router (top-k logits, softmax over those) run as softmax over every expert,
+  // then top-k (models/moe.cpp): the gate's mutant of a family switch, not a kernel's bug.
+  moe_softmax_over_all_experts,
 };
 
 Fault active();
 void set(Fault f);  // tests only
 std::string_view name(Fault f);
+Fault from_name(std::string_view name);  // none when no fault has that name
 
 // Sets a fault for one scope (tests).
 class Scoped {

@@ -8,6 +8,7 @@
 // (MatmulKernels, matmul_traits.cpp).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -198,6 +199,11 @@ void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const fl
 void silu_mul(const float* gate, const float* up, size_t n, float* out, Isa isa = active_isa());
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out,
                    Isa isa = active_isa());
+// gpt-oss's clamped SwiGLU (HF GptOssExperts): g = min(gate, limit), u = clamp(up, -limit,
+// limit), out = (u + 1) * g * sigmoid(kSwigluOaiAlpha * g).
+inline constexpr float kSwigluOaiAlpha = 1.702f;
+void swiglu_oai_mul(const float* gate, const float* up, size_t n, float limit, float* out,
+                    Isa isa = active_isa());
 
 // acc += x
 void add(float* acc, const float* x, size_t n, Isa isa = active_isa());
@@ -237,8 +243,16 @@ struct AttentionArgs {
   size_t window = 0;
   float scale = 1.0f;
   float softcap = 0.0f;  // 0 = off; else logits = softcap * tanh(logits / softcap)
+  // gpt-oss's attention sinks, [n_heads] or nullptr: head h's logit sinks[h] joins each
+  // row's softmax denominator as a key whose value is zero (HF: cat, softmax, drop).
+  const float* sinks = nullptr;
   AttnPrecision precision = AttnPrecision::fp32;
 };
+// A row's softmax denominator with head h's sink added: l is the row's sum of exp(s - m)
+// over its keys, m their max (m finite: every row sees at least its own key).
+inline float with_sink(const AttentionArgs& a, size_t head, float m, float l) {
+  return a.sinks ? l + std::exp(a.sinks[head] - m) : l;
+}
 void attention(const AttentionArgs& args, ThreadPool& pool, Isa isa = active_isa());
 // The useful flops of that call: 2 x 2 per head dim (q.k and p.v) for each
 // key each query sees (causal, within the window), not the full square.
@@ -259,6 +273,7 @@ void rope(float* x, size_t n_heads, size_t head_dim, size_t rotary_dim, const fl
           const float* sin);
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out);
+void swiglu_oai_mul(const float* gate, const float* up, size_t n, float limit, float* out);
 void add(float* acc, const float* x, size_t n);
 // Honours args.precision: bf16 (fp32 or bf16 cache) is attention_bf16.
 void attention(const AttentionArgs& args);

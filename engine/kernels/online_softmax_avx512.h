@@ -63,4 +63,21 @@ inline float softmax_block_row(const AttentionArgs& a, size_t pos, size_t p0, fl
   return alpha;
 }
 
+// The attention sinks (AttentionArgs::sinks) of a tile whose softmax runs in log2 units, 16
+// rows a vector (the amx and bf16 prefill kernels): row r < rows is head kvh * group + r % group,
+// m / l its running max and sum; inv_l[r] becomes 1 / (l + 2^(sink log2 e - m)).
+inline void add_sinks_log2(const AttentionArgs& a, size_t group, size_t kvh, size_t rows,
+                           const __m512* m, const __m512* l, float* inv_l) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  alignas(64) float mr[16], lr[16];
+  for (size_t r0 = 0; r0 < rows; r0 += 16) {
+    _mm512_store_ps(mr, m[r0 / 16]);
+    _mm512_store_ps(lr, l[r0 / 16]);
+    for (size_t i = 0; i < 16 && r0 + i < rows; ++i) {
+      const float sink = a.sinks[kvh * group + (r0 + i) % group];
+      inv_l[r0 + i] = 1.0f / (lr[i] + std::exp2(sink * kLog2e - mr[i]));
+    }
+  }
+}
+
 }  // namespace edgellm::kernels::avx512

@@ -55,6 +55,13 @@ void gelu_tanh_mul(const float* gate, const float* up, size_t n, float* out) {
   }
 }
 
+void swiglu_oai_mul(const float* gate, const float* up, size_t n, float limit, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
+    out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-(g * kSwigluOaiAlpha))));
+  }
+}
+
 void add(float* acc, const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += x[i];
 }
@@ -92,6 +99,7 @@ void attention_of(const AttentionArgs& a) {
       }
       float sum = 0.0f;
       for (size_t p = first; p <= pos; ++p) sum += (scores[p] = std::exp(scores[p] - max_score));
+      sum = with_sink(a, h, max_score, sum);
       float* o = a.out + (t * a.n_heads + h) * a.head_dim;
       std::fill(o, o + a.head_dim, 0.0f);
       for (size_t p = first; p <= pos; ++p) {

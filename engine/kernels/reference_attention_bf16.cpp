@@ -136,6 +136,11 @@ void attention_bf16_of(const AttentionArgs& a, float* tol) {
           }
         }
       }
+      if (a.sinks) {  // the sink's exp, off by its score's rounding like any key's
+        const double sink = a.sinks[h];
+        l += std::exp(sink - m);
+        rho_max = std::max(rho_max, sig_m + 8.0 * kU * (std::fabs(sink) + std::fabs(m) + 1.0));
+      }
       const double chain = 2.0 * sig_m + 16.0 * kU * (std::fabs(m) + 1.0) + 4.0 * kU * blocks;
       const double eps_l = rho_max + 4.0 * kU * blocks + (kBlock + 1 + blocks) * kU;
       const double eps = eps_l + chain + 2.0 * kU;

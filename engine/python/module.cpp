@@ -25,6 +25,7 @@
 #include "io/gguf.h"
 #include "jinja.h"
 #include "kernels/avx512.h"
+#include "kernels/fault_injection.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "models/gguf_weights.h"
@@ -212,6 +213,18 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
         return out;
       },
       "registered_kernels() with the registry's columns, for kernel_registry/generate.py");
+
+  m.def(
+      "set_kernel_fault",
+      [](std::string_view name) {
+        namespace f = edgellm::kernels::fault;
+        const f::Fault fault = f::from_name(name);
+        if (name != "none" && fault == f::Fault::none) throw nb::value_error("unknown fault");
+        f::set(fault);
+      },
+      "name"_a,
+      "Tests only: switches on one fault-injection mutant (kernels/fault_injection.h, by its "
+      "name) for the whole process, or 'none'.");
 
   m.def("detected_isa",
         [] { return std::string(edgellm::kernels::isa_name(edgellm::kernels::detect_isa())); });

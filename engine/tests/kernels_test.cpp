@@ -678,13 +678,24 @@ struct AttnCase {
   // Fill the cache positions no row may see (before the first row's window,
   // past the last key) with NaN: a kernel that reads them into a sum fails.
   bool poison = false;
+  bool sinks = false;  // gpt-oss's attention sinks, random per head in [-2, 5]
 };
+
+// Per-head sink logits when the case asks for them (AttentionArgs::sinks), else empty.
+std::vector<float> attention_sinks(const AttnCase& c, std::mt19937& rng) {
+  if (!c.sinks) return {};
+  std::uniform_real_distribution<float> u(-2.0f, 5.0f);
+  std::vector<float> s(c.n_heads);
+  for (float& x : s) x = u(rng);
+  return s;
+}
 
 std::string describe(const AttnCase& c) {
   return std::string(kv_dtype_name(c.kv)) + " cache heads=" + std::to_string(c.n_heads) + "/" +
          std::to_string(c.n_kv_heads) + " hd=" + std::to_string(c.head_dim) +
          " n=" + std::to_string(c.n) + " start=" + std::to_string(c.start) +
-         " window=" + std::to_string(c.window) + " softcap=" + std::to_string(c.softcap);
+         " window=" + std::to_string(c.window) + " softcap=" + std::to_string(c.softcap) +
+         (c.sinks ? " sinks" : "");
 }
 
 class KernelAttention : public TierTest {};
@@ -839,6 +850,8 @@ AttnMismatch attention_mismatch(Isa isa, const AttnCase& c, std::mt19937& rng, T
   a.window = c.window;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   a.softcap = c.softcap;
+  const std::vector<float> sinks = attention_sinks(c, rng);
+  a.sinks = c.sinks ? sinks.data() : nullptr;
   // The values every path must compute with.
   const OddBuffer kw = bf16 ? k16->widened() : q8 ? k8->widened() : k;
   const OddBuffer vw = bf16 ? v16->widened() : q8 ? v8->widened() : v;
@@ -1001,6 +1014,29 @@ TEST_P(KernelAttention, Q8FaultsAreCaught) {
   }
 }
 
+// gpt-oss's attention sinks on every path: decode (n < 16, keys split across 2 and 3 threads on
+// long caches), prefill (n >= 16), windows, GQA groups, every cache dtype; the sinks in
+// [-2, 5] are as large as the rows' scores or larger, so a dropped or misplaced sink (another
+// head's, or added where a split is combined twice) is far outside the tolerance.
+TEST_P(KernelAttention, Sinks) {
+  const Isa isa = GetParam();
+  std::mt19937 rng(31);
+  ThreadPool pool2(2), pool3(3);
+  const size_t heads[][2] = {{9, 3}, {4, 1}, {8, 8}};
+  size_t i = 0;
+  for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0})
+    for (const auto& h : heads)
+      for (size_t hd : {64, 24})
+        for (size_t n : {1, 3, 17, 40})
+          for (size_t start : {0, 7, 1500})
+            for (size_t window : {0, 100}) {
+              if (kv == KvDtype::q8_0 && hd % kKvQ8Block != 0) continue;
+              const AttnCase c{h[0], h[1], hd, n, start, window, 0.0f, kv, false, true};
+              ThreadPool& pool = ++i % 2 ? pool2 : pool3;
+              ASSERT_TRUE(check_attention(isa, c, rng, pool)) << pool.size() << " threads";
+            }
+}
+
 // head_dim not a multiple of 8 takes the scalar fallback.
 TEST_P(KernelAttention, OddHeadDim) {
   const Isa isa = GetParam();
@@ -1066,6 +1102,33 @@ TEST_P(KernelAttention, Fp32ClassError) {
       }
     }
     EXPECT_LT(worst, 2e-6) << isa_name(isa) << " " << describe(c);
+  }
+}
+
+// A sink joins the softmax denominator with a zero value: one key k with score s = scale q.k
+// gives out = v e^s / (e^s + e^sink), whichever of the two is larger.
+TEST(KernelAttentionReference, SinkJoinsTheDenominator) {
+  const float q[4] = {0.5f, -1.0f, 2.0f, 0.25f}, k[4] = {1.0f, 0.5f, -0.75f, 2.0f};
+  const float v[4] = {1.0f, -2.0f, 3.0f, 0.5f};
+  for (float sink : {-3.0f, 0.0f, 0.4f, 6.0f}) {
+    AttentionArgs a;
+    a.q = q;
+    a.k_cache = k;
+    a.v_cache = v;
+    a.n = 1;
+    a.n_heads = a.n_kv_heads = 1;
+    a.head_dim = 4;
+    a.cache_stride = 1;
+    a.scale = 0.5f;
+    a.sinks = &sink;
+    float out[4];
+    a.out = out;
+    ref::attention(a);
+    double s = 0.0;
+    for (int d = 0; d < 4; ++d) s += double{q[d]} * k[d];
+    s *= 0.5;
+    const double w = 1.0 / (1.0 + std::exp(double{sink} - s));
+    for (int d = 0; d < 4; ++d) EXPECT_NEAR(out[d], v[d] * w, 1e-6) << "sink " << sink;
   }
 }
 
@@ -1150,6 +1213,7 @@ struct AttnInputs {
   std::optional<Bf16Cache> k16, v16;
   std::optional<Q8Cache> k8, v8;
   AttentionArgs args;
+  std::vector<float> sinks;
 };
 
 AttnInputs attention_inputs(const AttnCase& c, std::mt19937& rng) {
@@ -1190,6 +1254,8 @@ AttnInputs attention_inputs(const AttnCase& c, std::mt19937& rng) {
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   a.softcap = c.softcap;
   a.precision = AttnPrecision::bf16;
+  in.sinks = attention_sinks(c, rng);
+  a.sinks = c.sinks ? in.sinks.data() : nullptr;
   return in;
 }
 
@@ -1336,6 +1402,27 @@ TEST_P(KernelAttentionBf16, ModelShapes) {
   }
   std::printf("bf16 attention model shapes on %s: worst %.3g of the bound\n",
               std::string(isa_name(isa)).c_str(), worst);
+}
+
+// gpt-oss's sinks on the bf16 prefill paths (log2-unit softmax): groups that split a
+// 16-row vector, windows, a start inside a key block, every cache dtype.
+TEST_P(KernelAttentionBf16, Sinks) {
+  const Isa isa = GetParam();
+  std::mt19937 rng(23);
+  ThreadPool pool2(2);
+  const AttnCase cases[] = {{9, 3, 64, 40, 0, 0, 0.0f},
+                            {4, 1, 64, 17, 45, 5, 0.0f},
+                            {8, 8, 32, 70, 1, 40, 0.0f},
+                            {64, 8, 64, 20, 130, 16, 0.0f},
+                            {10, 2, 96, 49, 0, 0, 0.0f}};
+  for (AttnCase c : cases) {
+    c.sinks = true;
+    for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
+      c.kv = kv;
+      const Bf16Check r = check_attention_bf16(isa, c, rng, pool2);
+      EXPECT_TRUE(r.ok) << r.failure;
+    }
+  }
 }
 
 // The check's power, shown on the kernel itself: a skipped key block at the
@@ -1774,6 +1861,48 @@ TEST_P(KernelGeluTanhMul, Sweep) {
     for (size_t i = 0; i < n; ++i)
       ASSERT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-7 * std::fabs(g[i] * u[i]))
           << isa_name(isa) << " g=" << g[i] << " n=" << n;
+  }
+}
+
+class KernelSwigluOaiMul : public TierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelSwigluOaiMul, ::testing::ValuesIn(tiers_of("swiglu_oai_mul")),
+                         tier_name);
+
+// Every tier against the reference: n from 0 to 70 (tails under a lane mask), gate and up
+// both past the limit on each side, exp's far tails, NaN kept.
+TEST_P(KernelSwigluOaiMul, Sweep) {
+  const Isa isa = GetParam();
+  std::mt19937 rng(15);
+  IsaScope scope(isa);
+  for (size_t n = 0; n <= 70; ++n) {
+    const OddBuffer g = activation_inputs(n, rng), u = random_buffer(n, rng, -10.0f, 10.0f);
+    std::vector<float> want(n);
+    OddBuffer got(n);
+    ref::swiglu_oai_mul(g.data(), u.data(), n, 7.0f, want.data());
+    swiglu_oai_mul(g.data(), u.data(), n, 7.0f, got.data());
+    ASSERT_TRUE(got.guard_intact());
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-37)
+          << isa_name(isa) << " g=" << g[i] << " u=" << u[i] << " n=" << n;
+  }
+  const float nan = std::nanf(""), one = 1.0f;
+  float out = 0.0f;
+  swiglu_oai_mul(&nan, &one, 1, 7.0f, &out);
+  EXPECT_TRUE(std::isnan(out)) << isa_name(isa) << ": a NaN gate must not clamp to the limit";
+  swiglu_oai_mul(&one, &nan, 1, 7.0f, &out);
+  EXPECT_TRUE(std::isnan(out)) << isa_name(isa) << ": a NaN up must not clamp to the limit";
+}
+
+// HF GptOssExperts' formula on values either side of the clamps, in double.
+TEST(KernelSwigluOaiReference, ClampsAndGlu) {
+  const float gate[] = {-9.0f, -1.0f, 0.5f, 6.9f, 7.5f, 30.0f};
+  const float up[] = {-12.0f, 8.0f, -0.3f, 7.0f, -6.5f, 100.0f};
+  float out[6];
+  ref::swiglu_oai_mul(gate, up, 6, 7.0f, out);
+  for (int i = 0; i < 6; ++i) {
+    const double g = std::min(double{gate[i]}, 7.0), u = std::clamp(double{up[i]}, -7.0, 7.0);
+    const double want = (u + 1.0) * g / (1.0 + std::exp(-1.702 * g));
+    EXPECT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-6) << "gate " << gate[i];
   }
 }
 

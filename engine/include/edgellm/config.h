@@ -10,10 +10,12 @@
 
 namespace edgellm {
 
-enum class Activation { silu, gelu_tanh };
+// swiglu_oai (gpt-oss): gate clamped above at ModelConfig::swiglu_limit, up clamped to
+// +-swiglu_limit, out = (up + 1) * gate * sigmoid(1.702 gate).
+enum class Activation { silu, gelu_tanh, swiglu_oai };
 
 struct RopeScaling {
-  enum class Type { none, linear, llama3, longrope };
+  enum class Type { none, linear, llama3, longrope, yarn };
   Type type = Type::none;
   float factor = 1.0f;
   float low_freq_factor = 1.0f;   // llama3 only
@@ -23,7 +25,12 @@ struct RopeScaling {
   // HF switches to long_factor once a sequence passes original_max_position, which the
   // engine never runs (ModelConfig::position_limit).
   std::vector<float> short_factor;
-  float attention_factor = 1.0f;
+  float attention_factor = 1.0f;  // longrope and yarn: cos and sin times this
+  // yarn (gpt-oss): the ramp between interpolated and extrapolated frequencies, from the
+  // dims where beta_fast / beta_slow rotations fit original_max_position; truncate rounds
+  // those dims to integers.
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+  bool truncate = true;
 };
 
 // Per-layer attention shape: Gemma 3 interleaves sliding-window layers (local
@@ -44,6 +51,11 @@ struct MoeSpec {
   int experts_per_token = 0;
   int expert_intermediate_size = 0;  // each expert's MLP width (moe_intermediate_size)
   bool norm_topk_prob = false;       // renormalise the top-k weights
+  // gpt-oss: the top k of the router LOGITS, softmax over those k (not softmax, then top-k).
+  bool softmax_after_topk = false;
+  // gpt-oss: the router and each expert's projections carry biases (mlp.router,
+  // mlp.experts.{gate_up,down}_proj_bias).
+  bool biases = false;
 };
 
 struct ModelConfig {
@@ -76,6 +88,8 @@ struct ModelConfig {
   float attn_logit_softcap = 0.0f;   // 0 = off
   float residual_scale = 1.0f;       // Granite: each block's output times residual_multiplier
   float logit_divisor = 1.0f;        // Granite: logits / logits_scaling
+  bool attention_sinks = false;      // gpt-oss: a learned logit per head joins each softmax
+  float swiglu_limit = 7.0f;         // Activation::swiglu_oai's clamp
 
   MoeSpec moe;  // the experts of the layers whose LayerSpec::moe is set
 

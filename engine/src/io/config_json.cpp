@@ -93,7 +93,7 @@ constexpr int kMaxLayers = 1 << 14;
 const std::set<std::string> kSupported = {
     "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",   "GraniteForCausalLM", "SmolLM3ForCausalLM", "Olmo2ForCausalLM",
-    "Qwen3MoeForCausalLM", "OlmoeForCausalLM",   "Phi3ForCausalLM"};
+    "Qwen3MoeForCausalLM", "OlmoeForCausalLM",   "Phi3ForCausalLM",    "GptOssForCausalLM"};
 
 std::string supported_list() {
   std::string s;
@@ -126,6 +126,27 @@ void read_longrope(const Reader& r, const Reader& s, ModelConfig& c) {
                           std::sqrt(1.0 + std::log(factor) / std::log(rs.original_max_position)));
 }
 
+// YaRN (HF _compute_yarn_parameters): original_max_position_embeddings falls back to
+// max_position_embeddings; attention_factor, absent, is 0.1 ln(factor) + 1 (or the mscale ratio
+// where mscale and mscale_all_dim are both set).
+void read_yarn(const Reader& r, const Reader& s, ModelConfig& c) {
+  RopeScaling& rs = c.rope_scaling;
+  rs.type = RopeScaling::Type::yarn;
+  rs.original_max_position =
+      s.positive_int_or("original_max_position_embeddings", c.max_position_embeddings);
+  rs.beta_fast = s.positive_number_or("beta_fast", 32.0f);
+  rs.beta_slow = s.positive_number_or("beta_slow", 1.0f);
+  rs.truncate = s.bool_or("truncate", true);
+  if (!(rs.factor >= 1.0f))
+    r.fail("rope_scaling.factor", "must be at least 1 for yarn" + s.got("factor"));
+  const auto mscale = [&](double m) {
+    return rs.factor <= 1.0f ? 1.0 : 0.1 * m * std::log(rs.factor) + 1.0;
+  };
+  const double m = s.number_or("mscale", 0.0f), m_all = s.number_or("mscale_all_dim", 0.0f);
+  const double inferred = m != 0.0 && m_all != 0.0 ? mscale(m) / mscale(m_all) : mscale(1.0);
+  rs.attention_factor = s.positive_number_or("attention_factor", static_cast<float>(inferred));
+}
+
 void read_rope_scaling(const Reader& r, ModelConfig& c) {
   if (!r.has("rope_scaling")) return;
   const json& rs = r.j["rope_scaling"];
@@ -152,9 +173,11 @@ void read_rope_scaling(const Reader& r, ModelConfig& c) {
         s.positive_int_or("original_max_position_embeddings", 8192);
     if (!(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor))
       r.fail("rope_scaling.high_freq_factor", "must exceed low_freq_factor");
+  } else if (type == "yarn") {
+    read_yarn(r, s, c);
   } else {
     r.fail("rope_scaling.rope_type",
-           "'" + type + "' is not supported (supported: default, linear, llama3)");
+           "'" + type + "' is not supported (supported: default, linear, llama3, yarn)");
   }
 }
 
@@ -194,12 +217,18 @@ std::pair<int, std::vector<bool>> sliding_layers(const Reader& r, const ModelCon
     sliding.assign(n, true);
     return {r.positive_int_or("sliding_window", 4096), sliding};
   }
+  if (arch == "GptOssForCausalLM" && !r.has("layer_types")) {
+    // GptOssConfig's default: even layers (0, 2, ...) slide, odd ones attend to everything.
+    for (size_t i = 0; i < n; ++i) sliding[i] = i % 2 == 0;
+    return {r.positive_int_or("sliding_window", 128), sliding};
+  }
   const bool gemma = arch == "Gemma3ForCausalLM";
+  const bool gpt_oss = arch == "GptOssForCausalLM";
   const bool qwen =
       arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "SmolLM3ForCausalLM";
-  if (!gemma && !qwen) return {0, sliding};
+  if (!gemma && !qwen && !gpt_oss) return {0, sliding};
   // Qwen's window exists only with use_sliding_window (HF sets it to None otherwise).
-  const bool windowed = gemma || r.bool_or("use_sliding_window", false);
+  const bool windowed = gemma || gpt_oss || r.bool_or("use_sliding_window", false);
   if (r.has("layer_types")) {
     const json& lt = r.j["layer_types"];
     if (!lt.is_array() || lt.size() != n)
@@ -221,7 +250,7 @@ std::pair<int, std::vector<bool>> sliding_layers(const Reader& r, const ModelCon
     for (int i = first; i < c.num_layers; ++i) sliding[i] = true;
   }
   if (!windowed) return {0, sliding};
-  return {r.positive_int_or("sliding_window", gemma ? 512 : 4096), sliding};
+  return {r.positive_int_or("sliding_window", gemma ? 512 : gpt_oss ? 128 : 4096), sliding};
 }
 
 // SmolLM3's no_rope_layers: 1 = the layer rotates q and k, 0 = NoPE. Absent, HF makes every
@@ -273,6 +302,37 @@ void read_moe(const Reader& r, ModelConfig& c) {
   }
   const int step = olmoe ? 1 : r.positive_int_or("decoder_sparse_step", 1);
   for (size_t l = 0; l < n; ++l) c.layers[l].moe = !dense[l] && (l + 1) % step == 0;
+}
+
+// gpt-oss (HF GptOssConfig): every layer's feed-forward is num_local_experts experts as wide as
+// intermediate_size, top num_experts_per_tok of the router logits, softmax over those; router
+// and experts carry biases; the experts' clamped SwiGLU (swiglu_oai). HF hard-codes the clamp at
+// 7.0 whatever swiglu_limit says, so another value is refused rather than run two ways.
+void read_gpt_oss(const Reader& r, ModelConfig& c) {
+  MoeSpec& m = c.moe;
+  m.num_experts = r.positive_int_or("num_local_experts", 128);
+  m.experts_per_token = r.positive_int_or("num_experts_per_tok", 4);
+  if (m.experts_per_token > m.num_experts)
+    r.fail("num_experts_per_tok", "(" + std::to_string(m.experts_per_token) +
+                                      ") must not exceed num_local_experts (" +
+                                      std::to_string(m.num_experts) + ")");
+  // The original checkpoints repeat it as experts_per_token, which HF does not read.
+  if (r.has("experts_per_token") && r.positive_int("experts_per_token") != m.experts_per_token)
+    r.fail("experts_per_token", "differs from num_experts_per_tok (HF reads only the latter)");
+  m.expert_intermediate_size = c.intermediate_size;
+  m.softmax_after_topk = true;
+  m.biases = true;
+  for (LayerSpec& l : c.layers) l.moe = true;
+  c.hidden_act = Activation::swiglu_oai;
+  if (r.number_or("swiglu_limit", 7.0f) != 7.0f)
+    r.fail("swiglu_limit",
+           "must be 7.0, the clamp transformers' GptOssExperts hard-codes" + r.got("swiglu_limit"));
+  c.attention_sinks = true;
+  // The original checkpoints' experts are MXFP4 blocks (gate_up_proj_blocks / _scales), which
+  // the safetensors loader does not read: named here, not as a missing tensor later.
+  if (r.has("quantization_config"))
+    r.fail("quantization_config",
+           "is not supported (the engine reads bf16 / f16 / f32 safetensors or a GGUF file)");
 }
 
 }  // namespace
@@ -368,7 +428,8 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   // Absent, the config class's default (save_pretrained omits a value equal to it).
   c.tie_word_embeddings =
       r.bool_or("tie_word_embeddings", gemma || c.architecture == "SmolLM3ForCausalLM");
-  c.attention_bias = r.bool_or("attention_bias", false);
+  // GptOssConfig sets attention_bias (all four projections) unless config.json says otherwise.
+  c.attention_bias = r.bool_or("attention_bias", c.architecture == "GptOssForCausalLM");
   apply_architecture_switches(c);
   if (gemma) {
     c.query_scale = 1.0f / std::sqrt(r.positive_number_or("query_pre_attn_scalar",
@@ -399,6 +460,7 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
   if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "OlmoeForCausalLM")
     read_moe(r, c);
+  if (c.architecture == "GptOssForCausalLM") read_gpt_oss(r, c);
   // OLMoE's clamp of q, k and v is not implemented: refused, never ignored.
   if (c.architecture == "OlmoeForCausalLM" && r.has("clip_qkv"))
     r.fail("clip_qkv", "is not supported");

@@ -61,6 +61,7 @@ const char* hf_architecture(const std::string& arch) {
   if (arch == "granite") return "GraniteForCausalLM";
   if (arch == "smollm3") return "SmolLM3ForCausalLM";
   if (arch == "qwen3moe") return "Qwen3MoeForCausalLM";
+  if (arch == "gpt-oss") return "GptOssForCausalLM";
   return nullptr;
 }
 
@@ -121,13 +122,37 @@ void read_llama3_factors(const Meta& m, const GgufTensor& t, float theta, ModelC
           what + "is not Llama 3 scaling with low_freq_factor 1 (pair " + std::to_string(i) + ")");
 }
 
+// gpt-oss's YaRN as its converter writes it: factor, original_context_length and the two betas
+// (HF's defaults 32 and 1 when absent). The HF attention factor 0.1 ln(factor) + 1 is implied;
+// truncate is false, as every gpt-oss config.json says (a GGUF cannot say it). The yarn keys
+// whose llama.cpp meaning differs from HF's are refused rather than read one way.
+void read_yarn(const Meta& m, ModelConfig& c) {
+  RopeScaling& s = c.rope_scaling;
+  s.type = RopeScaling::Type::yarn;
+  s.factor = m.positive_float("rope.scaling.factor", std::nullopt);
+  if (!(s.factor >= 1.0f)) m.fail(m.key("rope.scaling.factor"), "must be at least 1 for yarn");
+  s.original_max_position =
+      m.positive_int_or("rope.scaling.original_context_length", c.max_position_embeddings);
+  s.beta_fast = m.positive_float("rope.scaling.yarn_beta_fast", 32.0f);
+  s.beta_slow = m.positive_float("rope.scaling.yarn_beta_slow", 1.0f);
+  s.truncate = false;
+  s.attention_factor = static_cast<float>(0.1 * std::log(static_cast<double>(s.factor)) + 1.0);
+  for (const char* k : {"rope.scaling.yarn_attn_factor", "rope.scaling.yarn_ext_factor",
+                        "rope.scaling.yarn_log_multiplier"})
+    if (m.g.metadata().count(m.key(k))) m.fail(m.key(k), "is not supported");
+}
+
 void read_rope_scaling(const Meta& m, float theta, ModelConfig& c) {
   const std::string type = m.g.get_string(m.key("rope.scaling.type")).value_or("none");
+  const bool gpt_oss = m.arch == "gpt-oss";
   if (type == "linear") {
     c.rope_scaling.type = RopeScaling::Type::linear;
     c.rope_scaling.factor = m.positive_float("rope.scaling.factor", std::nullopt);
+  } else if (type == "yarn" && gpt_oss) {
+    read_yarn(m, c);
   } else if (type != "none") {
-    m.fail(m.key("rope.scaling.type"), "'" + type + "' is not supported (supported: none, linear)");
+    m.fail(m.key("rope.scaling.type"), "'" + type + "' is not supported (supported: none, linear" +
+                                           (gpt_oss ? ", yarn)" : ")"));
   }
   if (const GgufTensor* t = m.g.find("rope_freqs.weight")) {
     check(type == "none", m.g.path() + ": both rope.scaling.type '" + type +
@@ -169,11 +194,31 @@ void read_experts(const Meta& m, ModelConfig& c) {
     c.layers[l].moe = m.g.find("blk." + std::to_string(l) + ".ffn_gate_inp.weight") != nullptr;
 }
 
+// gpt-oss as llama.cpp runs it (LLM_ARCH_OPENAI_MOE): every layer's experts with biases, the
+// top expert_used_count router logits softmaxed, the clamped SwiGLU, attention sinks, and a
+// sliding window on the even layers (llama.cpp's hard-coded set_swa_pattern(2), which is
+// also GptOssConfig's default layer_types).
+void read_gpt_oss(const Meta& m, ModelConfig& c) {
+  MoeSpec& e = c.moe;
+  e.num_experts = m.positive_int("expert_count");
+  e.experts_per_token = m.positive_int("expert_used_count", e.num_experts);
+  e.expert_intermediate_size = m.positive_int("expert_feed_forward_length");
+  e.softmax_after_topk = true;
+  e.biases = true;
+  c.hidden_act = Activation::swiglu_oai;
+  c.attention_sinks = true;
+  const int window = m.positive_int("attention.sliding_window");
+  for (int l = 0; l < c.num_layers; ++l) {
+    c.layers[l].moe = true;
+    if (l % 2 == 0) c.layers[l].sliding_window = window;
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& supported_gguf_architectures() {
-  static const std::vector<std::string> kArchs = {"gemma3", "granite",  "llama",  "qwen2",
-                                                  "qwen3",  "qwen3moe", "smollm3"};
+  static const std::vector<std::string> kArchs = {"gemma3", "gpt-oss", "granite",  "llama",
+                                                  "qwen2",  "qwen3",   "qwen3moe", "smollm3"};
   return kArchs;
 }
 
@@ -234,6 +279,7 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   if (*arch == "smollm3")  // llama.cpp hard-codes SmolLM3's NoPE layers: every 4th
     for (int i = 0; i < c.num_layers; ++i) c.layers[i].rope = (i + 1) % 4 != 0;
   if (*arch == "qwen3moe") read_experts(m, c);
+  if (*arch == "gpt-oss") read_gpt_oss(m, c);
   if (gemma) {
     // llama.cpp (LLM_ARCH_GEMMA3): 1/sqrt(head_dim), except 27B (62 layers): hidden/heads.
     const int scalar = c.num_layers == 62 ? c.hidden_size / c.num_heads : c.head_dim;

@@ -166,6 +166,13 @@ std::optional<std::string> hf_layer_kind(const std::string& arch, const std::str
       {"post_attention_norm", "post_attention_layernorm"},
       {"post_ffw_norm", "post_feedforward_layernorm"},
   };
+  static const std::map<std::string, std::string> kGptOss = {
+      {"post_attention_norm", "post_attention_layernorm"},  // the norm before the experts
+      {"ffn_gate_inp", "mlp.router"},
+      {"attn_sinks", "self_attn.sinks"},
+  };
+  if (arch == "gpt-oss")
+    if (auto it = kGptOss.find(kind); it != kGptOss.end()) return it->second;
   if (auto it = kCommon.find(kind); it != kCommon.end()) return it->second;
   if (arch == "gemma3") {
     if (auto it = kGemma.find(kind); it != kGemma.end()) return it->second;
@@ -190,24 +197,32 @@ std::optional<std::string> hf_tensor_name(const std::string& arch, const std::st
   if (layer.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
   const auto kind = hf_layer_kind(arch, base.substr(kind_at + 1));
   if (!kind) return std::nullopt;
+  // HF's sinks are a bare parameter (self_attn.sinks); the converter names it .weight.
+  if (*kind == "self_attn.sinks") {
+    if (suffix != ".weight") return std::nullopt;
+    return "model.layers." + layer + "." + *kind;
+  }
   return "model.layers." + layer + "." + *kind + suffix;
 }
 
 // llama.cpp stacks a MoE layer's experts into one 3-D tensor per projection,
-// blk.N.ffn_{gate,up,down}_exps [n_expert][rows][cols]: the HF name of expert e's slice, or
-// nullopt when `name` is not such a tensor.
+// blk.N.ffn_{gate,up,down}_exps [n_expert][rows][cols], and gpt-oss's expert biases into one
+// 2-D tensor, blk.N.ffn_{gate,up,down}_exps.bias [n_expert][rows]: the HF name of expert e's
+// slice, or nullopt when `name` is not such a tensor.
 std::optional<std::string> hf_expert_name(const std::string& name, size_t e) {
-  static const std::pair<const char*, const char*> kExps[] = {
-      {".ffn_gate_exps.weight", "gate_proj"},
-      {".ffn_up_exps.weight", "up_proj"},
-      {".ffn_down_exps.weight", "down_proj"}};
+  static const std::pair<const char*, const char*> kExps[] = {{".ffn_gate_exps", "gate_proj"},
+                                                              {".ffn_up_exps", "up_proj"},
+                                                              {".ffn_down_exps", "down_proj"}};
   if (!name.starts_with("blk.")) return std::nullopt;
-  for (const auto& [suffix, proj] : kExps) {
-    if (!name.ends_with(suffix)) continue;
-    const std::string layer = name.substr(4, name.size() - 4 - std::strlen(suffix));
+  const std::string suffix = name.ends_with(".bias") ? ".bias" : ".weight";
+  if (!name.ends_with(suffix)) return std::nullopt;
+  const std::string base = name.substr(0, name.size() - suffix.size());
+  for (const auto& [kind, proj] : kExps) {
+    if (!base.ends_with(kind)) continue;
+    const std::string layer = base.substr(4, base.size() - 4 - std::strlen(kind));
     if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos)
       return std::nullopt;
-    return "model.layers." + layer + ".mlp.experts." + std::to_string(e) + "." + proj + ".weight";
+    return "model.layers." + layer + ".mlp.experts." + std::to_string(e) + "." + proj + suffix;
   }
   return std::nullopt;
 }
@@ -316,12 +331,15 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
     if (name == "rope_freqs.weight") continue;  // Llama 3 RoPE scaling: read into the config
     if (hf_expert_name(name, 0)) {
       // Each expert is a view of its rows of the mapping, nothing copied.
-      check(t.dims.size() == 3 && t.dims[2] > 0 && t.nbytes % t.dims[2] == 0,
-            g.path() + ": tensor '" + name + "' must be 3-D [experts][rows][cols]");
-      const size_t experts = t.dims[2], bytes = t.nbytes / experts;
+      const bool bias = name.ends_with(".bias");
+      const size_t rank = bias ? 2 : 3;
+      check(t.dims.size() == rank && t.dims.back() > 0 && t.nbytes % t.dims.back() == 0,
+            g.path() + ": tensor '" + name + "' must be " +
+                (bias ? "2-D [experts][rows]" : "3-D [experts][rows][cols]"));
+      const size_t experts = t.dims.back(), bytes = t.nbytes / experts;
       for (size_t e = 0; e < experts; ++e) {
         GgufTensor slice = t;
-        slice.dims = {t.dims[0], t.dims[1]};
+        slice.dims.pop_back();
         slice.data = t.data + e * bytes;
         slice.nbytes = bytes;
         const std::string hf = *hf_expert_name(name, e);

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/fault_injection.h"
+
 namespace edgellm {
 
 void route_token(const float* logits, size_t num_experts, size_t k, bool renormalize,
@@ -33,6 +35,22 @@ void route_token(const float* logits, size_t num_experts, size_t k, bool renorma
     for (size_t i = 0; i < k; ++i) routes[i].weight /= top;
 }
 
+void route_token_topk_softmax(const float* logits, size_t num_experts, size_t k, Route* routes) {
+  std::vector<int> order(num_experts);
+  for (size_t e = 0; e < num_experts; ++e) order[e] = static_cast<int>(e);
+  std::partial_sort(
+      order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+      [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  // softmax(router_top_value, dim=1): the largest comes first, so it is the max.
+  const float max = logits[order[0]];
+  float sum = 0.0f;
+  for (size_t i = 0; i < k; ++i) {
+    routes[i] = {order[i], std::exp(logits[order[i]] - max)};
+    sum += routes[i].weight;
+  }
+  for (size_t i = 0; i < k; ++i) routes[i].weight /= sum;
+}
+
 void moe_feed_forward(const LayerWeights& L, const ModelConfig& c, const float* xn, size_t n,
                       float* out, MoeScratch& s, ThreadPool& pool, const kernels::ExecConfig& cfg,
                       kernels::Batch batch, Profiler& prof) {
@@ -44,8 +62,15 @@ void moe_feed_forward(const LayerWeights& L, const ModelConfig& c, const float* 
     Profiler::Scope z(prof, Zone::router, static_cast<double>(L.router.byte_size()),
                       2.0 * n * E * H);
     kernels::matmul(L.router, xn, n, s.router.data(), pool, cfg, batch);
-    for (size_t t = 0; t < n; ++t)
-      route_token(&s.router[t * E], E, k, c.moe.norm_topk_prob, &s.routes[t * k]);
+    const bool topk_softmax =
+        c.moe.softmax_after_topk &&
+        kernels::fault::active() != kernels::fault::Fault::moe_softmax_over_all_experts;
+    for (size_t t = 0; t < n; ++t) {
+      if (topk_softmax)
+        route_token_topk_softmax(&s.router[t * E], E, k, &s.routes[t * k]);
+      else
+        route_token(&s.router[t * E], E, k, c.moe.norm_topk_prob, &s.routes[t * k]);
+    }
   }
   std::fill(out, out + n * H, 0.0f);
   for (size_t e = 0; e < E; ++e) {
@@ -76,6 +101,8 @@ void moe_feed_forward(const LayerWeights& L, const ModelConfig& c, const float* 
         const float* gate = &s.gate_up[i * 2 * X];
         if (c.hidden_act == Activation::silu)
           kernels::silu_mul(gate, gate + X, X, &s.act[i * X], cfg.isa);
+        else if (c.hidden_act == Activation::swiglu_oai)
+          kernels::swiglu_oai_mul(gate, gate + X, X, c.swiglu_limit, &s.act[i * X], cfg.isa);
         else
           kernels::gelu_tanh_mul(gate, gate + X, X, &s.act[i * X], cfg.isa);
       }
@@ -85,7 +112,8 @@ void moe_feed_forward(const LayerWeights& L, const ModelConfig& c, const float* 
                         2.0 * m * down.rows * down.cols);
       kernels::matmul(down, s.act.data(), m, s.out.data(), pool, cfg, batch);
     }
-    // HF: expert(x) * routing_weight, then index_add_ into the token's row.
+    // HF: expert(x) * routing_weight, then index_add_ into the token's row (gpt-oss: the
+    // expert's down_proj bias is in `out` already, added before the weight as HF adds it).
     for (size_t i = 0; i < m; ++i) {
       float* y = &out[s.rows[i] * H];
       const float* o = &s.out[i * H];

@@ -25,6 +25,8 @@ struct Route {
 // torch.topk leaves the order of ties unspecified), divided by their sum when `renormalize`.
 void route_token(const float* logits, size_t num_experts, size_t k, bool renormalize,
                  Route* routes);
+// gpt-oss (HF GptOssTopKRouter): the k largest LOGITS (as above), then softmax over those k.
+void route_token_topk_softmax(const float* logits, size_t num_experts, size_t k, Route* routes);
 
 // Buffers of one MoE block, sized for the largest row count seen.
 struct MoeScratch {

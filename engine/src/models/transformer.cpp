@@ -20,6 +20,38 @@ static_assert(kMinPrefillChunk == kernels::avx512::kMinPrefillTokens &&
 
 namespace {
 
+// YaRN's inverse frequencies (HF _compute_yarn_parameters, in float32 as torch computes them):
+// a linear ramp over the dims [low, high] blends 1 / theta^(2i/dim) (extrapolation) into the
+// same divided by factor (interpolation); low and high are the dims whose wavelengths fit
+// beta_fast and beta_slow rotations into original_max_position (in double, as Python's math).
+std::vector<double> yarn_frequencies(const RopeScaling& rs, float theta, size_t dim) {
+  const auto correction_dim = [&](double rotations) {
+    return static_cast<double>(dim) * std::log(rs.original_max_position / (rotations * 2 * M_PI)) /
+           (2 * std::log(theta));
+  };
+  double low = correction_dim(rs.beta_fast), high = correction_dim(rs.beta_slow);
+  if (rs.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // HF: prevents a division by zero
+  const size_t half = dim / 2;
+  std::vector<double> inv(half);
+  for (size_t i = 0; i < half; ++i) {
+    const float pos_freq = std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(dim));
+    const float extrapolation = 1.0f / pos_freq;
+    const float interpolation = 1.0f / (rs.factor * pos_freq);
+    const float ramp = std::clamp(
+        (static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f,
+        1.0f);
+    const float extrapolation_factor = 1.0f - ramp;
+    inv[i] = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+  }
+  return inv;
+}
+
 // Inverse frequencies of one RoPE base over the rotary dims, with the config's scaling (HF
 // _compute_default_rope_parameters / _compute_llama3_parameters / _compute_longrope_parameters).
 std::vector<double> inverse_frequencies(const ModelConfig& c, float theta, bool scaled) {
@@ -36,6 +68,7 @@ std::vector<double> inverse_frequencies(const ModelConfig& c, float theta, bool 
       inv[i] = 1.0f / std::pow(theta, exponent);
   }
   if (!scaled || rs.type == RopeScaling::Type::none || longrope) return inv;
+  if (rs.type == RopeScaling::Type::yarn) return yarn_frequencies(rs, theta, dim);
   if (rs.type == RopeScaling::Type::linear) {
     for (double& f : inv) f /= rs.factor;
     return inv;
@@ -59,10 +92,10 @@ RopeTable make_rope_table(const ModelConfig& c, float theta, bool scaled, size_t
   RopeTable t{theta, scaled, {}, {}};
   const std::vector<double> inv = inverse_frequencies(c, theta, scaled);
   const size_t half = inv.size();
-  // LongRoPE scales cos and sin (HF: emb.cos() * attention_scaling, in float32).
-  const float scale = scaled && c.rope_scaling.type == RopeScaling::Type::longrope
-                          ? c.rope_scaling.attention_factor
-                          : 1.0f;
+  // LongRoPE and YaRN scale cos and sin (HF: emb.cos() * attention_scaling, in float32).
+  const bool scales_cos = c.rope_scaling.type == RopeScaling::Type::longrope ||
+                          c.rope_scaling.type == RopeScaling::Type::yarn;
+  const float scale = scaled && scales_cos ? c.rope_scaling.attention_factor : 1.0f;
   t.cos.resize(max_context * half);
   t.sin.resize(max_context * half);
   for (size_t p = 0; p < max_context; ++p) {
@@ -315,6 +348,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     a.window = static_cast<size_t>(c_.layers[l].sliding_window);
     a.scale = c_.query_scale;
     a.softcap = c_.attn_logit_softcap;
+    a.sinks = L.sinks.empty() ? nullptr : L.sinks.data();
     a.precision = cfg_.attention;
     return a;
   };

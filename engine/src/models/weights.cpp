@@ -178,20 +178,57 @@ kernels::PackedMatrix pack(const QuantSource* quant, std::initializer_list<const
 // One layer's checkpoint tensors, looked up and shape-checked (no data read).
 struct ExpertTensors {
   const TensorView *gate, *up, *down;
+  const TensorView *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;  // gpt-oss
+};
+// gpt-oss's experts as transformers stores them, all experts in one tensor each:
+// gate_up_proj [E, hidden, 2 X] multiplied as x @ W, gate and up interleaved along its last
+// axis (gate = [..., ::2], up = [..., 1::2]); down_proj [E, X, hidden], also x @ W.
+struct StackedExperts {
+  const TensorView *gate_up = nullptr, *gate_up_bias = nullptr;  // [E, H, 2X], [E, 2X]
+  const TensorView *down = nullptr, *down_bias = nullptr;        // [E, X, H], [E, H]
 };
 struct LayerTensors {
   const TensorView *attn_norm = nullptr, *ffn_norm = nullptr;  // pre_norms only
   const TensorView *q = nullptr, *k = nullptr, *v = nullptr, *o;
   const TensorView* qkv = nullptr;  // fused_projections (Phi-3) instead of q, k, v
   const TensorView *gate = nullptr, *up = nullptr, *down = nullptr;  // dense layers
-  const TensorView* gate_up = nullptr;  // fused_projections instead of gate, up
-  const TensorView* router = nullptr;   // MoE layers
-  std::vector<ExpertTensors> experts;
+  const TensorView* gate_up = nullptr;      // fused_projections instead of gate, up
+  const TensorView* router = nullptr;       // MoE layers
+  const TensorView* router_bias = nullptr;  // MoeSpec::biases
+  std::vector<ExpertTensors> experts;       // one per expert, or
+  StackedExperts stacked;                   // gpt-oss's HF layout (stacked.gate_up set)
+  const TensorView* sinks = nullptr;        // attention_sinks
   const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // attention_bias
   const TensorView* o_bias = nullptr;                                        // attention_out_bias
   const TensorView *q_norm = nullptr, *k_norm = nullptr;                     // qk_norm
   const TensorView *post_attn_norm = nullptr, *post_ffn_norm = nullptr;      // Gemma sandwich
 };
+
+// gpt-oss's router (mlp.router, with a bias) and experts: HF's stacked tensors, or (a GGUF file's
+// experts, sliced per expert by models/gguf_weights.cpp) mlp.experts.<e>.{gate,up,down}_proj
+// weights and biases.
+LayerTensors find_gpt_oss_experts(const TensorSource& src, const ModelConfig& c,
+                                  const std::string& p, LayerTensors t) {
+  const int64_t H = c.hidden_size, E = c.moe.num_experts, X = c.moe.expert_intermediate_size;
+  auto req = [&](const std::string& name, std::vector<int64_t> shape) {
+    return &src.required(p + name, std::move(shape));
+  };
+  t.router = req("mlp.router.weight", {E, H});
+  t.router_bias = req("mlp.router.bias", {E});
+  if (const TensorView* gate_up = src.optional(p + "mlp.experts.gate_up_proj", {E, H, 2 * X})) {
+    t.stacked = {gate_up, req("mlp.experts.gate_up_proj_bias", {E, 2 * X}),
+                 req("mlp.experts.down_proj", {E, X, H}),
+                 req("mlp.experts.down_proj_bias", {E, H})};
+    return t;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = "mlp.experts." + std::to_string(e) + ".";
+    t.experts.push_back({req(x + "gate_proj.weight", {X, H}), req(x + "up_proj.weight", {X, H}),
+                         req(x + "down_proj.weight", {H, X}), req(x + "gate_proj.bias", {X}),
+                         req(x + "up_proj.bias", {X}), req(x + "down_proj.bias", {H})});
+  }
+  return t;
+}
 
 LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
@@ -230,6 +267,8 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
     // Llama family: post_attention_layernorm is the norm before the MLP.
     t.ffn_norm = req("post_attention_layernorm.weight", {H});
   }
+  if (c.attention_sinks) t.sinks = req("self_attn.sinks", {c.num_heads});
+  if (c.layers[l].moe && c.moe.biases) return find_gpt_oss_experts(src, c, p, std::move(t));
   if (c.layers[l].moe) {
     const int64_t E = c.moe.num_experts, X = c.moe.expert_intermediate_size;
     t.router = req("mlp.gate.weight", {E, H});
@@ -299,8 +338,8 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c,
         "embeddings");
   plan.lm_head = head && !c.tie_word_embeddings ? head : plan.embed;
   std::set<const TensorView*> planned = {plan.embed, plan.final_norm, head};
-  // Matrices become bf16 or their quantized form, vectors fp32; an untied embedding is
-  // copied too.
+  // Matrices become bf16 or their quantized form (gpt-oss's stacked experts: bf16),
+  // vectors fp32; an untied embedding is copied too.
   auto add = [&](const TensorView* t, bool quantized_at_setup = true) {
     if (!t) return;
     const bool matrix = t->shape.size() == 2;
@@ -312,20 +351,41 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c,
     else if (matrix && quant && quant->quantize && quantized_at_setup && cols % 32 == 0)
       plan.bytes += kernels::repacked_bytes(*quant->quantize, rows, cols);
     else
-      plan.bytes += static_cast<size_t>(t->numel()) * (matrix ? 2 : 4);
+      plan.bytes += static_cast<size_t>(t->numel()) * (t->shape.size() >= 2 ? 2 : 4);
   };
   for (const LayerTensors& t : plan.layers)
-    for (const TensorView* v :
-         {t.attn_norm,     t.q,      t.k,      t.v,       t.qkv,    t.o,
-          t.ffn_norm,      t.gate,   t.up,     t.gate_up, t.down,   t.q_bias,
-          t.k_bias,        t.v_bias, t.o_bias, t.q_norm,  t.k_norm, t.post_attn_norm,
-          t.post_ffn_norm, t.router}) {
+    for (const TensorView* v : {t.attn_norm,
+                                t.q,
+                                t.k,
+                                t.v,
+                                t.qkv,
+                                t.o,
+                                t.ffn_norm,
+                                t.gate,
+                                t.up,
+                                t.gate_up,
+                                t.down,
+                                t.q_bias,
+                                t.k_bias,
+                                t.v_bias,
+                                t.o_bias,
+                                t.q_norm,
+                                t.k_norm,
+                                t.post_attn_norm,
+                                t.post_ffn_norm,
+                                t.router,
+                                t.router_bias,
+                                t.sinks,
+                                t.stacked.gate_up,
+                                t.stacked.gate_up_bias,
+                                t.stacked.down,
+                                t.stacked.down_bias}) {
       add(v);
       planned.insert(v);
     }
   for (const LayerTensors& t : plan.layers)
     for (const ExpertTensors& x : t.experts)
-      for (const TensorView* v : {x.gate, x.up, x.down}) {
+      for (const TensorView* v : {x.gate, x.up, x.down, x.gate_bias, x.up_bias, x.down_bias}) {
         add(v);
         planned.insert(v);
       }
@@ -334,6 +394,62 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c,
   add(plan.lm_head);
   if (plan.lm_head != plan.embed) add(plan.embed, false);  // --weights leaves it bf16
   return plan;
+}
+
+// Rows [out][in] of the x @ W matrices of one expert of a stacked tensor [E][in][cols]: output
+// row r is column col(r) (`rows` of them), transposed into the engine's W[r][c] layout, kept in
+// the file's dtype (pack() then rounds and checks it as any tensor). nbytes 0: the copy is
+// heap memory, which release_pages must not drop.
+struct TransposedExpert {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+};
+template <typename Col>
+TransposedExpert transpose_expert(const TensorView& t, int64_t e, int64_t rows, Col col) {
+  const size_t in = static_cast<size_t>(t.shape[1]), cols = static_cast<size_t>(t.shape[2]);
+  const size_t elem = dtype_size(t.dtype);
+  TransposedExpert x;
+  x.bytes.resize(static_cast<size_t>(rows) * in * elem);
+  const auto* src = static_cast<const uint8_t*>(t.data) + static_cast<size_t>(e) * in * cols * elem;
+  for (size_t r = 0; r < static_cast<size_t>(rows); ++r)
+    for (size_t i = 0; i < in; ++i)
+      std::memcpy(&x.bytes[(r * in + i) * elem], src + (i * cols + col(r)) * elem, elem);
+  x.view = {t.name + "[" + std::to_string(e) + "]",
+            t.dtype,
+            {rows, static_cast<int64_t>(in)},
+            x.bytes.data(),
+            0,
+            t.file};
+  return x;
+}
+
+// gpt-oss's stacked experts (StackedExperts) packed per expert as the engine's fused
+// [gate; up] rows, de-interleaved (gate = even columns, up = odd ones), and down rows,
+// each with its bias in the same order.
+void unstack_experts(const StackedExperts& s, const ModelConfig& c, const QuantSource* quant,
+                     kernels::Isa isa, PackStats& stats, LayerWeights& L) {
+  const size_t X = static_cast<size_t>(c.moe.expert_intermediate_size);
+  const size_t H = static_cast<size_t>(c.hidden_size);
+  const std::vector<float> gate_up_bias = to_float(*s.gate_up_bias, 0.0f);
+  const std::vector<float> down_bias = to_float(*s.down_bias, 0.0f);
+  // Fused row r: gate row r (column 2r) for r < X, else up row r - X (column 2(r - X) + 1).
+  const auto fused_column = [X](size_t r) { return r < X ? 2 * r : 2 * (r - X) + 1; };
+  for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+    const size_t ue = static_cast<size_t>(e);
+    const TransposedExpert gate_up =
+        transpose_expert(*s.gate_up, e, static_cast<int64_t>(2 * X), fused_column);
+    L.expert_gate_up.push_back(pack(quant, {&gate_up.view}, stats, isa));
+    std::vector<float> bias(2 * X);
+    for (size_t r = 0; r < 2 * X; ++r) bias[r] = gate_up_bias[ue * 2 * X + fused_column(r)];
+    L.expert_gate_up.back().bias = kernels::Bias(std::move(bias));
+    const TransposedExpert down =
+        transpose_expert(*s.down, e, static_cast<int64_t>(H), [](size_t r) { return r; });
+    L.expert_down.push_back(pack(quant, {&down.view}, stats, isa));
+    L.expert_down.back().bias = kernels::Bias(
+        std::vector<float>(down_bias.begin() + static_cast<std::ptrdiff_t>(ue * H),
+                           down_bias.begin() + static_cast<std::ptrdiff_t>((ue + 1) * H)));
+  }
+  for (const TensorView* t : {s.gate_up, s.down}) t->release_pages();
 }
 
 // One layer's tensors, checked and packed. Layers are independent, so setup
@@ -364,15 +480,27 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     L.post_ffn_norm = to_float(*t.post_ffn_norm, norm_add);
   }
   if (c.pre_norms) L.ffn_norm = to_float(*t.ffn_norm, norm_add);
+  if (t.sinks) L.sinks = to_float(*t.sinks, 0.0f);
   if (t.router) {
     L.router = pack(quant, {t.router}, stats, isa);
+    if (t.router_bias) L.router.bias = kernels::Bias(to_float(*t.router_bias, 0.0f));
     PackStats experts;
+    if (t.stacked.gate_up) {
+      unstack_experts(t.stacked, c, quant, isa, experts, L);
+    }
     for (const ExpertTensors& x : t.experts) {
       L.expert_gate_up.push_back(pack(quant, {x.gate, x.up}, experts, isa));
       L.expert_down.push_back(pack(quant, {x.down}, experts, isa));
+      if (x.gate_bias) {
+        std::vector<float> bias = to_float(*x.gate_bias, 0.0f), up = to_float(*x.up_bias, 0.0f);
+        bias.insert(bias.end(), up.begin(), up.end());
+        L.expert_gate_up.back().bias = kernels::Bias(std::move(bias));
+        L.expert_down.back().bias = kernels::Bias(to_float(*x.down_bias, 0.0f));
+      }
     }
     // A decode step reads only the experts_per_token experts of its token (all of one size).
-    stats.bytes += experts.bytes / t.experts.size() * static_cast<size_t>(c.moe.experts_per_token);
+    stats.bytes +=
+        experts.bytes / L.expert_down.size() * static_cast<size_t>(c.moe.experts_per_token);
     if (experts.rounded_from) stats.rounded_from = experts.rounded_from;
     return L;
   }

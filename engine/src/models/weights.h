@@ -21,6 +21,7 @@ struct LayerWeights {
   std::vector<float> attn_norm;       // [hidden]  input_layernorm
   kernels::PackedMatrix qkv;          // [(heads + 2 kv_heads) * head_dim, hidden], Qwen2's bias
   std::vector<float> q_norm, k_norm;  // [head_dim], qk_norm models only
+  std::vector<float> sinks;           // [heads], attention_sinks models only (gpt-oss)
   kernels::PackedMatrix o_proj;       // [hidden, heads * head_dim]
   std::vector<float> post_attn_norm;  // Gemma sandwich norm, after attention
   std::vector<float> ffn_norm;        // [hidden]  norm before the MLP
