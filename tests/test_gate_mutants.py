@@ -57,6 +57,8 @@ FAMILY_FIXTURES = (
     "qwen3moe-tiny",
     "olmoe-tiny",
     "phi3-tiny",
+    "granitemoe-tiny",
+    "granitemoeshared-tiny",
 )
 
 
@@ -309,6 +311,7 @@ MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny
 OLMO2 = ("olmo2-tiny",)
 MOE = ("qwen3moe-tiny", "olmoe-tiny")
 PHI3 = ("phi3-tiny",)
+GRANITE_MOE = ("granitemoe-tiny", "granitemoeshared-tiny")
 EXPERT = "model.layers.{}.mlp.experts.{}.{}_proj.weight"
 
 
@@ -344,6 +347,15 @@ def _full_rotary(c: Config) -> Config:
             "long_factor": pad(rs["long_factor"]),
         },
     }
+
+
+def _swap_input_linear_halves(t: Tensors, c: Config) -> None:
+    """GraniteMoE's input_linear [E, 2I, H] read as [up; gate] (every expert, every layer)."""
+    import torch
+
+    i = c["intermediate_size"]
+    for k in [k for k in t if k.endswith("block_sparse_moe.input_linear.weight")]:
+        t[k] = torch.cat([t[k][:, i:], t[k][:, :i]], dim=1)
 
 
 # Each family's own logic, broken in the engine's copy of the config (HF reads the original).
@@ -410,6 +422,16 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
         PHI3, config=lambda c: {"max_position_embeddings": c["original_max_position_embeddings"]}
     ),
     "sliding window ignored (Phi-3)": WeightMutant(PHI3, config=lambda c: {"sliding_window": None}),
+    "GraniteMoE top-k off by one": WeightMutant(
+        GRANITE_MOE, config=lambda c: {"num_experts_per_tok": c["num_experts_per_tok"] + 1}
+    ),
+    "gate and up halves of input_linear swapped (GraniteMoE)": WeightMutant(
+        GRANITE_MOE, _swap_input_linear_halves
+    ),
+    "shared MLP dropped (GraniteMoeShared)": WeightMutant(
+        ("granitemoeshared-tiny",),
+        lambda t, c: [t[k].zero_() for k in t if k.endswith("shared_mlp.output_linear.weight")],
+    ),
 }
 WEIGHT_MUTANTS.update(FAMILY_MUTANTS)
 

@@ -91,9 +91,15 @@ struct Reader {
 constexpr int kMaxLayers = 1 << 14;
 
 const std::set<std::string> kSupported = {
-    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
-    "Gemma3ForCausalLM",   "GraniteForCausalLM", "SmolLM3ForCausalLM", "Olmo2ForCausalLM",
-    "Qwen3MoeForCausalLM", "OlmoeForCausalLM",   "Phi3ForCausalLM"};
+    "LlamaForCausalLM",           "MistralForCausalLM", "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",           "Gemma3ForCausalLM",  "GraniteForCausalLM",
+    "SmolLM3ForCausalLM",         "Olmo2ForCausalLM",   "Qwen3MoeForCausalLM",
+    "OlmoeForCausalLM",           "Phi3ForCausalLM",    "GraniteMoeForCausalLM",
+    "GraniteMoeSharedForCausalLM"};
+
+bool is_granite_moe(const std::string& arch) {
+  return arch == "GraniteMoeForCausalLM" || arch == "GraniteMoeSharedForCausalLM";
+}
 
 std::string supported_list() {
   std::string s;
@@ -243,6 +249,30 @@ void read_nope_layers(const Reader& r, ModelConfig& c) {
   }
 }
 
+// GraniteMoE (HF GraniteMoeMoE): every layer's experts as wide as intermediate_size, stacked
+// in the checkpoint, routed by a softmax over the top-k logits; GraniteMoeShared adds a
+// shared MLP of shared_intermediate_size (0: none).
+void read_granite_moe(const Reader& r, ModelConfig& c) {
+  MoeSpec& m = c.moe;
+  m.num_experts = r.positive_int_or("num_local_experts", 8);
+  m.experts_per_token = r.positive_int_or("num_experts_per_tok", 2);
+  if (m.experts_per_token > m.num_experts)
+    r.fail("num_experts_per_tok", "(" + std::to_string(m.experts_per_token) +
+                                      ") must not exceed num_local_experts (" +
+                                      std::to_string(m.num_experts) + ")");
+  m.expert_intermediate_size = c.intermediate_size;
+  m.routing = MoeSpec::Routing::topk_then_softmax;
+  m.stacked_experts = true;
+  if (c.architecture == "GraniteMoeSharedForCausalLM")
+    m.shared_intermediate_size = r.count_or("shared_intermediate_size", 0);
+  for (LayerSpec& l : c.layers) l.moe = true;
+  // HF's config hard-codes "rope" but lets config.json override it; anything else runs
+  // without rotary embeddings, which the engine does not implement.
+  if (r.string_or("position_embedding_type", "rope") != "rope")
+    r.fail("position_embedding_type", "'" + r.j["position_embedding_type"].get<std::string>() +
+                                          "' is not supported (supported: rope)");
+}
+
 // The experts of a mixture-of-experts family, and which layers use them: Qwen3-MoE every
 // decoder_sparse_step-th layer not in mlp_only_layers (num_experts 0: none), OLMoE every layer
 // with experts as wide as intermediate_size.
@@ -326,10 +356,15 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   c.num_layers = r.positive_int("num_hidden_layers", kMaxLayers);
   c.num_heads = r.positive_int("num_attention_heads");
   c.num_kv_heads = r.positive_int_or("num_key_value_heads", c.num_heads);
-  // OLMoE's attention ignores head_dim: its heads are always hidden_size / heads wide.
-  c.head_dim = c.architecture == "OlmoeForCausalLM"
-                   ? c.hidden_size / c.num_heads
-                   : r.positive_int_or("head_dim", c.hidden_size / c.num_heads);
+  // OLMoE's and GraniteMoE's attention ignores head_dim: heads are hidden_size / heads wide.
+  const bool heads_split_hidden =
+      c.architecture == "OlmoeForCausalLM" || is_granite_moe(c.architecture);
+  if (is_granite_moe(c.architecture) && c.hidden_size % c.num_heads != 0)
+    r.fail("num_attention_heads", "(" + std::to_string(c.num_heads) +
+                                      ") must divide hidden_size (" +
+                                      std::to_string(c.hidden_size) + ")");
+  c.head_dim = heads_split_hidden ? c.hidden_size / c.num_heads
+                                  : r.positive_int_or("head_dim", c.hidden_size / c.num_heads);
   c.vocab_size = r.positive_int("vocab_size");
   c.max_position_embeddings = r.positive_int_or("max_position_embeddings", 2048);
   c.rms_norm_eps = r.positive_number_or("rms_norm_eps", 1e-6f);
@@ -377,7 +412,7 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
     // attn_logit_softcapping is not read: transformers' Gemma3Attention never passes it to
     // the attention function, so Gemma 3 runs without it (tests/test_family_fixtures.py).
   }
-  if (c.architecture == "GraniteForCausalLM") {
+  if (c.architecture == "GraniteForCausalLM" || is_granite_moe(c.architecture)) {
     // Granite's four multipliers (HF GraniteModel); attention_multiplier replaces
     // 1/sqrt(head_dim) outright.
     c.embedding_scale = r.positive_number_or("embedding_multiplier", 1.0f);
@@ -399,6 +434,7 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
   if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "OlmoeForCausalLM")
     read_moe(r, c);
+  if (is_granite_moe(c.architecture)) read_granite_moe(r, c);
   // OLMoE's clamp of q, k and v is not implemented: refused, never ignored.
   if (c.architecture == "OlmoeForCausalLM" && r.has("clip_qkv"))
     r.fail("clip_qkv", "is not supported");

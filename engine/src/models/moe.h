@@ -1,6 +1,6 @@
 // The mixture-of-experts feed-forward (ModelConfig::moe): routing as transformers'
-// Qwen3MoeSparseMoeBlock / OlmoeSparseMoeBlock computes it, and the experts run as one
-// matmul per expert over the tokens routed to it.
+// Qwen3MoeSparseMoeBlock / OlmoeSparseMoeBlock / GraniteMoeTopKGating compute it, and the
+// experts run as one matmul per expert over the tokens routed to it.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +26,10 @@ struct Route {
 void route_token(const float* logits, size_t num_experts, size_t k, bool renormalize,
                  Route* routes);
 
+// GraniteMoE's routes (MoeSpec::Routing::topk_then_softmax): the k largest logits (largest
+// first, ties as above), weighted by a softmax over those k alone.
+void route_token_topk_softmax(const float* logits, size_t num_experts, size_t k, Route* routes);
+
 // Buffers of one MoE block, sized for the largest row count seen.
 struct MoeScratch {
   std::vector<float> router;                // [n, num_experts]
@@ -36,7 +40,8 @@ struct MoeScratch {
 };
 
 // out[t] = sum over token t's routes of weight * expert(xn[t]) for n rows of [hidden],
-// each token's experts added in ascending expert order (HF's index_add_ order). Every
+// each token's experts added in ascending expert order (HF's index_add_ order), plus the
+// shared MLP's output where there is one (GraniteMoeShared: moe + shared_mlp(xn)). Every
 // expert with tokens runs one gate_up and one down matmul over them (`batch` as the
 // forward pass's: a decode batch keeps each row its own GEMV's, bit for bit).
 void moe_feed_forward(const LayerWeights& L, const ModelConfig& c, const float* xn, size_t n,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -187,11 +188,69 @@ struct LayerTensors {
   const TensorView* gate_up = nullptr;  // fused_projections instead of gate, up
   const TensorView* router = nullptr;   // MoE layers
   std::vector<ExpertTensors> experts;
+  // GraniteMoE's stacked tensors (MoeSpec::stacked_experts), read through the row slices
+  // below: the experts' gate / up / down, the shared MLP's gate / up.
+  std::vector<const TensorView*> stacked;
+  std::vector<std::unique_ptr<const TensorView>> slices;
   const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // attention_bias
   const TensorView* o_bias = nullptr;                                        // attention_out_bias
   const TensorView *q_norm = nullptr, *k_norm = nullptr;                     // qk_norm
   const TensorView *post_attn_norm = nullptr, *post_ffn_norm = nullptr;      // Gemma sandwich
 };
+
+// Rows [first, first + count) of matrix `index` of a tensor of matrices ([N, rows, cols];
+// [rows, cols] with index 0): a view into the same mapping, named for errors.
+const TensorView* slice_rows(LayerTensors& t, const TensorView& m, int64_t index, int64_t first,
+                             int64_t count) {
+  const int64_t rows = m.shape[m.shape.size() - 2], cols = m.shape.back();
+  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(m.dtype);
+  auto v = std::make_unique<TensorView>(m);
+  v->name = m.name + "[" + std::to_string(index) + "][" + std::to_string(first) + ":" +
+            std::to_string(first + count) + "]";
+  v->shape = {count, cols};
+  v->data = static_cast<const uint8_t*>(m.data) + (index * rows + first) * row_bytes;
+  v->nbytes = static_cast<size_t>(count) * row_bytes;
+  return t.slices.emplace_back(std::move(v)).get();
+}
+
+// A MoE layer's router, experts and shared MLP (the dense fields gate / up / down).
+void find_moe(const TensorSource& src, const ModelConfig& c, const std::string& p,
+              LayerTensors& t) {
+  const int64_t H = c.hidden_size, E = c.moe.num_experts, X = c.moe.expert_intermediate_size;
+  const int64_t S = c.moe.shared_intermediate_size;
+  auto req = [&](const std::string& name, std::vector<int64_t> shape) {
+    return &src.required(p + name, std::move(shape));
+  };
+  if (!c.moe.stacked_experts) {
+    t.router = req("mlp.gate.weight", {E, H});
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = "mlp.experts." + std::to_string(e) + ".";
+      t.experts.push_back({req(x + "gate_proj.weight", {X, H}), req(x + "up_proj.weight", {X, H}),
+                           req(x + "down_proj.weight", {H, X})});
+    }
+    if (S > 0) {
+      t.gate = req("mlp.shared_expert.gate_proj.weight", {S, H});
+      t.up = req("mlp.shared_expert.up_proj.weight", {S, H});
+      t.down = req("mlp.shared_expert.down_proj.weight", {H, S});
+    }
+    return;
+  }
+  // HF GraniteMoeMoE: input_linear's rows per expert are [gate; up] (chunk(2) -> act(gate) * up).
+  t.router = req("block_sparse_moe.router.layer.weight", {E, H});
+  const TensorView* in = req("block_sparse_moe.input_linear.weight", {E, 2 * X, H});
+  const TensorView* out = req("block_sparse_moe.output_linear.weight", {E, H, X});
+  t.stacked = {in, out};
+  for (int64_t e = 0; e < E; ++e)
+    t.experts.push_back(
+        {slice_rows(t, *in, e, 0, X), slice_rows(t, *in, e, X, X), slice_rows(t, *out, e, 0, H)});
+  if (S > 0) {
+    const TensorView* shared_in = req("shared_mlp.input_linear.weight", {2 * S, H});
+    t.stacked.push_back(shared_in);
+    t.gate = slice_rows(t, *shared_in, 0, 0, S);
+    t.up = slice_rows(t, *shared_in, 0, S, S);
+    t.down = req("shared_mlp.output_linear.weight", {H, S});
+  }
+}
 
 LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
@@ -231,13 +290,7 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
     t.ffn_norm = req("post_attention_layernorm.weight", {H});
   }
   if (c.layers[l].moe) {
-    const int64_t E = c.moe.num_experts, X = c.moe.expert_intermediate_size;
-    t.router = req("mlp.gate.weight", {E, H});
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = "mlp.experts." + std::to_string(e) + ".";
-      t.experts.push_back({req(x + "gate_proj.weight", {X, H}), req(x + "up_proj.weight", {X, H}),
-                           req(x + "down_proj.weight", {H, X})});
-    }
+    find_moe(src, c, p, t);
     return t;
   }
   if (c.fused_projections) {  // rows [gate; up] (HF Phi3MLP: gate, up = chunk(2))
@@ -311,12 +364,14 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
       add(v);
       planned.insert(v);
     }
-  for (const LayerTensors& t : plan.layers)
+  for (const LayerTensors& t : plan.layers) {
+    planned.insert(t.stacked.begin(), t.stacked.end());  // read through their slices
     for (const ExpertTensors& x : t.experts)
       for (const TensorView* v : {x.gate, x.up, x.down}) {
         add(v);
         planned.insert(v);
       }
+  }
   check_all_planned(ckpt, c, planned);
   add(plan.final_norm);
   add(plan.lm_head);
@@ -362,6 +417,10 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     // A decode step reads only the experts_per_token experts of its token (all of one size).
     stats.bytes += experts.bytes / t.experts.size() * static_cast<size_t>(c.moe.experts_per_token);
     if (experts.rounded_from) stats.rounded_from = experts.rounded_from;
+    if (t.gate) {  // the shared MLP, which every token runs
+      L.gate_up = pack(quant, {t.gate, t.up}, stats, isa);
+      L.down = pack(quant, {t.down}, stats, isa);
+    }
     return L;
   }
   L.gate_up = c.fused_projections ? pack(quant, {t.gate_up}, stats, isa)
