@@ -154,20 +154,33 @@ namespace {
 // llama.cpp's tensor names (per layer "blk.N.<kind>") -> HF's, per architecture.
 std::optional<std::string> hf_layer_kind(const std::string& arch, const std::string& kind) {
   static const std::map<std::string, std::string> kCommon = {
-      {"attn_norm", "input_layernorm"},    {"attn_q", "self_attn.q_proj"},
-      {"attn_k", "self_attn.k_proj"},      {"attn_v", "self_attn.v_proj"},
-      {"attn_output", "self_attn.o_proj"}, {"ffn_gate", "mlp.gate_proj"},
-      {"ffn_up", "mlp.up_proj"},           {"ffn_down", "mlp.down_proj"},
-      {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
+      {"attn_norm", "input_layernorm"},
+      {"attn_q", "self_attn.q_proj"},
+      {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},
+      {"attn_output", "self_attn.o_proj"},
+      {"ffn_gate", "mlp.gate_proj"},
+      {"ffn_up", "mlp.up_proj"},
+      {"ffn_down", "mlp.down_proj"},
+      {"attn_q_norm", "self_attn.q_norm"},
+      {"attn_k_norm", "self_attn.k_norm"},
       {"ffn_gate_inp", "mlp.gate"},  // a MoE layer's router
+      // GraniteMoeShared's shared MLP, under Qwen2-MoE's HF names (MoeSpec::stacked_experts)
+      {"ffn_gate_shexp", "mlp.shared_expert.gate_proj"},
+      {"ffn_up_shexp", "mlp.shared_expert.up_proj"},
+      {"ffn_down_shexp", "mlp.shared_expert.down_proj"},
   };
   static const std::map<std::string, std::string> kGemma = {
       {"ffn_norm", "pre_feedforward_layernorm"},
       {"post_attention_norm", "post_attention_layernorm"},
       {"post_ffw_norm", "post_feedforward_layernorm"},
   };
+  // Phi-3's fused projections: attn_qkv rows [q; k; v], ffn_up rows [gate; up].
+  if (arch == "phi3" && kind == "attn_qkv") return "self_attn.qkv_proj";
+  if (arch == "phi3" && kind == "ffn_up") return "mlp.gate_up_proj";
   if (auto it = kCommon.find(kind); it != kCommon.end()) return it->second;
-  if (arch == "gemma3") {
+  if (arch == "gemma3" || arch == "olmo2") {  // post-norms (OLMo 2 has no norm before the MLP)
+    if (arch == "olmo2" && kind == "ffn_norm") return std::nullopt;
     if (auto it = kGemma.find(kind); it != kGemma.end()) return it->second;
   } else if (kind == "ffn_norm") {
     return "post_attention_layernorm";
@@ -218,8 +231,8 @@ std::optional<std::string> hf_expert_name(const std::string& name, size_t e) {
 // architectures keep HF's order.
 std::vector<int32_t> unpermute_order(const std::string& arch, const std::string& hf_name,
                                      size_t rows, const ModelConfig& c) {
-  // Granite's and SmolLM3's converters are the Llama converter's subclasses.
-  if (arch != "llama" && arch != "granite" && arch != "smollm3") return {};
+  // Granite's, GraniteMoE's and SmolLM3's converters are the Llama converter's subclasses.
+  if (arch != "llama" && arch != "granite" && arch != "granitemoe" && arch != "smollm3") return {};
   int heads = 0;
   if (hf_name.find(".self_attn.q_proj.") != std::string::npos) heads = c.num_heads;
   if (hf_name.find(".self_attn.k_proj.") != std::string::npos) heads = c.num_kv_heads;
@@ -314,6 +327,9 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
   };
   for (const auto& [name, t] : g.tensors()) {
     if (name == "rope_freqs.weight") continue;  // Llama 3 RoPE scaling: read into the config
+    if (arch == "phi3" &&
+        (name == "rope_factors_short.weight" || name == "rope_factors_long.weight"))
+      continue;  // LongRoPE: read into the config
     if (hf_expert_name(name, 0)) {
       // Each expert is a view of its rows of the mapping, nothing copied.
       check(t.dims.size() == 3 && t.dims[2] > 0 && t.nbytes % t.dims[2] == 0,
