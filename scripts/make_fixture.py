@@ -185,6 +185,26 @@ CONFIGS: dict[str, tuple[str, dict]] = {
             "shared_intermediate_size": 56,
         },
     ),
+    # Qwen2-MoE: q/k/v biases (qkv_bias), top-2 of 8 experts without renormalisation, a
+    # shared expert (56 wide) gated per token by a sigmoid, a dense layer (mlp_only_layers);
+    # its heads fill hidden_size.
+    "qwen2moe-tiny": (
+        "Qwen2MoeConfig",
+        {
+            **{k: v for k, v in TINY.items() if k != "head_dim"},
+            "rope_theta": 110000.0,
+            "tie_word_embeddings": False,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 40,
+            "shared_expert_intermediate_size": 56,
+            "norm_topk_prob": False,
+            "mlp_only_layers": [1],
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     # No pre-norms, post-norms on both blocks, QK-norm over the whole projections, biases.
     "olmo2-tiny": (
         "Olmo2Config",

@@ -42,6 +42,7 @@ FIXTURES = [
     "phi3-tiny",
     "granitemoe-tiny",
     "granitemoeshared-tiny",
+    "qwen2moe-tiny",
 ]
 TOKENS = [1, 504, 3101, 42, 77, 19000, 8, 260, 4431, 12, 999, 31, 5, 48000, 600, 2, 7, 300]
 PROMPT_LEN = 5
@@ -49,8 +50,19 @@ SPLIT = 7  # the continued prefill: [0, SPLIT) first, then the rest at start_pos
 TOLERANCE = 2e-4  # of the largest |logit|: fp32 rounding, not bf16
 TIERS = ["scalar", "avx2", "avx512", "amx"]
 # Families whose attention ignores head_dim: heads are hidden_size / heads wide.
-HEADS_SPLIT_HIDDEN = {"OlmoeForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM"}
-MOE_FIXTURES = ["qwen3moe-tiny", "olmoe-tiny", "granitemoe-tiny", "granitemoeshared-tiny"]
+HEADS_SPLIT_HIDDEN = {
+    "OlmoeForCausalLM",
+    "GraniteMoeForCausalLM",
+    "GraniteMoeSharedForCausalLM",
+    "Qwen2MoeForCausalLM",  # (its head_dim must fill hidden_size)
+}
+MOE_FIXTURES = [
+    "qwen3moe-tiny",
+    "olmoe-tiny",
+    "granitemoe-tiny",
+    "granitemoeshared-tiny",
+    "qwen2moe-tiny",
+]
 
 
 @pytest.fixture(scope="module", params=FIXTURES)
@@ -82,8 +94,10 @@ def test_fixture_is_what_it_claims(fixture_dir: Path) -> None:
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     if experts:  # routing that a wrong top-k, renormalisation or width would change
         assert 1 < cfg["num_experts_per_tok"] < experts
-    if "shared_intermediate_size" in cfg:  # GraniteMoeShared: a shared MLP of its own width
-        assert 0 < cfg["shared_intermediate_size"] != cfg["intermediate_size"]
+    for shared in ("shared_intermediate_size", "shared_expert_intermediate_size"):
+        if shared in cfg:  # a shared MLP of its own width
+            assert 0 < cfg[shared] != cfg["intermediate_size"]
+            assert cfg[shared] != cfg.get("moe_intermediate_size")
     if "moe_intermediate_size" in cfg:  # Qwen3-MoE: a dense layer among the MoE ones
         assert cfg["moe_intermediate_size"] != cfg["intermediate_size"] and cfg["mlp_only_layers"]
     if "query_pre_attn_scalar" in cfg:

@@ -59,6 +59,7 @@ FAMILY_FIXTURES = (
     "phi3-tiny",
     "granitemoe-tiny",
     "granitemoeshared-tiny",
+    "qwen2moe-tiny",
 )
 
 
@@ -309,7 +310,7 @@ WEIGHT_MUTANTS: dict[str, WeightMutant] = {
 
 MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny",)
 OLMO2 = ("olmo2-tiny",)
-MOE = ("qwen3moe-tiny", "olmoe-tiny")
+MOE = ("qwen3moe-tiny", "olmoe-tiny", "qwen2moe-tiny")
 PHI3 = ("phi3-tiny",)
 GRANITE_MOE = ("granitemoe-tiny", "granitemoeshared-tiny")
 EXPERT = "model.layers.{}.mlp.experts.{}.{}_proj.weight"
@@ -427,6 +428,10 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
     ),
     "gate and up halves of input_linear swapped (GraniteMoE)": WeightMutant(
         GRANITE_MOE, _swap_input_linear_halves
+    ),
+    "shared expert dropped (Qwen2-MoE)": WeightMutant(
+        ("qwen2moe-tiny",),
+        lambda t, c: [t[k].zero_() for k in t if k.endswith("shared_expert.down_proj.weight")],
     ),
     "shared MLP dropped (GraniteMoeShared)": WeightMutant(
         ("granitemoeshared-tiny",),

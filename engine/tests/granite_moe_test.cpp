@@ -1,6 +1,6 @@
 // GraniteMoE's switches of the MoE block (models/moe.h): top-k over the router logits then a
 // softmax over those k (HF GraniteMoeTopKGating), the shared MLP GraniteMoeShared adds to
-// every token, and the config fields that choose them.
+// every token (and Qwen2-MoE's, gated by a sigmoid), and the config fields that choose them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,7 +45,7 @@ struct TinyGraniteMoe {
   static constexpr size_t H = 32, E = 6, X = 24, S = 40, K = 3;
   ModelConfig c;
   LayerWeights L;
-  std::vector<float> router, shared_gate_up, shared_down;
+  std::vector<float> router, shared_gate_up, shared_down, shared_gate;
   std::vector<std::vector<float>> gate_up, down;  // per expert, rows [gate; up]
   std::mt19937 rng{11};
 
@@ -60,13 +60,14 @@ struct TinyGraniteMoe {
     return bits;
   }
 
-  explicit TinyGraniteMoe(bool shared) {
+  explicit TinyGraniteMoe(bool shared, bool gated = false) {
     c.hidden_size = H;
     c.moe.num_experts = E;
     c.moe.experts_per_token = K;
     c.moe.expert_intermediate_size = X;
     c.moe.routing = MoeSpec::Routing::topk_then_softmax;
     c.moe.shared_intermediate_size = shared ? S : 0;
+    c.moe.shared_expert_gate = gated;
     const auto pack = [](const std::vector<uint16_t>& bits, size_t rows, size_t cols) {
       return kernels::pack_matrix(bits.data(), rows, cols, kernels::Isa::scalar);
     };
@@ -80,6 +81,7 @@ struct TinyGraniteMoe {
       L.gate_up = pack(matrix(2 * S, H, shared_gate_up), 2 * S, H);
       L.down = pack(matrix(H, S, shared_down), H, S);
     }
+    if (gated) L.shared_expert_gate = pack(matrix(1, H, shared_gate), 1, H);
   }
 
   // out += weight * down(silu(gate x) * up x), gate = rows [0, width), up = rows [width, 2w).
@@ -114,13 +116,19 @@ struct TinyGraniteMoe {
     std::vector<double> out(H, 0.0);
     for (size_t i = 0; i < K; ++i)
       mlp(gate_up[order[i]], down[order[i]], X, x, std::exp(logits[order[i]]) / sum, out);
-    if (c.moe.shared_intermediate_size) mlp(shared_gate_up, shared_down, S, x, 1.0, out);
+    double gate = 1.0;  // Qwen2-MoE: sigmoid(shared_expert_gate . x)
+    if (c.moe.shared_expert_gate) {
+      double g = 0;
+      for (size_t i = 0; i < H; ++i) g += static_cast<double>(shared_gate[i]) * x[i];
+      gate = 1.0 / (1.0 + std::exp(-g));
+    }
+    if (c.moe.shared_intermediate_size) mlp(shared_gate_up, shared_down, S, x, gate, out);
     return out;
   }
 };
 
-void check_block(bool shared) {
-  TinyGraniteMoe m(shared);
+void check_block(bool shared, bool gated = false) {
+  TinyGraniteMoe m(shared, gated);
   constexpr size_t n = 9, H = TinyGraniteMoe::H;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -149,6 +157,58 @@ TEST(GraniteMoeBlock, TopKSoftmaxRoutingMatchesTheDefinition) {
 }
 TEST(GraniteMoeBlock, SharedMlpAddedToEveryToken) {
   check_block(true);
+}
+TEST(GraniteMoeBlock, SharedExpertGatedBySigmoid) {  // Qwen2-MoE's
+  check_block(true, true);
+}
+
+ModelConfig qwen2moe_config(const std::string& extra) {
+  std::string text = R"({"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 100, "num_experts": 8)";
+  text += extra.empty() ? "}" : ", " + extra + "}";
+  auto dir = testing::make_temp_dir("qwen2moe");
+  testing::write_text(dir / "config.json", text);
+  return load_model_config(dir / "config.json");
+}
+
+TEST(Qwen2MoeConfig, GatedSharedExpertAndQkvBias) {
+  const ModelConfig c = qwen2moe_config(R"("mlp_only_layers": [1])");
+  EXPECT_EQ(c.moe.experts_per_token, 4);  // Qwen2MoeConfig's defaults
+  EXPECT_EQ(c.moe.expert_intermediate_size, 1408);
+  EXPECT_EQ(c.moe.shared_intermediate_size, 5632);
+  EXPECT_TRUE(c.moe.shared_expert_gate);
+  EXPECT_EQ(c.moe.routing, MoeSpec::Routing::softmax_then_topk);
+  EXPECT_FALSE(c.moe.norm_topk_prob);
+  EXPECT_TRUE(c.layers[0].moe && !c.layers[1].moe && c.layers[2].moe);
+  EXPECT_TRUE(c.attention_bias);  // qkv_bias defaults to true; o_proj has none
+  EXPECT_FALSE(c.attention_out_bias);
+  EXPECT_EQ(c.head_dim, 16);
+  const ModelConfig s = qwen2moe_config(R"("shared_expert_intermediate_size": 56, "qkv_bias": false,
+                                           "attention_bias": true)");
+  EXPECT_EQ(s.moe.shared_intermediate_size, 56);
+  EXPECT_FALSE(s.attention_bias || s.attention_out_bias);  // HF reads qkv_bias, not attention_bias
+}
+
+TEST(Qwen2MoeConfig, RefusesWhatItCannotRun) {
+  const auto error = [](const std::string& extra) {
+    try {
+      qwen2moe_config(extra);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error(R"("use_sliding_window": true)")
+                .find("field 'use_sliding_window' true is not supported for Qwen2MoeForCausalLM"),
+            std::string::npos);
+  EXPECT_EQ(error(R"("use_sliding_window": false, "sliding_window": 8)"), "");
+  EXPECT_NE(error(R"("head_dim": 24)")
+                .find("'head_dim' (24) times num_attention_heads (4) must equal hidden_size (64)"),
+            std::string::npos);
+  EXPECT_NE(error(R"("shared_expert_intermediate_size": 0)")
+                .find("shared_expert_intermediate_size' must be a positive integer"),
+            std::string::npos);
 }
 
 ModelConfig granite_config(const std::string& arch, const std::string& extra) {

@@ -47,9 +47,11 @@ struct MoeSpec {
   int expert_intermediate_size = 0;  // each expert's MLP width (moe_intermediate_size)
   bool norm_topk_prob = false;       // renormalise the top-k weights (softmax_then_topk)
   Routing routing = Routing::softmax_then_topk;
-  // GraniteMoeShared: a dense SwiGLU MLP this wide that every token runs, its output added
-  // to the experts' sum (the MoE layer's LayerWeights::gate_up / down); 0 = none.
+  // GraniteMoeShared, Qwen2-MoE: a dense SwiGLU MLP this wide that every token runs, its
+  // output added to the experts' sum (the MoE layer's LayerWeights::gate_up / down); 0 = none.
   int shared_intermediate_size = 0;
+  // Qwen2-MoE: the shared MLP's output times sigmoid(shared_expert_gate . x), per token.
+  bool shared_expert_gate = false;
   // Checkpoint layout: GraniteMoE stacks the experts as block_sparse_moe.input_linear
   // [E, 2 * I, H] (rows [gate; up]) and output_linear [E, H, I]; otherwise one
   // mlp.experts.N.{gate,up,down}_proj per expert (the GGUF loader's names too).

@@ -90,12 +90,20 @@ struct Reader {
 // Far above any published model (Llama 3.1 405B has 126 layers).
 constexpr int kMaxLayers = 1 << 14;
 
-const std::set<std::string> kSupported = {
-    "LlamaForCausalLM",           "MistralForCausalLM", "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",           "Gemma3ForCausalLM",  "GraniteForCausalLM",
-    "SmolLM3ForCausalLM",         "Olmo2ForCausalLM",   "Qwen3MoeForCausalLM",
-    "OlmoeForCausalLM",           "Phi3ForCausalLM",    "GraniteMoeForCausalLM",
-    "GraniteMoeSharedForCausalLM"};
+const std::set<std::string> kSupported = {"LlamaForCausalLM",
+                                          "MistralForCausalLM",
+                                          "Qwen2ForCausalLM",
+                                          "Qwen3ForCausalLM",
+                                          "Gemma3ForCausalLM",
+                                          "GraniteForCausalLM",
+                                          "SmolLM3ForCausalLM",
+                                          "Olmo2ForCausalLM",
+                                          "Qwen3MoeForCausalLM",
+                                          "OlmoeForCausalLM",
+                                          "Phi3ForCausalLM",
+                                          "GraniteMoeForCausalLM",
+                                          "GraniteMoeSharedForCausalLM",
+                                          "Qwen2MoeForCausalLM"};
 
 bool is_granite_moe(const std::string& arch) {
   return arch == "GraniteMoeForCausalLM" || arch == "GraniteMoeSharedForCausalLM";
@@ -273,22 +281,29 @@ void read_granite_moe(const Reader& r, ModelConfig& c) {
                                           "' is not supported (supported: rope)");
 }
 
-// The experts of a mixture-of-experts family, and which layers use them: Qwen3-MoE every
-// decoder_sparse_step-th layer not in mlp_only_layers (num_experts 0: none), OLMoE every layer
-// with experts as wide as intermediate_size.
+// The experts of a mixture-of-experts family, and which layers use them: Qwen3-MoE and
+// Qwen2-MoE every decoder_sparse_step-th layer not in mlp_only_layers (num_experts 0: none),
+// OLMoE every layer with experts as wide as intermediate_size. Qwen2-MoE adds a gated shared
+// expert to every MoE layer. The defaults are each config class's.
 void read_moe(const Reader& r, ModelConfig& c) {
   const bool olmoe = c.architecture == "OlmoeForCausalLM";
+  const bool qwen2 = c.architecture == "Qwen2MoeForCausalLM";
   MoeSpec& m = c.moe;
-  m.num_experts = olmoe ? r.positive_int_or("num_experts", 64) : r.count_or("num_experts", 128);
+  m.num_experts =
+      olmoe ? r.positive_int_or("num_experts", 64) : r.count_or("num_experts", qwen2 ? 60 : 128);
   if (m.num_experts == 0) return;
-  m.experts_per_token = r.positive_int_or("num_experts_per_tok", 8);
+  m.experts_per_token = r.positive_int_or("num_experts_per_tok", qwen2 ? 4 : 8);
   if (m.experts_per_token > m.num_experts)
     r.fail("num_experts_per_tok", "(" + std::to_string(m.experts_per_token) +
                                       ") must not exceed num_experts (" +
                                       std::to_string(m.num_experts) + ")");
   m.expert_intermediate_size =
-      olmoe ? c.intermediate_size : r.positive_int_or("moe_intermediate_size", 768);
+      olmoe ? c.intermediate_size : r.positive_int_or("moe_intermediate_size", qwen2 ? 1408 : 768);
   m.norm_topk_prob = r.bool_or("norm_topk_prob", false);
+  if (qwen2) {
+    m.shared_intermediate_size = r.positive_int_or("shared_expert_intermediate_size", 5632);
+    m.shared_expert_gate = true;
+  }
   const size_t n = c.layers.size();
   std::vector<bool> dense(n, false);
   if (!olmoe && r.has("mlp_only_layers")) {
@@ -312,11 +327,12 @@ void apply_architecture_switches(ModelConfig& c) {
   // Qwen2 hard-codes q/k/v biases and no o_proj bias; Mistral has none at all (HF ignores
   // attention_bias there); the others give all four projections a bias with attention_bias.
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  const bool qwen2moe = c.architecture == "Qwen2MoeForCausalLM";
   // Phi-3 has no biases either (HF reads no attention_bias for it).
   if (c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM")
     c.attention_bias = false;
   c.attention_bias = c.attention_bias || qwen2;
-  c.attention_out_bias = c.attention_bias && !qwen2;
+  c.attention_out_bias = c.attention_bias && !qwen2 && !qwen2moe;
   const bool olmo2 = c.architecture == "Olmo2ForCausalLM";
   c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM" ||
               gemma || olmo2;
@@ -365,6 +381,11 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
                                       std::to_string(c.hidden_size) + ")");
   c.head_dim = heads_split_hidden ? c.hidden_size / c.num_heads
                                   : r.positive_int_or("head_dim", c.hidden_size / c.num_heads);
+  // Qwen2MoeAttention raises unless its heads fill hidden_size exactly.
+  if (c.architecture == "Qwen2MoeForCausalLM" && c.head_dim * c.num_heads != c.hidden_size)
+    r.fail("head_dim", "(" + std::to_string(c.head_dim) + ") times num_attention_heads (" +
+                           std::to_string(c.num_heads) + ") must equal hidden_size (" +
+                           std::to_string(c.hidden_size) + ")");
   c.vocab_size = r.positive_int("vocab_size");
   c.max_position_embeddings = r.positive_int_or("max_position_embeddings", 2048);
   c.rms_norm_eps = r.positive_number_or("rms_norm_eps", 1e-6f);
@@ -403,7 +424,9 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   // Absent, the config class's default (save_pretrained omits a value equal to it).
   c.tie_word_embeddings =
       r.bool_or("tie_word_embeddings", gemma || c.architecture == "SmolLM3ForCausalLM");
-  c.attention_bias = r.bool_or("attention_bias", false);
+  // Qwen2-MoE's q/k/v biases are qkv_bias (default true); it has no o_proj bias.
+  c.attention_bias = c.architecture == "Qwen2MoeForCausalLM" ? r.bool_or("qkv_bias", true)
+                                                             : r.bool_or("attention_bias", false);
   apply_architecture_switches(c);
   if (gemma) {
     c.query_scale = 1.0f / std::sqrt(r.positive_number_or("query_pre_attn_scalar",
@@ -432,8 +455,13 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   for (int i = 0; i < c.num_layers; ++i)
     if (sliding[i]) c.layers[i] = local;
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
-  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "OlmoeForCausalLM")
+  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "OlmoeForCausalLM" ||
+      c.architecture == "Qwen2MoeForCausalLM")
     read_moe(r, c);
+  // Qwen2-MoE's window depends on the attention kernel HF picks (its flash path windows the
+  // layers from max_window_layers on, its mask every layer): refused, never guessed.
+  if (c.architecture == "Qwen2MoeForCausalLM" && r.bool_or("use_sliding_window", false))
+    r.fail("use_sliding_window", "true is not supported for Qwen2MoeForCausalLM");
   if (is_granite_moe(c.architecture)) read_granite_moe(r, c);
   // OLMoE's clamp of q, k and v is not implemented: refused, never ignored.
   if (c.architecture == "OlmoeForCausalLM" && r.has("clip_qkv"))

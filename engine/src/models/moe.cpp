@@ -130,9 +130,18 @@ void moe_feed_forward(const LayerWeights& L, const ModelConfig& c, const float* 
     }
   }
   if (c.moe.shared_intermediate_size == 0) return;
-  // GraniteMoeShared: moe_hidden_states + shared_mlp(hidden_states), every row.
+  // GraniteMoeShared: moe_hidden_states + shared_mlp(hidden_states), every row; Qwen2-MoE
+  // scales each row's shared output by F.sigmoid(shared_expert_gate(hidden_states)) first.
   s.out.resize(n * H);
   glu_mlp(L.gate_up, L.down, c, xn, n, s.out.data(), s, pool, cfg, batch, prof);
+  if (c.moe.shared_expert_gate) {
+    s.shared_gate.resize(n);
+    kernels::matmul(L.shared_expert_gate, xn, n, s.shared_gate.data(), pool, cfg, batch);
+    for (size_t t = 0; t < n; ++t) {
+      const float g = 1.0f / (1.0f + std::exp(-s.shared_gate[t]));
+      for (size_t j = 0; j < H; ++j) s.out[t * H + j] *= g;
+    }
+  }
   for (size_t i = 0; i < n * H; ++i) out[i] += s.out[i];
 }
 

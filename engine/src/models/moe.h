@@ -37,11 +37,13 @@ struct MoeScratch {
   std::vector<size_t> rows;                 // the rows routed to one expert
   std::vector<float> weights;               // and their routing weights
   std::vector<float> x, gate_up, act, out;  // that expert's gathered rows, its MLP, its output
+  std::vector<float> shared_gate;           // [n] Qwen2-MoE's shared-expert gate logits
 };
 
 // out[t] = sum over token t's routes of weight * expert(xn[t]) for n rows of [hidden],
 // each token's experts added in ascending expert order (HF's index_add_ order), plus the
-// shared MLP's output where there is one (GraniteMoeShared: moe + shared_mlp(xn)). Every
+// shared MLP's output where there is one (GraniteMoeShared: moe + shared_mlp(xn); Qwen2-MoE:
+// moe + sigmoid(shared_expert_gate(xn)) * shared_expert(xn)). Every
 // expert with tokens runs one gate_up and one down matmul over them (`batch` as the
 // forward pass's: a decode batch keeps each row its own GEMV's, bit for bit).
 void moe_feed_forward(const LayerWeights& L, const ModelConfig& c, const float* xn, size_t n,

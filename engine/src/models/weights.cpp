@@ -185,8 +185,9 @@ struct LayerTensors {
   const TensorView *q = nullptr, *k = nullptr, *v = nullptr, *o;
   const TensorView* qkv = nullptr;  // fused_projections (Phi-3) instead of q, k, v
   const TensorView *gate = nullptr, *up = nullptr, *down = nullptr;  // dense layers
-  const TensorView* gate_up = nullptr;  // fused_projections instead of gate, up
-  const TensorView* router = nullptr;   // MoE layers
+  const TensorView* gate_up = nullptr;      // fused_projections instead of gate, up
+  const TensorView* router = nullptr;       // MoE layers
+  const TensorView* shared_gate = nullptr;  // MoeSpec::shared_expert_gate
   std::vector<ExpertTensors> experts;
   // GraniteMoE's stacked tensors (MoeSpec::stacked_experts), read through the row slices
   // below: the experts' gate / up / down, the shared MLP's gate / up.
@@ -233,6 +234,7 @@ void find_moe(const TensorSource& src, const ModelConfig& c, const std::string& 
       t.up = req("mlp.shared_expert.up_proj.weight", {S, H});
       t.down = req("mlp.shared_expert.down_proj.weight", {H, S});
     }
+    if (c.moe.shared_expert_gate) t.shared_gate = req("mlp.shared_expert_gate.weight", {1, H});
     return;
   }
   // HF GraniteMoeMoE: input_linear's rows per expert are [gate; up] (chunk(2) -> act(gate) * up).
@@ -357,10 +359,10 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c) {
   };
   for (const LayerTensors& t : plan.layers)
     for (const TensorView* v :
-         {t.attn_norm,     t.q,      t.k,      t.v,       t.qkv,    t.o,
-          t.ffn_norm,      t.gate,   t.up,     t.gate_up, t.down,   t.q_bias,
-          t.k_bias,        t.v_bias, t.o_bias, t.q_norm,  t.k_norm, t.post_attn_norm,
-          t.post_ffn_norm, t.router}) {
+         {t.attn_norm,     t.q,      t.k,          t.v,       t.qkv,    t.o,
+          t.ffn_norm,      t.gate,   t.up,         t.gate_up, t.down,   t.q_bias,
+          t.k_bias,        t.v_bias, t.o_bias,     t.q_norm,  t.k_norm, t.post_attn_norm,
+          t.post_ffn_norm, t.router, t.shared_gate}) {
       add(v);
       planned.insert(v);
     }
@@ -421,6 +423,7 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
       L.gate_up = pack(quant, {t.gate, t.up}, stats, isa);
       L.down = pack(quant, {t.down}, stats, isa);
     }
+    if (t.shared_gate) L.shared_expert_gate = pack(quant, {t.shared_gate}, stats, isa);
     return L;
   }
   L.gate_up = c.fused_projections ? pack(quant, {t.gate_up}, stats, isa)
