@@ -317,6 +317,10 @@ LAYER_NAMES = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",  # a MoE layer's router
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",  # Qwen2-MoE's shared expert
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 GEMMA_NAMES = {
     "pre_feedforward_layernorm": "ffn_norm",
@@ -342,6 +346,7 @@ ARCH = {
     "granite-tiny": "granite",
     "smollm3-tiny": "smollm3",
     "qwen3moe-tiny": "qwen3moe",
+    "qwen2moe-tiny": "qwen2moe",
     "olmo2-tiny": "olmo2",
     "olmoe-tiny": "olmoe",
     "phi3-tiny": "phi3",
@@ -499,12 +504,14 @@ def write_fixture_gguf(
         writer.add_residual_scale(cfg["residual_multiplier"])
         writer.add_attention_scale(cfg["attention_multiplier"])
         writer.add_logit_scale(cfg["logits_scaling"])
-    if arch in ("qwen3moe", "olmoe", "granitemoe"):
+    if arch in ("qwen3moe", "qwen2moe", "olmoe", "granitemoe"):
         writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
         writer.add_expert_used_count(cfg["num_experts_per_tok"])
-    if arch == "qwen3moe":  # OLMoE's and GraniteMoE's experts are feed_forward_length wide
+    if arch in ("qwen3moe", "qwen2moe"):  # OLMoE's, GraniteMoE's: feed_forward_length wide
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    if arch in ("qwen3moe", "olmoe"):
+    if arch == "qwen2moe":
+        writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if arch in ("qwen3moe", "qwen2moe", "olmoe"):
         stack_experts(weights, cfg)
     if arch == "granitemoe":
         if cfg.get("shared_intermediate_size"):
@@ -632,8 +639,8 @@ def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_run: list[str
     assert_one_line_error(
         proc,
         "architecture 'mamba' is not supported",
-        "(supported: gemma3, granite, granitemoe, llama, olmo2, olmoe, phi3, qwen2, qwen3, "
-        "qwen3moe, smollm3)",
+        "(supported: gemma3, granite, granitemoe, llama, olmo2, olmoe, phi3, qwen2, qwen2moe, "
+        "qwen3, qwen3moe, smollm3)",
     )
 
 

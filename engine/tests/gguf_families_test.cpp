@@ -141,6 +141,25 @@ TEST_F(GgufFamiliesTest, OlmoeExperts) {
   EXPECT_TRUE(c.layers[1].moe && !c.layers[0].moe);
 }
 
+TEST_F(GgufFamiliesTest, Qwen2MoeGatedSharedExpert) {
+  GgufWriter w = tiny("qwen2moe");
+  w.kv_u32("qwen2moe.expert_count", 8);
+  w.kv_u32("qwen2moe.expert_used_count", 2);
+  w.kv_u32("qwen2moe.expert_feed_forward_length", 40);
+  w.tensor("blk.0.ffn_gate_inp.weight", 0, {64, 8}, std::vector<uint8_t>(64 * 8 * 4));
+  const std::string missing = error_of([&] { config(w); });
+  EXPECT_NE(missing.find("metadata 'qwen2moe.expert_shared_feed_forward_length' is missing"),
+            std::string::npos)
+      << missing;
+  w.kv_u32("qwen2moe.expert_shared_feed_forward_length", 56);
+  const ModelConfig c = config(w);
+  EXPECT_EQ(c.architecture, "Qwen2MoeForCausalLM");
+  EXPECT_EQ(c.moe.expert_intermediate_size, 40);
+  EXPECT_EQ(c.moe.shared_intermediate_size, 56);
+  EXPECT_TRUE(c.moe.shared_expert_gate);
+  EXPECT_FALSE(c.moe.norm_topk_prob);  // llama.cpp does not renormalise qwen2moe's
+}
+
 TEST_F(GgufFamiliesTest, GraniteMoeAndItsSharedMlp) {
   GgufWriter w = tiny("granitemoe");
   w.kv_u32("granitemoe.expert_count", 8);

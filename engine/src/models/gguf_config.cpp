@@ -61,6 +61,7 @@ const char* hf_architecture(const std::string& arch) {
   if (arch == "granite") return "GraniteForCausalLM";
   if (arch == "smollm3") return "SmolLM3ForCausalLM";
   if (arch == "qwen3moe") return "Qwen3MoeForCausalLM";
+  if (arch == "qwen2moe") return "Qwen2MoeForCausalLM";
   if (arch == "olmo2") return "Olmo2ForCausalLM";
   if (arch == "olmoe") return "OlmoeForCausalLM";
   if (arch == "phi3") return "Phi3ForCausalLM";
@@ -164,17 +165,23 @@ std::vector<bool> sliding_layers(const Meta& m, int layers) {
 // expert_feed_forward_length (OLMoE's and GraniteMoE's converters write none: their experts
 // are feed_forward_length wide); Qwen3-MoE's top-k weights renormalised unless
 // expert_weights_norm says otherwise (llama.cpp hard-codes norm_w for qwen3moe, not for
-// olmoe); GraniteMoE's softmax over the top-k logits and its shared MLP
-// (expert_shared_feed_forward_length). A layer is MoE where its router blk.N.ffn_gate_inp is.
+// olmoe or qwen2moe); GraniteMoE's softmax over the top-k logits and its shared MLP
+// (expert_shared_feed_forward_length); Qwen2-MoE's gated shared expert. A layer is MoE where
+// its router blk.N.ffn_gate_inp is.
 void read_experts(const Meta& m, ModelConfig& c) {
   MoeSpec& e = c.moe;
-  const bool qwen = m.arch == "qwen3moe";
+  const bool qwen = m.arch == "qwen3moe" || m.arch == "qwen2moe";
   e.num_experts = m.positive_int("expert_count");
   e.experts_per_token = m.positive_int("expert_used_count", e.num_experts);
   e.expert_intermediate_size =
       qwen ? m.positive_int("expert_feed_forward_length")
            : m.positive_int_or("expert_feed_forward_length", c.intermediate_size);
-  e.norm_topk_prob = m.g.get_int(m.key("expert_weights_norm")).value_or(qwen ? 1 : 0) != 0;
+  e.norm_topk_prob =
+      m.g.get_int(m.key("expert_weights_norm")).value_or(m.arch == "qwen3moe" ? 1 : 0) != 0;
+  if (m.arch == "qwen2moe") {
+    e.shared_intermediate_size = m.positive_int("expert_shared_feed_forward_length");
+    e.shared_expert_gate = true;
+  }
   if (m.arch == "granitemoe") {
     e.routing = MoeSpec::Routing::topk_then_softmax;
     if (m.g.get_int(m.key("expert_shared_feed_forward_length")))
@@ -221,9 +228,9 @@ void read_longrope(const Meta& m, ModelConfig& c) {
 }  // namespace
 
 const std::vector<std::string>& supported_gguf_architectures() {
-  static const std::vector<std::string> kArchs = {"gemma3", "granite",  "granitemoe", "llama",
-                                                  "olmo2",  "olmoe",    "phi3",       "qwen2",
-                                                  "qwen3",  "qwen3moe", "smollm3"};
+  static const std::vector<std::string> kArchs = {"gemma3",   "granite", "granitemoe", "llama",
+                                                  "olmo2",    "olmoe",   "phi3",       "qwen2",
+                                                  "qwen2moe", "qwen3",   "qwen3moe",   "smollm3"};
   return kArchs;
 }
 
@@ -289,7 +296,8 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   }
   if (*arch == "smollm3")  // llama.cpp hard-codes SmolLM3's NoPE layers: every 4th
     for (int i = 0; i < c.num_layers; ++i) c.layers[i].rope = (i + 1) % 4 != 0;
-  if (*arch == "qwen3moe" || *arch == "olmoe" || *arch == "granitemoe") read_experts(m, c);
+  if (*arch == "qwen3moe" || *arch == "qwen2moe" || *arch == "olmoe" || *arch == "granitemoe")
+    read_experts(m, c);
   if (*arch == "phi3") {
     read_longrope(m, c);
     // The converter writes HF's sliding_window (0 = none), which HF applies to every layer;

@@ -165,10 +165,11 @@ std::optional<std::string> hf_layer_kind(const std::string& arch, const std::str
       {"attn_q_norm", "self_attn.q_norm"},
       {"attn_k_norm", "self_attn.k_norm"},
       {"ffn_gate_inp", "mlp.gate"},  // a MoE layer's router
-      // GraniteMoeShared's shared MLP, under Qwen2-MoE's HF names (MoeSpec::stacked_experts)
+      // A shared MLP (GraniteMoeShared, Qwen2-MoE) under Qwen2-MoE's HF names
       {"ffn_gate_shexp", "mlp.shared_expert.gate_proj"},
       {"ffn_up_shexp", "mlp.shared_expert.up_proj"},
       {"ffn_down_shexp", "mlp.shared_expert.down_proj"},
+      {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},  // Qwen2-MoE's [1, hidden] gate
   };
   static const std::map<std::string, std::string> kGemma = {
       {"ffn_norm", "pre_feedforward_layernorm"},
