@@ -152,6 +152,59 @@ CONFIGS: dict[str, tuple[str, dict]] = {
             "eos_token_id": 2,
         },
     ),
+    # GraniteMoE: Granite's four multipliers (none 1, and not granite-tiny's) around experts
+    # stacked as input_linear / output_linear, routed by a softmax over the top-2 logits of 8;
+    # heads are hidden / heads wide. attention_bias gives o_proj a bias too.
+    "granitemoe-tiny": (
+        "GraniteMoeConfig",
+        {
+            **{k: v for k, v in TINY.items() if k != "head_dim"},
+            "rope_theta": 80000.0,
+            "attention_bias": True,
+            "embedding_multiplier": 2.0,
+            "residual_multiplier": 0.6,
+            "attention_multiplier": 0.2,
+            "logits_scaling": 3.5,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+        },
+    ),
+    # GraniteMoeShared: top-3 of 8, plus a shared MLP (56 wide, not intermediate_size)
+    # that every token runs.
+    "granitemoeshared-tiny": (
+        "GraniteMoeSharedConfig",
+        {
+            **{k: v for k, v in TINY.items() if k != "head_dim"},
+            "rope_theta": 90000.0,
+            "embedding_multiplier": 1.5,
+            "residual_multiplier": 0.7,
+            "attention_multiplier": 0.25,
+            "logits_scaling": 1.8,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 3,
+            "shared_intermediate_size": 56,
+        },
+    ),
+    # Qwen2-MoE: q/k/v biases (qkv_bias), top-2 of 8 experts without renormalisation, a
+    # shared expert (56 wide) gated per token by a sigmoid, a dense layer (mlp_only_layers);
+    # its heads fill hidden_size.
+    "qwen2moe-tiny": (
+        "Qwen2MoeConfig",
+        {
+            **{k: v for k, v in TINY.items() if k != "head_dim"},
+            "rope_theta": 110000.0,
+            "tie_word_embeddings": False,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 40,
+            "shared_expert_intermediate_size": 56,
+            "norm_topk_prob": False,
+            "mlp_only_layers": [1],
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     # No pre-norms, post-norms on both blocks, QK-norm over the whole projections, biases.
     "olmo2-tiny": (
         "Olmo2Config",

@@ -41,12 +41,30 @@ FIXTURES = [
     "olmoe-tiny",
     "phi3-tiny",
     "gptoss-tiny",
+    "granitemoe-tiny",
+    "granitemoeshared-tiny",
+    "qwen2moe-tiny",
 ]
 TOKENS = [1, 504, 3101, 42, 77, 19000, 8, 260, 4431, 12, 999, 31, 5, 48000, 600, 2, 7, 300]
 PROMPT_LEN = 5
 SPLIT = 7  # the continued prefill: [0, SPLIT) first, then the rest at start_pos = SPLIT
 TOLERANCE = 2e-4  # of the largest |logit|: fp32 rounding, not bf16
 TIERS = ["scalar", "avx2", "avx512", "amx"]
+# Families whose attention ignores head_dim: heads are hidden_size / heads wide.
+HEADS_SPLIT_HIDDEN = {
+    "OlmoeForCausalLM",
+    "GraniteMoeForCausalLM",
+    "GraniteMoeSharedForCausalLM",
+    "Qwen2MoeForCausalLM",  # (its head_dim must fill hidden_size)
+}
+MOE_FIXTURES = [
+    "qwen3moe-tiny",
+    "olmoe-tiny",
+    "gptoss-tiny",
+    "granitemoe-tiny",
+    "granitemoeshared-tiny",
+    "qwen2moe-tiny",
+]
 
 
 @pytest.fixture(scope="module", params=FIXTURES)
@@ -73,12 +91,16 @@ def hf_logits(model_dir: Path) -> np.ndarray:
 def test_fixture_is_what_it_claims(fixture_dir: Path) -> None:
     """The switches under test are really in the files (a fixture edit cannot drop them)."""
     cfg = json.loads((fixture_dir / "config.json").read_text())
-    if cfg["architectures"] != ["OlmoeForCausalLM"]:  # OLMoE's heads are hidden / heads wide
+    if cfg["architectures"][0] not in HEADS_SPLIT_HIDDEN:
         assert cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]
-    if "num_experts" in cfg:  # routing that a wrong top-k, renormalisation or width would change
-        assert 1 < cfg["num_experts_per_tok"] < cfg["num_experts"]
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if experts:  # routing that a wrong top-k, renormalisation or width would change
+        assert 1 < cfg["num_experts_per_tok"] < experts
+    for shared in ("shared_intermediate_size", "shared_expert_intermediate_size"):
+        if shared in cfg:  # a shared MLP of its own width
+            assert 0 < cfg[shared] != cfg["intermediate_size"]
+            assert cfg[shared] != cfg.get("moe_intermediate_size")
     if cfg["architectures"] == ["GptOssForCausalLM"]:  # sinks and a window crossed by TOKENS
-        assert 1 < cfg["num_experts_per_tok"] < cfg["num_local_experts"]
         assert set(cfg["layer_types"]) == {"sliding_attention", "full_attention"}
         assert cfg["sliding_window"] < len(TOKENS) and cfg["rope_scaling"]["rope_type"] == "yarn"
     if "moe_intermediate_size" in cfg:  # Qwen3-MoE: a dense layer among the MoE ones
@@ -147,7 +169,7 @@ def test_every_position_matches_transformers(
 
 
 @pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("name", ["qwen3moe-tiny", "olmoe-tiny", "gptoss-tiny"])
+@pytest.mark.parametrize("name", MOE_FIXTURES)
 def test_moe_batched_decode_is_bit_identical_to_alone(
     name: str, tier: str, family_fixture: Any, engine_binding: Any, monkeypatch: Any
 ) -> None:

@@ -58,6 +58,9 @@ FAMILY_FIXTURES = (
     "olmoe-tiny",
     "phi3-tiny",
     "gptoss-tiny",
+    "granitemoe-tiny",
+    "granitemoeshared-tiny",
+    "qwen2moe-tiny",
 )
 
 
@@ -308,9 +311,10 @@ WEIGHT_MUTANTS: dict[str, WeightMutant] = {
 
 MISTRAL, GRANITE, SMOLLM3 = ("mistral-tiny",), ("granite-tiny",), ("smollm3-tiny",)
 OLMO2 = ("olmo2-tiny",)
-MOE = ("qwen3moe-tiny", "olmoe-tiny")
+MOE = ("qwen3moe-tiny", "olmoe-tiny", "qwen2moe-tiny")
 PHI3 = ("phi3-tiny",)
 GPTOSS = ("gptoss-tiny",)
+GRANITE_MOE = ("granitemoe-tiny", "granitemoeshared-tiny")
 EXPERT = "model.layers.{}.mlp.experts.{}.{}_proj.weight"
 
 
@@ -364,6 +368,15 @@ def _full_rotary(c: Config) -> Config:
             "long_factor": pad(rs["long_factor"]),
         },
     }
+
+
+def _swap_input_linear_halves(t: Tensors, c: Config) -> None:
+    """GraniteMoE's input_linear [E, 2I, H] read as [up; gate] (every expert, every layer)."""
+    import torch
+
+    i = c["intermediate_size"]
+    for k in [k for k in t if k.endswith("block_sparse_moe.input_linear.weight")]:
+        t[k] = torch.cat([t[k][:, i:], t[k][:, :i]], dim=1)
 
 
 # Each family's own logic, broken in the engine's copy of the config (HF reads the original).
@@ -445,6 +458,20 @@ FAMILY_MUTANTS: dict[str, WeightMutant] = {
                 for t in c["layer_types"]
             ]
         },
+    ),
+    "GraniteMoE top-k off by one": WeightMutant(
+        GRANITE_MOE, config=lambda c: {"num_experts_per_tok": c["num_experts_per_tok"] + 1}
+    ),
+    "gate and up halves of input_linear swapped (GraniteMoE)": WeightMutant(
+        GRANITE_MOE, _swap_input_linear_halves
+    ),
+    "shared expert dropped (Qwen2-MoE)": WeightMutant(
+        ("qwen2moe-tiny",),
+        lambda t, c: [t[k].zero_() for k in t if k.endswith("shared_expert.down_proj.weight")],
+    ),
+    "shared MLP dropped (GraniteMoeShared)": WeightMutant(
+        ("granitemoeshared-tiny",),
+        lambda t, c: [t[k].zero_() for k in t if k.endswith("shared_mlp.output_linear.weight")],
     ),
 }
 WEIGHT_MUTANTS.update(FAMILY_MUTANTS)

@@ -317,11 +317,26 @@ LAYER_NAMES = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",  # a MoE layer's router
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",  # Qwen2-MoE's shared expert
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 GEMMA_NAMES = {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_attention_layernorm": "post_attention_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
+}
+POST_NORM_ARCHS = ("gemma3", "olmo2")  # post_attention_layernorm follows attention
+# Phi-3's fused projections and GraniteMoE's router, shared MLP and output_linear (its
+# input_linear is split into gate and up by split_granite_moe).
+ARCH_NAMES = {
+    "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+    "granitemoe": {
+        "block_sparse_moe.router.layer": "ffn_gate_inp",
+        "block_sparse_moe.output_linear": "ffn_down_exps",
+        "shared_mlp.output_linear": "ffn_down_shexp",
+    },
 }
 ARCH = {
     "llama-tiny": "llama",
@@ -332,16 +347,24 @@ ARCH = {
     "smollm3-tiny": "smollm3",
     "qwen3moe-tiny": "qwen3moe",
     "gptoss-tiny": "gpt-oss",
+    "qwen2moe-tiny": "qwen2moe",
+    "olmo2-tiny": "olmo2",
+    "olmoe-tiny": "olmoe",
+    "phi3-tiny": "phi3",
+    "granitemoe-tiny": "granitemoe",
+    "granitemoeshared-tiny": "granitemoe",
 }
-PERMUTED = ("llama", "granite", "smollm3")  # archs whose converter is llama.cpp's LlamaModel
+# archs whose converter is llama.cpp's LlamaModel (or a subclass of it)
+PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 
 
 def gguf_name(arch: str, hf: str) -> str:
     if hf.startswith("model.layers."):
         _, _, layer, rest = hf.split(".", 3)
         module, suffix = rest.rsplit(".", 1)
-        names = {**LAYER_NAMES, **(GEMMA_NAMES if arch == "gemma3" else {})}
-        if arch != "gemma3":
+        names = {**LAYER_NAMES, **(GEMMA_NAMES if arch in POST_NORM_ARCHS else {})}
+        names |= ARCH_NAMES.get(arch, {})
+        if arch not in POST_NORM_ARCHS:
             names["post_attention_layernorm"] = "ffn_norm"
         return f"blk.{layer}.{names[module]}.{suffix}"
     module, suffix = hf.rsplit(".", 1)
@@ -380,6 +403,43 @@ def llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
+def head_dim(cfg: dict[str, Any]) -> int:
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def split_granite_moe(weights: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
+    """GraniteMoE's fused [gate; up] tensors as llama.cpp's converter splits them: each
+    layer's input_linear [E, 2I, H] into ffn_{gate,up}_exps, shared_mlp.input_linear into
+    ffn_{gate,up}_shexp."""
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        fused = {
+            "block_sparse_moe.input_linear.weight": "exps",
+            "shared_mlp.input_linear.weight": "shexp",
+        }
+        for hf, kind in fused.items():
+            if p + hf in weights:
+                w = weights.pop(p + hf)
+                gate, up = np.split(w, 2, axis=-2)
+                weights[f"blk.{layer}.ffn_gate_{kind}.weight"] = gate
+                weights[f"blk.{layer}.ffn_up_{kind}.weight"] = up
+
+
+def add_longrope(writer: Any, cfg: dict[str, Any]) -> None:
+    """Phi-3's LongRoPE as llama.cpp's converter writes it (Phi3MiniModel)."""
+    import math
+
+    scaling, original = cfg["rope_scaling"], cfg["original_max_position_embeddings"]
+    scale = cfg["max_position_embeddings"] / original
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_scaling_attn_factors(
+        math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    )
+    for kind in ("long", "short"):
+        factors = np.asarray(scaling[f"{kind}_factor"], dtype=np.float32)
+        writer.add_tensor(f"rope_factors_{kind}.weight", factors)
+
+
 def stack_experts(weights: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
     """Each MoE layer's experts as llama.cpp's converter stacks them: one 3-D tensor
     blk.N.ffn_{gate,up,down}_exps [n_expert, rows, cols] per projection."""
@@ -387,7 +447,7 @@ def stack_experts(weights: dict[str, np.ndarray], cfg: dict[str, Any]) -> None:
         for proj in ("gate", "up", "down"):
             names = [
                 f"model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight"
-                for e in range(cfg["num_experts"])
+                for e in range(cfg.get("num_experts") or cfg["num_local_experts"])
             ]
             if names[0] in weights:
                 stacked = np.stack([weights.pop(n) for n in names])
@@ -446,8 +506,8 @@ def write_fixture_gguf(
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(cfg["num_attention_heads"])
     writer.add_head_count_kv(cfg["num_key_value_heads"])
-    writer.add_key_length(cfg["head_dim"])
-    writer.add_value_length(cfg["head_dim"])
+    writer.add_key_length(head_dim(cfg))
+    writer.add_value_length(head_dim(cfg))
     writer.add_rope_freq_base(cfg["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     scaling = cfg.get("rope_scaling") or {}
@@ -463,15 +523,19 @@ def write_fixture_gguf(
         writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
         writer.add_rope_freq_base_swa(cfg["rope_local_base_freq"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-    if arch == "granite":
+    if arch in ("granite", "granitemoe"):
         writer.add_embedding_scale(cfg["embedding_multiplier"])
         writer.add_residual_scale(cfg["residual_multiplier"])
         writer.add_attention_scale(cfg["attention_multiplier"])
         writer.add_logit_scale(cfg["logits_scaling"])
-    if arch == "qwen3moe":
-        writer.add_expert_count(cfg["num_experts"])
+    if arch in ("qwen3moe", "qwen2moe", "olmoe", "granitemoe"):
+        writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
         writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    if arch in ("qwen3moe", "qwen2moe"):  # OLMoE's, GraniteMoE's: feed_forward_length wide
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if arch == "qwen2moe":
+        writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if arch in ("qwen3moe", "qwen2moe", "olmoe"):
         stack_experts(weights, cfg)
     if arch == "gpt-oss":
         from gguf import RopeScalingType
@@ -486,6 +550,16 @@ def write_fixture_gguf(
         writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
         writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
         gpt_oss_tensors(weights, cfg)
+    if arch == "granitemoe":
+        if cfg.get("shared_intermediate_size"):
+            writer.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
+        split_granite_moe(weights, cfg)
+    if arch == "phi3":
+        writer.add_rope_dimension_count(
+            int(cfg["partial_rotary_factor"] * cfg["hidden_size"]) // cfg["num_attention_heads"]
+        )
+        writer.add_sliding_window(cfg.get("sliding_window") or 0)
+        add_longrope(writer, cfg)
     add_smollm2_vocab(writer)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
@@ -514,6 +588,15 @@ def write_fixture_gguf(
     finish(writer)
 
 
+def drop_tensors(checkpoint: Path, drop: Callable[[str], bool]) -> None:
+    """Rewrites a one-file checkpoint without the tensors `drop` names."""
+    from safetensors.torch import load_file, save_file
+
+    path = checkpoint / "model.safetensors"
+    tensors = {k: v for k, v in load_file(str(path)).items() if not drop(k)}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
 @pytest.fixture(scope="module", params=sorted(ARCH))
 def fixture_pair(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, family_fixture: Any
@@ -535,6 +618,10 @@ def fixture_pair(
     # ... and SmolLM3's NoPE layers as every 4th.
     if "no_rope_layers" in cfg:
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(cfg["num_hidden_layers"])]
+    # ... and OLMo 2 without attention biases (llama.cpp's OLMO2 has no place for them).
+    if cfg["architectures"] == ["Olmo2ForCausalLM"] and cfg.get("attention_bias"):
+        cfg["attention_bias"] = False
+        drop_tensors(fixture, lambda name: name.endswith("_proj.bias"))
     # The GGUF carries smollm2's vocabulary and its special ids (<|im_start|>, <|im_end|>).
     cfg["bos_token_id"], cfg["eos_token_id"] = 1, 2
     (fixture / "generation_config.json").unlink(missing_ok=True)  # transformers' default ids
@@ -595,7 +682,8 @@ def test_unsupported_architecture_is_named(tmp_path: Path, smollm2_run: list[str
     assert_one_line_error(
         proc,
         "architecture 'mamba' is not supported",
-        "(supported: gemma3, gpt-oss, granite, llama, qwen2, qwen3, qwen3moe, smollm3)",
+        "(supported: gemma3, gpt-oss, granite, granitemoe, llama, olmo2, olmoe, phi3, qwen2, "
+        "qwen2moe, qwen3, qwen3moe, smollm3)",
     )
 
 

@@ -53,7 +53,7 @@ TEST(GptOssConfig, SwitchesOfTheFamily) {
   EXPECT_EQ(c.moe.num_experts, 8);
   EXPECT_EQ(c.moe.experts_per_token, 3);
   EXPECT_EQ(c.moe.expert_intermediate_size, 40);  // intermediate_size: the experts' width
-  EXPECT_TRUE(c.moe.softmax_after_topk && c.moe.biases);
+  EXPECT_TRUE(c.moe.routing == MoeSpec::Routing::topk_then_softmax && c.moe.biases);
   EXPECT_EQ(c.hidden_act, Activation::swiglu_oai);
   const RopeScaling& rs = c.rope_scaling;
   EXPECT_EQ(rs.type, RopeScaling::Type::yarn);
@@ -222,7 +222,8 @@ std::filesystem::path write_gguf(const testing::GgufWriter& w) {
 TEST(GptOssGguf, Metadata) {
   const ModelConfig c = model_config_from_gguf(GgufFile::open(write_gguf(gpt_oss_gguf())));
   EXPECT_EQ(c.architecture, "GptOssForCausalLM");
-  EXPECT_TRUE(c.attention_sinks && c.moe.softmax_after_topk && c.moe.biases);
+  EXPECT_TRUE(c.attention_sinks && c.moe.routing == MoeSpec::Routing::topk_then_softmax &&
+              c.moe.biases);
   EXPECT_EQ(c.hidden_act, Activation::swiglu_oai);
   EXPECT_EQ(c.moe.num_experts, 8);
   EXPECT_EQ(c.moe.experts_per_token, 3);

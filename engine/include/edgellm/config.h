@@ -43,19 +43,29 @@ struct LayerSpec {
   bool moe = false;         // the feed-forward is ModelConfig::moe's experts, not the dense MLP
 };
 
-// A mixture-of-experts feed-forward (Qwen3-MoE, OLMoE): a [num_experts, hidden] router,
-// softmax over the experts in fp32, the top experts_per_token of them, their weights
-// optionally renormalised to sum to 1, and the weighted sum of those experts' SwiGLU MLPs.
+// A mixture-of-experts feed-forward (Qwen3-MoE, OLMoE, GraniteMoE): a [num_experts, hidden]
+// router, the top experts_per_token experts of each token and the weighted sum of their
+// SwiGLU MLPs. Qwen3-MoE / OLMoE weigh them by a softmax over every expert in fp32, optionally
+// renormalised to sum to 1; GraniteMoE and gpt-oss by a softmax over the k selected logits alone.
 struct MoeSpec {
+  enum class Routing { softmax_then_topk, topk_then_softmax };
   int num_experts = 0;  // 0: no MoE layer
   int experts_per_token = 0;
   int expert_intermediate_size = 0;  // each expert's MLP width (moe_intermediate_size)
-  bool norm_topk_prob = false;       // renormalise the top-k weights
-  // gpt-oss: the top k of the router LOGITS, softmax over those k (not softmax, then top-k).
-  bool softmax_after_topk = false;
+  bool norm_topk_prob = false;       // renormalise the top-k weights (softmax_then_topk)
+  Routing routing = Routing::softmax_then_topk;
   // gpt-oss: the router and each expert's projections carry biases (mlp.router,
   // mlp.experts.{gate_up,down}_proj_bias).
   bool biases = false;
+  // GraniteMoeShared, Qwen2-MoE: a dense SwiGLU MLP this wide that every token runs, its
+  // output added to the experts' sum (the MoE layer's LayerWeights::gate_up / down); 0 = none.
+  int shared_intermediate_size = 0;
+  // Qwen2-MoE: the shared MLP's output times sigmoid(shared_expert_gate . x), per token.
+  bool shared_expert_gate = false;
+  // Checkpoint layout: GraniteMoE stacks the experts as block_sparse_moe.input_linear
+  // [E, 2 * I, H] (rows [gate; up]) and output_linear [E, H, I]; otherwise one
+  // mlp.experts.N.{gate,up,down}_proj per expert (the GGUF loader's names too).
+  bool stacked_experts = false;
 };
 
 struct ModelConfig {

@@ -90,10 +90,18 @@ struct Reader {
 // Far above any published model (Llama 3.1 405B has 126 layers).
 constexpr int kMaxLayers = 1 << 14;
 
-const std::set<std::string> kSupported = {
-    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
-    "Gemma3ForCausalLM",   "GraniteForCausalLM", "SmolLM3ForCausalLM", "Olmo2ForCausalLM",
-    "Qwen3MoeForCausalLM", "OlmoeForCausalLM",   "Phi3ForCausalLM",    "GptOssForCausalLM"};
+const std::set<std::string> kSupported = {"LlamaForCausalLM",      "MistralForCausalLM",
+                                          "Qwen2ForCausalLM",      "Qwen3ForCausalLM",
+                                          "Gemma3ForCausalLM",     "GraniteForCausalLM",
+                                          "SmolLM3ForCausalLM",    "Olmo2ForCausalLM",
+                                          "Qwen3MoeForCausalLM",   "OlmoeForCausalLM",
+                                          "Phi3ForCausalLM",       "GptOssForCausalLM",
+                                          "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
+                                          "Qwen2MoeForCausalLM"};
+
+bool is_granite_moe(const std::string& arch) {
+  return arch == "GraniteMoeForCausalLM" || arch == "GraniteMoeSharedForCausalLM";
+}
 
 std::string supported_list() {
   std::string s;
@@ -272,22 +280,53 @@ void read_nope_layers(const Reader& r, ModelConfig& c) {
   }
 }
 
-// The experts of a mixture-of-experts family, and which layers use them: Qwen3-MoE every
-// decoder_sparse_step-th layer not in mlp_only_layers (num_experts 0: none), OLMoE every layer
-// with experts as wide as intermediate_size.
+// GraniteMoE (HF GraniteMoeMoE): every layer's experts as wide as intermediate_size, stacked
+// in the checkpoint, routed by a softmax over the top-k logits; GraniteMoeShared adds a
+// shared MLP of shared_intermediate_size (0: none).
+void read_granite_moe(const Reader& r, ModelConfig& c) {
+  MoeSpec& m = c.moe;
+  m.num_experts = r.positive_int_or("num_local_experts", 8);
+  m.experts_per_token = r.positive_int_or("num_experts_per_tok", 2);
+  if (m.experts_per_token > m.num_experts)
+    r.fail("num_experts_per_tok", "(" + std::to_string(m.experts_per_token) +
+                                      ") must not exceed num_local_experts (" +
+                                      std::to_string(m.num_experts) + ")");
+  m.expert_intermediate_size = c.intermediate_size;
+  m.routing = MoeSpec::Routing::topk_then_softmax;
+  m.stacked_experts = true;
+  if (c.architecture == "GraniteMoeSharedForCausalLM")
+    m.shared_intermediate_size = r.count_or("shared_intermediate_size", 0);
+  for (LayerSpec& l : c.layers) l.moe = true;
+  // HF's config hard-codes "rope" but lets config.json override it; anything else runs
+  // without rotary embeddings, which the engine does not implement.
+  if (r.string_or("position_embedding_type", "rope") != "rope")
+    r.fail("position_embedding_type", "'" + r.j["position_embedding_type"].get<std::string>() +
+                                          "' is not supported (supported: rope)");
+}
+
+// The experts of a mixture-of-experts family, and which layers use them: Qwen3-MoE and
+// Qwen2-MoE every decoder_sparse_step-th layer not in mlp_only_layers (num_experts 0: none),
+// OLMoE every layer with experts as wide as intermediate_size. Qwen2-MoE adds a gated shared
+// expert to every MoE layer. The defaults are each config class's.
 void read_moe(const Reader& r, ModelConfig& c) {
   const bool olmoe = c.architecture == "OlmoeForCausalLM";
+  const bool qwen2 = c.architecture == "Qwen2MoeForCausalLM";
   MoeSpec& m = c.moe;
-  m.num_experts = olmoe ? r.positive_int_or("num_experts", 64) : r.count_or("num_experts", 128);
+  m.num_experts =
+      olmoe ? r.positive_int_or("num_experts", 64) : r.count_or("num_experts", qwen2 ? 60 : 128);
   if (m.num_experts == 0) return;
-  m.experts_per_token = r.positive_int_or("num_experts_per_tok", 8);
+  m.experts_per_token = r.positive_int_or("num_experts_per_tok", qwen2 ? 4 : 8);
   if (m.experts_per_token > m.num_experts)
     r.fail("num_experts_per_tok", "(" + std::to_string(m.experts_per_token) +
                                       ") must not exceed num_experts (" +
                                       std::to_string(m.num_experts) + ")");
   m.expert_intermediate_size =
-      olmoe ? c.intermediate_size : r.positive_int_or("moe_intermediate_size", 768);
+      olmoe ? c.intermediate_size : r.positive_int_or("moe_intermediate_size", qwen2 ? 1408 : 768);
   m.norm_topk_prob = r.bool_or("norm_topk_prob", false);
+  if (qwen2) {
+    m.shared_intermediate_size = r.positive_int_or("shared_expert_intermediate_size", 5632);
+    m.shared_expert_gate = true;
+  }
   const size_t n = c.layers.size();
   std::vector<bool> dense(n, false);
   if (!olmoe && r.has("mlp_only_layers")) {
@@ -320,7 +359,7 @@ void read_gpt_oss(const Reader& r, ModelConfig& c) {
   if (r.has("experts_per_token") && r.positive_int("experts_per_token") != m.experts_per_token)
     r.fail("experts_per_token", "differs from num_experts_per_tok (HF reads only the latter)");
   m.expert_intermediate_size = c.intermediate_size;
-  m.softmax_after_topk = true;
+  m.routing = MoeSpec::Routing::topk_then_softmax;
   m.biases = true;
   for (LayerSpec& l : c.layers) l.moe = true;
   c.hidden_act = Activation::swiglu_oai;
@@ -342,11 +381,12 @@ void apply_architecture_switches(ModelConfig& c) {
   // Qwen2 hard-codes q/k/v biases and no o_proj bias; Mistral has none at all (HF ignores
   // attention_bias there); the others give all four projections a bias with attention_bias.
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  const bool qwen2moe = c.architecture == "Qwen2MoeForCausalLM";
   // Phi-3 has no biases either (HF reads no attention_bias for it).
   if (c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM")
     c.attention_bias = false;
   c.attention_bias = c.attention_bias || qwen2;
-  c.attention_out_bias = c.attention_bias && !qwen2;
+  c.attention_out_bias = c.attention_bias && !qwen2 && !qwen2moe;
   const bool olmo2 = c.architecture == "Olmo2ForCausalLM";
   c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM" ||
               gemma || olmo2;
@@ -386,10 +426,20 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   c.num_layers = r.positive_int("num_hidden_layers", kMaxLayers);
   c.num_heads = r.positive_int("num_attention_heads");
   c.num_kv_heads = r.positive_int_or("num_key_value_heads", c.num_heads);
-  // OLMoE's attention ignores head_dim: its heads are always hidden_size / heads wide.
-  c.head_dim = c.architecture == "OlmoeForCausalLM"
-                   ? c.hidden_size / c.num_heads
-                   : r.positive_int_or("head_dim", c.hidden_size / c.num_heads);
+  // OLMoE's and GraniteMoE's attention ignores head_dim: heads are hidden_size / heads wide.
+  const bool heads_split_hidden =
+      c.architecture == "OlmoeForCausalLM" || is_granite_moe(c.architecture);
+  if (is_granite_moe(c.architecture) && c.hidden_size % c.num_heads != 0)
+    r.fail("num_attention_heads", "(" + std::to_string(c.num_heads) +
+                                      ") must divide hidden_size (" +
+                                      std::to_string(c.hidden_size) + ")");
+  c.head_dim = heads_split_hidden ? c.hidden_size / c.num_heads
+                                  : r.positive_int_or("head_dim", c.hidden_size / c.num_heads);
+  // Qwen2MoeAttention raises unless its heads fill hidden_size exactly.
+  if (c.architecture == "Qwen2MoeForCausalLM" && c.head_dim * c.num_heads != c.hidden_size)
+    r.fail("head_dim", "(" + std::to_string(c.head_dim) + ") times num_attention_heads (" +
+                           std::to_string(c.num_heads) + ") must equal hidden_size (" +
+                           std::to_string(c.hidden_size) + ")");
   c.vocab_size = r.positive_int("vocab_size");
   c.max_position_embeddings = r.positive_int_or("max_position_embeddings", 2048);
   c.rms_norm_eps = r.positive_number_or("rms_norm_eps", 1e-6f);
@@ -428,8 +478,11 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   // Absent, the config class's default (save_pretrained omits a value equal to it).
   c.tie_word_embeddings =
       r.bool_or("tie_word_embeddings", gemma || c.architecture == "SmolLM3ForCausalLM");
-  // GptOssConfig sets attention_bias (all four projections) unless config.json says otherwise.
-  c.attention_bias = r.bool_or("attention_bias", c.architecture == "GptOssForCausalLM");
+  // Qwen2-MoE's q/k/v biases are qkv_bias (default true); it has no o_proj bias. GptOssConfig
+  // sets attention_bias (all four projections) unless config.json says otherwise.
+  c.attention_bias = c.architecture == "Qwen2MoeForCausalLM"
+                         ? r.bool_or("qkv_bias", true)
+                         : r.bool_or("attention_bias", c.architecture == "GptOssForCausalLM");
   apply_architecture_switches(c);
   if (gemma) {
     c.query_scale = 1.0f / std::sqrt(r.positive_number_or("query_pre_attn_scalar",
@@ -438,7 +491,7 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
     // attn_logit_softcapping is not read: transformers' Gemma3Attention never passes it to
     // the attention function, so Gemma 3 runs without it (tests/test_family_fixtures.py).
   }
-  if (c.architecture == "GraniteForCausalLM") {
+  if (c.architecture == "GraniteForCausalLM" || is_granite_moe(c.architecture)) {
     // Granite's four multipliers (HF GraniteModel); attention_multiplier replaces
     // 1/sqrt(head_dim) outright.
     c.embedding_scale = r.positive_number_or("embedding_multiplier", 1.0f);
@@ -458,9 +511,15 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
   for (int i = 0; i < c.num_layers; ++i)
     if (sliding[i]) c.layers[i] = local;
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
-  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "OlmoeForCausalLM")
+  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "OlmoeForCausalLM" ||
+      c.architecture == "Qwen2MoeForCausalLM")
     read_moe(r, c);
   if (c.architecture == "GptOssForCausalLM") read_gpt_oss(r, c);
+  // Qwen2-MoE's window depends on the attention kernel HF picks (its flash path windows the
+  // layers from max_window_layers on, its mask every layer): refused, never guessed.
+  if (c.architecture == "Qwen2MoeForCausalLM" && r.bool_or("use_sliding_window", false))
+    r.fail("use_sliding_window", "true is not supported for Qwen2MoeForCausalLM");
+  if (is_granite_moe(c.architecture)) read_granite_moe(r, c);
   // OLMoE's clamp of q, k and v is not implemented: refused, never ignored.
   if (c.architecture == "OlmoeForCausalLM" && r.has("clip_qkv"))
     r.fail("clip_qkv", "is not supported");

@@ -62,6 +62,12 @@ const char* hf_architecture(const std::string& arch) {
   if (arch == "smollm3") return "SmolLM3ForCausalLM";
   if (arch == "qwen3moe") return "Qwen3MoeForCausalLM";
   if (arch == "gpt-oss") return "GptOssForCausalLM";
+  if (arch == "qwen2moe") return "Qwen2MoeForCausalLM";
+  if (arch == "olmo2") return "Olmo2ForCausalLM";
+  if (arch == "olmoe") return "OlmoeForCausalLM";
+  if (arch == "phi3") return "Phi3ForCausalLM";
+  // GraniteMoeShared too: the same llama.cpp architecture, named by its shared MLP below.
+  if (arch == "granitemoe") return "GraniteMoeForCausalLM";
   return nullptr;
 }
 
@@ -180,16 +186,33 @@ std::vector<bool> sliding_layers(const Meta& m, int layers) {
   return sliding;
 }
 
-// Qwen3-MoE's experts as llama.cpp reads them: expert_count, expert_used_count and
-// expert_feed_forward_length; the top-k weights renormalised unless expert_weights_norm says
-// otherwise (llama.cpp hard-codes norm_w for qwen3moe); a layer is MoE where its router
-// blk.N.ffn_gate_inp is.
+// The experts as llama.cpp reads them: expert_count, expert_used_count and
+// expert_feed_forward_length (OLMoE's and GraniteMoE's converters write none: their experts
+// are feed_forward_length wide); Qwen3-MoE's top-k weights renormalised unless
+// expert_weights_norm says otherwise (llama.cpp hard-codes norm_w for qwen3moe, not for
+// olmoe or qwen2moe); GraniteMoE's softmax over the top-k logits and its shared MLP
+// (expert_shared_feed_forward_length); Qwen2-MoE's gated shared expert. A layer is MoE where
+// its router blk.N.ffn_gate_inp is.
 void read_experts(const Meta& m, ModelConfig& c) {
   MoeSpec& e = c.moe;
+  const bool qwen = m.arch == "qwen3moe" || m.arch == "qwen2moe";
   e.num_experts = m.positive_int("expert_count");
   e.experts_per_token = m.positive_int("expert_used_count", e.num_experts);
-  e.expert_intermediate_size = m.positive_int("expert_feed_forward_length");
-  e.norm_topk_prob = m.g.get_int(m.key("expert_weights_norm")).value_or(1) != 0;
+  e.expert_intermediate_size =
+      qwen ? m.positive_int("expert_feed_forward_length")
+           : m.positive_int_or("expert_feed_forward_length", c.intermediate_size);
+  e.norm_topk_prob =
+      m.g.get_int(m.key("expert_weights_norm")).value_or(m.arch == "qwen3moe" ? 1 : 0) != 0;
+  if (m.arch == "qwen2moe") {
+    e.shared_intermediate_size = m.positive_int("expert_shared_feed_forward_length");
+    e.shared_expert_gate = true;
+  }
+  if (m.arch == "granitemoe") {
+    e.routing = MoeSpec::Routing::topk_then_softmax;
+    if (m.g.get_int(m.key("expert_shared_feed_forward_length")))
+      e.shared_intermediate_size = m.positive_int("expert_shared_feed_forward_length");
+    if (e.shared_intermediate_size > 0) c.architecture = "GraniteMoeSharedForCausalLM";
+  }
   for (int l = 0; l < c.num_layers; ++l)
     c.layers[l].moe = m.g.find("blk." + std::to_string(l) + ".ffn_gate_inp.weight") != nullptr;
 }
@@ -203,7 +226,7 @@ void read_gpt_oss(const Meta& m, ModelConfig& c) {
   e.num_experts = m.positive_int("expert_count");
   e.experts_per_token = m.positive_int("expert_used_count", e.num_experts);
   e.expert_intermediate_size = m.positive_int("expert_feed_forward_length");
-  e.softmax_after_topk = true;
+  e.routing = MoeSpec::Routing::topk_then_softmax;
   e.biases = true;
   c.hidden_act = Activation::swiglu_oai;
   c.attention_sinks = true;
@@ -214,11 +237,45 @@ void read_gpt_oss(const Meta& m, ModelConfig& c) {
   }
 }
 
+// Phi-3's LongRoPE as llama.cpp's converter stores it: rope_factors_short / _long tensors of
+// rotary_dim / 2 F32 divisors, rope.scaling.original_context_length and attn_factor. The
+// engine keeps the short factors with its context capped at the original (as from config.json).
+void read_longrope(const Meta& m, ModelConfig& c) {
+  const GgufTensor* shorts = m.g.find("rope_factors_short.weight");
+  const GgufTensor* longs = m.g.find("rope_factors_long.weight");
+  if (!shorts && !longs) return;
+  const size_t pairs = static_cast<size_t>(c.rotary_dims() / 2);
+  for (const GgufTensor* t : {shorts, longs}) {
+    const std::string name = t == shorts ? "rope_factors_short.weight" : "rope_factors_long.weight";
+    check(t != nullptr && t->type == GgmlType::F32 && t->dims.size() == 1 && t->dims[0] == pairs,
+          m.g.path() + ": tensor '" + name + "' must be F32 with one factor per rotary pair (" +
+              std::to_string(pairs) + ")");
+  }
+  RopeScaling& rs = c.rope_scaling;
+  rs.type = RopeScaling::Type::longrope;
+  rs.original_max_position = m.positive_int("rope.scaling.original_context_length");
+  for (size_t i = 0; i < pairs; ++i) {
+    float v;
+    std::memcpy(&v, shorts->data + i * sizeof(float), sizeof(float));
+    check(std::isfinite(v) && v > 0,
+          m.g.path() + ": tensor 'rope_factors_short.weight' holds a factor not positive");
+    rs.short_factor.push_back(v);
+  }
+  const double factor = static_cast<double>(c.max_position_embeddings) / rs.original_max_position;
+  rs.factor = static_cast<float>(factor);
+  const float computed =
+      factor <= 1.0 ? 1.0f
+                    : static_cast<float>(
+                          std::sqrt(1.0 + std::log(factor) / std::log(rs.original_max_position)));
+  rs.attention_factor = m.positive_float("rope.scaling.attn_factor", computed);
+}
+
 }  // namespace
 
 const std::vector<std::string>& supported_gguf_architectures() {
-  static const std::vector<std::string> kArchs = {"gemma3", "gpt-oss", "granite",  "llama",
-                                                  "qwen2",  "qwen3",   "qwen3moe", "smollm3"};
+  static const std::vector<std::string> kArchs = {
+      "gemma3", "gpt-oss", "granite",  "granitemoe", "llama",    "olmo2",  "olmoe",
+      "phi3",   "qwen2",   "qwen2moe", "qwen3",      "qwen3moe", "smollm3"};
   return kArchs;
 }
 
@@ -245,9 +302,15 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   c.head_dim = m.positive_int_or("attention.key_length", c.hidden_size / c.num_heads);
   if (m.positive_int_or("attention.value_length", c.head_dim) != c.head_dim)
     m.fail(m.key("attention.value_length"), "must equal attention.key_length");
-  if (m.positive_int_or("rope.dimension_count", c.head_dim) != c.head_dim)
-    m.fail(m.key("rope.dimension_count"), "must equal the head size " + std::to_string(c.head_dim) +
-                                              " (partial rotary is not supported)");
+  const int rotary = m.positive_int_or("rope.dimension_count", c.head_dim);
+  if (*arch == "phi3" && rotary <= c.head_dim && rotary % 2 == 0) {
+    c.rotary_dim = rotary;  // Phi-3's partial rotary: the first dims of each head
+  } else if (rotary != c.head_dim) {
+    m.fail(m.key("rope.dimension_count"),
+           "must equal the head size " + std::to_string(c.head_dim) +
+               (*arch == "phi3" ? " or be an even number below it"
+                                : " (partial rotary is not supported)"));
+  }
   if (c.num_heads % c.num_kv_heads != 0)
     m.fail(m.key("attention.head_count_kv"), "(" + std::to_string(c.num_kv_heads) +
                                                  ") must divide attention.head_count (" +
@@ -270,7 +333,7 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   const float rope_theta = m.positive_float("rope.freq_base", 10000.0f);
   read_rope_scaling(m, rope_theta, c);
   c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{0, rope_theta, true});
-  if (*arch == "granite") {  // llama.cpp's names for Granite's four multipliers
+  if (*arch == "granite" || *arch == "granitemoe") {  // llama.cpp's names for the multipliers
     c.embedding_scale = m.positive_float("embedding_scale", 1.0f);
     c.residual_scale = m.positive_float("residual_scale", 1.0f);
     c.query_scale = m.positive_float("attention.scale", c.query_scale);
@@ -278,8 +341,18 @@ ModelConfig model_config_from_gguf(const GgufFile& g) {
   }
   if (*arch == "smollm3")  // llama.cpp hard-codes SmolLM3's NoPE layers: every 4th
     for (int i = 0; i < c.num_layers; ++i) c.layers[i].rope = (i + 1) % 4 != 0;
-  if (*arch == "qwen3moe") read_experts(m, c);
+  if (*arch == "qwen3moe" || *arch == "qwen2moe" || *arch == "olmoe" || *arch == "granitemoe")
+    read_experts(m, c);
   if (*arch == "gpt-oss") read_gpt_oss(m, c);
+  if (*arch == "phi3") {
+    read_longrope(m, c);
+    // The converter writes HF's sliding_window (0 = none), which HF applies to every layer;
+    // llama.cpp itself disables Phi-3's window (its PR 13676), the engine keeps HF's.
+    if (m.g.get_int(m.key("attention.sliding_window")).value_or(0) != 0) {
+      const int window = m.positive_int("attention.sliding_window");
+      for (LayerSpec& l : c.layers) l.sliding_window = window;
+    }
+  }
   if (gemma) {
     // llama.cpp (LLM_ARCH_GEMMA3): 1/sqrt(head_dim), except 27B (62 layers): hidden/heads.
     const int scalar = c.num_layers == 62 ? c.hidden_size / c.num_heads : c.head_dim;

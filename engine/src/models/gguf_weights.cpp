@@ -154,12 +154,22 @@ namespace {
 // llama.cpp's tensor names (per layer "blk.N.<kind>") -> HF's, per architecture.
 std::optional<std::string> hf_layer_kind(const std::string& arch, const std::string& kind) {
   static const std::map<std::string, std::string> kCommon = {
-      {"attn_norm", "input_layernorm"},    {"attn_q", "self_attn.q_proj"},
-      {"attn_k", "self_attn.k_proj"},      {"attn_v", "self_attn.v_proj"},
-      {"attn_output", "self_attn.o_proj"}, {"ffn_gate", "mlp.gate_proj"},
-      {"ffn_up", "mlp.up_proj"},           {"ffn_down", "mlp.down_proj"},
-      {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
+      {"attn_norm", "input_layernorm"},
+      {"attn_q", "self_attn.q_proj"},
+      {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},
+      {"attn_output", "self_attn.o_proj"},
+      {"ffn_gate", "mlp.gate_proj"},
+      {"ffn_up", "mlp.up_proj"},
+      {"ffn_down", "mlp.down_proj"},
+      {"attn_q_norm", "self_attn.q_norm"},
+      {"attn_k_norm", "self_attn.k_norm"},
       {"ffn_gate_inp", "mlp.gate"},  // a MoE layer's router
+      // A shared MLP (GraniteMoeShared, Qwen2-MoE) under Qwen2-MoE's HF names
+      {"ffn_gate_shexp", "mlp.shared_expert.gate_proj"},
+      {"ffn_up_shexp", "mlp.shared_expert.up_proj"},
+      {"ffn_down_shexp", "mlp.shared_expert.down_proj"},
+      {"ffn_gate_inp_shexp", "mlp.shared_expert_gate"},  // Qwen2-MoE's [1, hidden] gate
   };
   static const std::map<std::string, std::string> kGemma = {
       {"ffn_norm", "pre_feedforward_layernorm"},
@@ -173,8 +183,12 @@ std::optional<std::string> hf_layer_kind(const std::string& arch, const std::str
   };
   if (arch == "gpt-oss")
     if (auto it = kGptOss.find(kind); it != kGptOss.end()) return it->second;
+  // Phi-3's fused projections: attn_qkv rows [q; k; v], ffn_up rows [gate; up].
+  if (arch == "phi3" && kind == "attn_qkv") return "self_attn.qkv_proj";
+  if (arch == "phi3" && kind == "ffn_up") return "mlp.gate_up_proj";
   if (auto it = kCommon.find(kind); it != kCommon.end()) return it->second;
-  if (arch == "gemma3") {
+  if (arch == "gemma3" || arch == "olmo2") {  // post-norms (OLMo 2 has no norm before the MLP)
+    if (arch == "olmo2" && kind == "ffn_norm") return std::nullopt;
     if (auto it = kGemma.find(kind); it != kGemma.end()) return it->second;
   } else if (kind == "ffn_norm") {
     return "post_attention_layernorm";
@@ -233,8 +247,8 @@ std::optional<std::string> hf_expert_name(const std::string& name, size_t e) {
 // architectures keep HF's order.
 std::vector<int32_t> unpermute_order(const std::string& arch, const std::string& hf_name,
                                      size_t rows, const ModelConfig& c) {
-  // Granite's and SmolLM3's converters are the Llama converter's subclasses.
-  if (arch != "llama" && arch != "granite" && arch != "smollm3") return {};
+  // Granite's, GraniteMoE's and SmolLM3's converters are the Llama converter's subclasses.
+  if (arch != "llama" && arch != "granite" && arch != "granitemoe" && arch != "smollm3") return {};
   int heads = 0;
   if (hf_name.find(".self_attn.q_proj.") != std::string::npos) heads = c.num_heads;
   if (hf_name.find(".self_attn.k_proj.") != std::string::npos) heads = c.num_kv_heads;
@@ -329,6 +343,9 @@ std::unique_ptr<GgufWeights> open_bare_gguf_weights(const std::filesystem::path&
   };
   for (const auto& [name, t] : g.tensors()) {
     if (name == "rope_freqs.weight") continue;  // Llama 3 RoPE scaling: read into the config
+    if (arch == "phi3" &&
+        (name == "rope_factors_short.weight" || name == "rope_factors_long.weight"))
+      continue;  // LongRoPE: read into the config
     if (hf_expert_name(name, 0)) {
       // Each expert is a view of its rows of the mapping, nothing copied.
       const bool bias = name.ends_with(".bias");

@@ -129,7 +129,8 @@ Transformer::Transformer(const ModelConfig& config, ModelWeights weights, int ma
                   " but the model runs at " + std::string(kernels::isa_name(cfg_.isa)));
   };
   for (const LayerWeights& L : weights_.layers) {
-    for (const kernels::PackedMatrix* m : {&L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.router})
+    for (const kernels::PackedMatrix* m :
+         {&L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.router, &L.shared_expert_gate})
       check_tier(*m);
     for (const auto* experts : {&L.expert_gate_up, &L.expert_down})
       for (const kernels::PackedMatrix& m : *experts) check_tier(m);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -195,9 +196,14 @@ struct LayerTensors {
   const TensorView* gate_up = nullptr;      // fused_projections instead of gate, up
   const TensorView* router = nullptr;       // MoE layers
   const TensorView* router_bias = nullptr;  // MoeSpec::biases
-  std::vector<ExpertTensors> experts;       // one per expert, or
-  StackedExperts stacked;                   // gpt-oss's HF layout (stacked.gate_up set)
+  const TensorView* shared_gate = nullptr;  // MoeSpec::shared_expert_gate
   const TensorView* sinks = nullptr;        // attention_sinks
+  std::vector<ExpertTensors> experts;       // one per expert, or
+  StackedExperts oss_stacked;               // gpt-oss's HF layout (oss_stacked.gate_up set)
+  // GraniteMoE's stacked tensors (MoeSpec::stacked_experts), read through the row slices
+  // below: the experts' gate / up / down, the shared MLP's gate / up.
+  std::vector<const TensorView*> stacked;
+  std::vector<std::unique_ptr<const TensorView>> slices;
   const TensorView *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // attention_bias
   const TensorView* o_bias = nullptr;                                        // attention_out_bias
   const TensorView *q_norm = nullptr, *k_norm = nullptr;                     // qk_norm
@@ -216,9 +222,9 @@ LayerTensors find_gpt_oss_experts(const TensorSource& src, const ModelConfig& c,
   t.router = req("mlp.router.weight", {E, H});
   t.router_bias = req("mlp.router.bias", {E});
   if (const TensorView* gate_up = src.optional(p + "mlp.experts.gate_up_proj", {E, H, 2 * X})) {
-    t.stacked = {gate_up, req("mlp.experts.gate_up_proj_bias", {E, 2 * X}),
-                 req("mlp.experts.down_proj", {E, X, H}),
-                 req("mlp.experts.down_proj_bias", {E, H})};
+    t.oss_stacked = {gate_up, req("mlp.experts.gate_up_proj_bias", {E, 2 * X}),
+                     req("mlp.experts.down_proj", {E, X, H}),
+                     req("mlp.experts.down_proj_bias", {E, H})};
     return t;
   }
   for (int64_t e = 0; e < E; ++e) {
@@ -228,6 +234,61 @@ LayerTensors find_gpt_oss_experts(const TensorSource& src, const ModelConfig& c,
                          req(x + "up_proj.bias", {X}), req(x + "down_proj.bias", {H})});
   }
   return t;
+}
+
+// Rows [first, first + count) of matrix `index` of a tensor of matrices ([N, rows, cols];
+// [rows, cols] with index 0): a view into the same mapping, named for errors.
+const TensorView* slice_rows(LayerTensors& t, const TensorView& m, int64_t index, int64_t first,
+                             int64_t count) {
+  const int64_t rows = m.shape[m.shape.size() - 2], cols = m.shape.back();
+  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(m.dtype);
+  auto v = std::make_unique<TensorView>(m);
+  v->name = m.name + "[" + std::to_string(index) + "][" + std::to_string(first) + ":" +
+            std::to_string(first + count) + "]";
+  v->shape = {count, cols};
+  v->data = static_cast<const uint8_t*>(m.data) + (index * rows + first) * row_bytes;
+  v->nbytes = static_cast<size_t>(count) * row_bytes;
+  return t.slices.emplace_back(std::move(v)).get();
+}
+
+// A MoE layer's router, experts and shared MLP (the dense fields gate / up / down).
+void find_moe(const TensorSource& src, const ModelConfig& c, const std::string& p,
+              LayerTensors& t) {
+  const int64_t H = c.hidden_size, E = c.moe.num_experts, X = c.moe.expert_intermediate_size;
+  const int64_t S = c.moe.shared_intermediate_size;
+  auto req = [&](const std::string& name, std::vector<int64_t> shape) {
+    return &src.required(p + name, std::move(shape));
+  };
+  if (!c.moe.stacked_experts) {
+    t.router = req("mlp.gate.weight", {E, H});
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = "mlp.experts." + std::to_string(e) + ".";
+      t.experts.push_back({req(x + "gate_proj.weight", {X, H}), req(x + "up_proj.weight", {X, H}),
+                           req(x + "down_proj.weight", {H, X})});
+    }
+    if (S > 0) {
+      t.gate = req("mlp.shared_expert.gate_proj.weight", {S, H});
+      t.up = req("mlp.shared_expert.up_proj.weight", {S, H});
+      t.down = req("mlp.shared_expert.down_proj.weight", {H, S});
+    }
+    if (c.moe.shared_expert_gate) t.shared_gate = req("mlp.shared_expert_gate.weight", {1, H});
+    return;
+  }
+  // HF GraniteMoeMoE: input_linear's rows per expert are [gate; up] (chunk(2) -> act(gate) * up).
+  t.router = req("block_sparse_moe.router.layer.weight", {E, H});
+  const TensorView* in = req("block_sparse_moe.input_linear.weight", {E, 2 * X, H});
+  const TensorView* out = req("block_sparse_moe.output_linear.weight", {E, H, X});
+  t.stacked = {in, out};
+  for (int64_t e = 0; e < E; ++e)
+    t.experts.push_back(
+        {slice_rows(t, *in, e, 0, X), slice_rows(t, *in, e, X, X), slice_rows(t, *out, e, 0, H)});
+  if (S > 0) {
+    const TensorView* shared_in = req("shared_mlp.input_linear.weight", {2 * S, H});
+    t.stacked.push_back(shared_in);
+    t.gate = slice_rows(t, *shared_in, 0, 0, S);
+    t.up = slice_rows(t, *shared_in, 0, S, S);
+    t.down = req("shared_mlp.output_linear.weight", {H, S});
+  }
 }
 
 LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
@@ -270,13 +331,7 @@ LayerTensors find_layer(const TensorSource& src, const ModelConfig& c, int l) {
   if (c.attention_sinks) t.sinks = req("self_attn.sinks", {c.num_heads});
   if (c.layers[l].moe && c.moe.biases) return find_gpt_oss_experts(src, c, p, std::move(t));
   if (c.layers[l].moe) {
-    const int64_t E = c.moe.num_experts, X = c.moe.expert_intermediate_size;
-    t.router = req("mlp.gate.weight", {E, H});
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = "mlp.experts." + std::to_string(e) + ".";
-      t.experts.push_back({req(x + "gate_proj.weight", {X, H}), req(x + "up_proj.weight", {X, H}),
-                           req(x + "down_proj.weight", {H, X})});
-    }
+    find_moe(src, c, p, t);
     return t;
   }
   if (c.fused_projections) {  // rows [gate; up] (HF Phi3MLP: gate, up = chunk(2))
@@ -375,20 +430,23 @@ WeightPlan plan_weights(const Checkpoint& ckpt, const ModelConfig& c,
                                 t.post_ffn_norm,
                                 t.router,
                                 t.router_bias,
+                                t.shared_gate,
                                 t.sinks,
-                                t.stacked.gate_up,
-                                t.stacked.gate_up_bias,
-                                t.stacked.down,
-                                t.stacked.down_bias}) {
+                                t.oss_stacked.gate_up,
+                                t.oss_stacked.gate_up_bias,
+                                t.oss_stacked.down,
+                                t.oss_stacked.down_bias}) {
       add(v);
       planned.insert(v);
     }
-  for (const LayerTensors& t : plan.layers)
+  for (const LayerTensors& t : plan.layers) {
+    planned.insert(t.stacked.begin(), t.stacked.end());  // read through their slices
     for (const ExpertTensors& x : t.experts)
       for (const TensorView* v : {x.gate, x.up, x.down, x.gate_bias, x.up_bias, x.down_bias}) {
         add(v);
         planned.insert(v);
       }
+  }
   check_all_planned(ckpt, c, planned);
   add(plan.final_norm);
   add(plan.lm_head);
@@ -485,8 +543,8 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     L.router = pack(quant, {t.router}, stats, isa);
     if (t.router_bias) L.router.bias = kernels::Bias(to_float(*t.router_bias, 0.0f));
     PackStats experts;
-    if (t.stacked.gate_up) {
-      unstack_experts(t.stacked, c, quant, isa, experts, L);
+    if (t.oss_stacked.gate_up) {
+      unstack_experts(t.oss_stacked, c, quant, isa, experts, L);
     }
     for (const ExpertTensors& x : t.experts) {
       L.expert_gate_up.push_back(pack(quant, {x.gate, x.up}, experts, isa));
@@ -502,6 +560,11 @@ LayerWeights load_layer(const LayerTensors& t, const ModelConfig& c, const Quant
     stats.bytes +=
         experts.bytes / L.expert_down.size() * static_cast<size_t>(c.moe.experts_per_token);
     if (experts.rounded_from) stats.rounded_from = experts.rounded_from;
+    if (t.gate) {  // the shared MLP, which every token runs
+      L.gate_up = pack(quant, {t.gate, t.up}, stats, isa);
+      L.down = pack(quant, {t.down}, stats, isa);
+    }
+    if (t.shared_gate) L.shared_expert_gate = pack(quant, {t.shared_gate}, stats, isa);
     return L;
   }
   L.gate_up = c.fused_projections ? pack(quant, {t.gate_up}, stats, isa)

@@ -27,6 +27,8 @@ struct LayerWeights {
   std::vector<float> ffn_norm;        // [hidden]  norm before the MLP
   kernels::PackedMatrix gate_up;      // [2 * intermediate, hidden]; dense layers
   kernels::PackedMatrix down;         // [hidden, intermediate]; dense layers
+  // (A MoE layer's shared MLP in gate_up / down: MoeSpec::shared_intermediate_size wide.)
+  kernels::PackedMatrix shared_expert_gate;  // [1, hidden]; MoeSpec::shared_expert_gate
   // MoE layers (LayerSpec::moe): the router and each expert's MLP, gate and up fused.
   kernels::PackedMatrix router;                       // [num_experts, hidden]
   std::vector<kernels::PackedMatrix> expert_gate_up;  // [2 * expert_intermediate, hidden] each
