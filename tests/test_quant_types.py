@@ -34,6 +34,7 @@ FORMATS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "Q6_K": (256, 210, (208,)),
     "IQ4_NL": (32, 18, (0,)),
     "IQ4_XS": (256, 136, (0,)),
+    "MXFP4": (32, 17, ()),  # byte 0 is an E8M0 exponent (mxfp4_exponents)
 }
 ROWS = 7
 SMOLLM2_GGUF = STORE / "smollm2-135m-instruct" / "model.gguf"
@@ -57,7 +58,17 @@ def random_blocks(kind: str, rng: np.random.Generator) -> np.ndarray:
     raw = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
     for offset in halves:
         raw[:, offset : offset + 2] = random_halves(rng, n_blocks).view(np.uint8).reshape(-1, 2)
+    if kind == "MXFP4":
+        raw[:, 0] = mxfp4_exponents(rng, n_blocks)
     return raw.reshape(ROWS, -1)
+
+
+def mxfp4_exponents(rng: np.random.Generator, n: int) -> np.ndarray:
+    """E8M0 bytes the engine takes (0..252): the subnormal half-scales 0 and 1, the largest
+    (252, whose code 12 still fits fp32), and random ones between."""
+    e = rng.integers(0, 253, n, dtype=np.uint8)
+    e[:4] = [0, 1, 2, 252]
+    return e
 
 
 def quantized_blocks(kind: str, rng: np.random.Generator) -> np.ndarray | None:
@@ -113,6 +124,23 @@ def test_format_dequantizes_bit_identically(kind: str, tmp_path: Path, engine_bi
             f"{kind} {t.name}: {diff.size} of {want.size} values differ, first at {diff[0]}: "
             f"{got.flat[diff[0]]!r} vs {want.flat[diff[0]]!r}"
         )
+
+
+@pytest.mark.parametrize("exponent", [253, 255])
+def test_mxfp4_exponent_that_overflows_is_refused_naming_the_tensor(
+    exponent: int, tmp_path: Path, engine_binding: Any
+) -> None:
+    """253 and up (255 is NaN in the OCP MX spec) would make code 12 overflow fp32."""
+    raw = random_blocks("MXFP4", np.random.default_rng(exponent))
+    raw[3, 17 * 2] = exponent  # row 3, block 2
+    path = tmp_path / "mxfp4.gguf"
+    write_gguf(path, {"blk.0.ffn_up_exps.weight": ("MXFP4", raw)})
+    with pytest.raises(engine_binding.Error) as e:
+        engine_binding.gguf_dequantize(str(path), "blk.0.ffn_up_exps.weight")
+    assert str(e.value) == (
+        f"GGUF tensor 'blk.0.ffn_up_exps.weight': MXFP4 block 2 of row 3 has exponent byte "
+        f"{exponent}, above 252 (its weights would overflow fp32)"
+    )
 
 
 def test_unsupported_type_lists_every_supported_one(tmp_path: Path, engine_binding: Any) -> None:

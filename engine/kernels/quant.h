@@ -5,7 +5,8 @@
 //       with 16-element sub-blocks), optional fp32 min per group:
 //       w = scale * q (+ min).   Q8_0, Q6_K (sc * d per 16),
 //                                Q3_K (d * (sc - 32) per 16), IQ4_NL / IQ4_XS
-//                                (q = the codebook value),
+//                                (q = the codebook value), MXFP4 (q = the
+//                                doubled E2M1 value, scale = the E8M0 half),
 //                                Q5_K (min -dmin * m), Q2_K (per 16, min -dmin * m)
 //   u4  4-bit values, fp32 scale per 32, optional fp32 min per 32:
 //       w = scale * (q - zero) + min  Q4_0 (zero 8), Q4_1, Q4_K (min = -dmin * m)
@@ -58,7 +59,8 @@ enum class BlockFormat {
   q5_k,
   q6_k,
   iq4_nl,
-  iq4_xs
+  iq4_xs,
+  mxfp4
 };
 std::string_view block_format_name(BlockFormat f);
 size_t block_elems(BlockFormat f);  // 32 or 256
@@ -109,8 +111,15 @@ struct QuantMatrix {
 
 // Repacks `rows` GGUF rows of `cols` elements (cols a multiple of the block)
 // into a segment. Output row i is GGUF row row_order[i] (nullptr: identity).
+// Blocks no exact fp32 layout holds (an MXFP4 exponent above kMaxMxfp4Exponent)
+// are refused with an Error naming `tensor`.
 QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size_t cols,
-                         const int32_t* row_order = nullptr);
+                         const int32_t* row_order = nullptr, std::string_view tensor = {});
+// The largest MXFP4 E8M0 exponent byte repack_gguf takes: its half-scale 2^124
+// times the largest code (12) is still finite in fp32. 253 and up overflow
+// (255 is NaN in the OCP MX spec); ggml's quantizer of finite values writes at
+// most 252 (floor(log2(max |x|)) - 2 + 127, max |x| < 2^128).
+inline constexpr int kMaxMxfp4Exponent = 252;
 
 // Quantizes fp32 rows (cols % 32 == 0) into GGUF blocks of q8_0 or q4_0, with
 // ggml's reference rounding, then repacks them (--weights q8_0|q4_0).

@@ -1,7 +1,7 @@
 // GGUF block formats -> the internal i8 / u4 / u5 layouts (kernels/quant.h), the
 // exact dequantization of a row, and ggml's reference quantizers for q8_0 and
 // q4_0 (quantizing a bf16 checkpoint at setup). Block layouts follow ggml's
-// block_q4_0 ... block_q6_K, block_iq4_nl, block_iq4_xs (ggml-common.h); the
+// block_q4_0 ... block_q6_K, block_iq4_nl, block_iq4_xs, block_mxfp4 (ggml-common.h); the
 // arithmetic follows gguf-py's quants.py, whose results the tests hold us to
 // bit for bit.
 //
@@ -51,18 +51,36 @@ int q2_value(const uint8_t* qs, int p) {
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
 
-// A 32-element IQ4 sub-block: 16 bytes, element j in nibble j / 16 of byte j % 16.
-void iq4_values(const uint8_t* qs, uint8_t* out) {
+// MXFP4's E2M1 codes, doubled to integers (ggml kvalues_mxfp4): sign bit 3,
+// then 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2.
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// A 32-element IQ4 or MXFP4 sub-block: 16 bytes, element j in nibble j / 16 of
+// byte j % 16, each nibble an index into `codebook`.
+void codebook_values(const int8_t* codebook, const uint8_t* qs, uint8_t* out) {
   for (int j = 0; j < 32; ++j)
-    out[j] = static_cast<uint8_t>(kIq4Values[(qs[j % 16] >> (4 * (j / 16))) & 0xf]);
+    out[j] = static_cast<uint8_t>(codebook[(qs[j % 16] >> (4 * (j / 16))) & 0xf]);
+}
+void iq4_values(const uint8_t* qs, uint8_t* out) {
+  codebook_values(kIq4Values, qs, out);
+}
+
+// MXFP4's scale: half the E8M0 power of two, 2^(e - 128), as fp32 bits
+// (ggml GGML_E8M0_TO_FP32_HALF): e = 0 and 1 are the subnormals 2^-128, 2^-127.
+float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : uint32_t{e - 1u} << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 uint8_t as_byte(int q) {
   return static_cast<uint8_t>(static_cast<int8_t>(q));
 }
 
-// One GGUF row -> the segment's row `r`.
-void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s, size_t r) {
+// GGUF row `from` (at src) -> the segment's row `r`; `where` names the tensor in errors.
+void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s, size_t r,
+                size_t from, std::string_view where) {
   uint8_t* qs = s.qs.data() + r * s.row_bytes();
   float* scales = s.scales.data() + r * (cols / s.group);
   float* mins = s.has_min ? s.mins.data() + r * (cols / s.group) : nullptr;
@@ -152,6 +170,15 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
         }
         break;
       }
+      case BlockFormat::mxfp4:           // e (E8M0), qs[16]
+        if (blk[0] > kMaxMxfp4Exponent)  // the message is built only on failure
+          throw Error(std::string(where) + ": MXFP4 block " + std::to_string(b) + " of row " +
+                      std::to_string(from) + " has exponent byte " + std::to_string(blk[0]) +
+                      ", above " + std::to_string(kMaxMxfp4Exponent) +
+                      " (its weights would overflow fp32)");
+        scales[b] = e8m0_half(blk[0]);
+        codebook_values(kMxfp4Values, blk + 1, qs + b * 32);
+        break;
       case BlockFormat::q4_0:
         scales[b] = load_f16(blk);
         std::memcpy(qs + b * 16, blk + 2, 16);
@@ -201,8 +228,9 @@ const FormatInfo& info(BlockFormat f) {
       {"Q3_K", 256, 110, L::i8, 16, 0, false}, {"Q4_K", 256, 144, L::u4, 32, 0, true},
       {"Q5_K", 256, 176, L::i8, 32, 0, true},  {"Q6_K", 256, 210, L::i8, 16, 0, false},
       {"IQ4_NL", 32, 18, L::i8, 32, 0, false}, {"IQ4_XS", 256, 136, L::i8, 32, 0, false},
+      {"MXFP4", 32, 17, L::i8, 32, 0, false},
   };
-  static_assert(std::size(kInfo) == static_cast<size_t>(BlockFormat::iq4_xs) + 1);
+  static_assert(std::size(kInfo) == static_cast<size_t>(BlockFormat::mxfp4) + 1);
   return kInfo[static_cast<size_t>(f)];
 }
 
@@ -265,7 +293,7 @@ size_t QuantMatrix::bytes() const {
 }
 
 QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size_t cols,
-                         const int32_t* row_order) {
+                         const int32_t* row_order, std::string_view tensor) {
   QuantSegment s;
   s.rows = rows;
   s.cols = cols;
@@ -280,7 +308,8 @@ QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size
   const size_t src_row = cols / block_elems(f) * block_bytes(f);
   for (size_t r = 0; r < rows; ++r) {
     const size_t from = row_order ? static_cast<size_t>(row_order[r]) : r;
-    repack_row(f, blocks + from * src_row, cols, s, r);
+    repack_row(f, blocks + from * src_row, cols, s, r, from,
+               tensor.empty() ? std::string_view("GGUF blocks") : tensor);
   }
   store_halves_if_exact(s);
   return s;

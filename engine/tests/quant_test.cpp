@@ -23,7 +23,8 @@ namespace {
 constexpr BlockFormat kFormats[] = {BlockFormat::q4_0, BlockFormat::q4_1,   BlockFormat::q5_0,
                                     BlockFormat::q5_1, BlockFormat::q8_0,   BlockFormat::q2_k,
                                     BlockFormat::q3_k, BlockFormat::q4_k,   BlockFormat::q5_k,
-                                    BlockFormat::q6_k, BlockFormat::iq4_nl, BlockFormat::iq4_xs};
+                                    BlockFormat::q6_k, BlockFormat::iq4_nl, BlockFormat::iq4_xs,
+                                    BlockFormat::mxfp4};
 
 // A random f16 in +-[2^-9, 2^0): a sane block scale.
 void put_f16(uint8_t* p, std::mt19937& rng, bool allow_negative) {
@@ -67,6 +68,9 @@ std::vector<uint8_t> random_blocks(BlockFormat f, size_t rows, size_t cols, std:
         break;
       case BlockFormat::q6_k:
         put_f16(blk + 208, rng, true);
+        break;
+      case BlockFormat::mxfp4:  // E8M0 118..130: half-scales 2^-10 .. 2^2
+        blk[0] = static_cast<uint8_t>(118 + rng() % 13);
         break;
     }
   }
