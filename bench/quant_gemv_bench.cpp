@@ -7,11 +7,14 @@
 //
 // --rows times batched decode's matmul_rows (n independent tokens) instead of
 // one n-token matmul; --int8 quantizes the activations (VNNI) instead of fp32;
-// --bf16 times the fast config's decode (avx512::quant_gemv_bf16: u4 formats
-// on bf16 x, the others fp32).
+// --bf16 times the fast config's decode (avx512::quant_gemv_bf16: u4, u5 and c4
+// formats on bf16 x, the others fp32); --as-i8 expands the c4 formats (IQ4_NL,
+// IQ4_XS, MXFP4) into the int8 layout they used to be repacked into, for
+// comparison. Each line also gives the bytes streamed per weight and the
+// weights per second (GB/s over bytes per weight: what decode speed follows).
 //
 //   quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] [--reps R] [--rows]
-//                    [--int8 | --bf16]
+//                    [--int8 | --bf16] [--as-i8]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,15 +35,32 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+bool g_rows = false, g_bf16 = false, g_as_i8 = false;
+
+// A c4 segment as the int8 layout: each code replaced by its codebook value.
+QuantSegment expanded_to_i8(QuantSegment s) {
+  std::vector<uint8_t> q(s.rows * s.cols);
+  for (size_t i = 0; i < s.rows * s.cols / 32; ++i)
+    for (size_t j = 0; j < 32; ++j)
+      q[i * 32 + j] = static_cast<uint8_t>(s.value(s.qs.data() + i * 16, j));
+  s.layout = QuantLayout::i8;
+  s.qs = std::move(q);
+  return s;
+}
+
 QuantMatrix random_quant(BlockFormat f, size_t rows, size_t cols, std::mt19937& rng) {
   std::vector<uint8_t> blocks(rows * cols / block_elems(f) * block_bytes(f));
   for (auto& b : blocks) b = static_cast<uint8_t>(rng() & 0x3b);  // keeps f16 scales finite
+  if (f == BlockFormat::mxfp4)  // gpt-oss-like E8M0 half-scales 2^-10 .. 2^-3 (exact halves)
+    for (size_t i = 0; i < blocks.size(); i += 17)
+      blocks[i] = static_cast<uint8_t>(118 + rng() % 8);
   QuantMatrix m;
-  append_segment(m, repack_gguf(f, blocks.data(), rows, cols));
+  QuantSegment s = repack_gguf(f, blocks.data(), rows, cols);
+  append_segment(
+      m, g_as_i8 && s.layout == QuantLayout::c4 ? expanded_to_i8(std::move(s)) : std::move(s));
   return m;
 }
 
-bool g_rows = false, g_bf16 = false;
 QuantPrecision g_precision = QuantPrecision::fp32;
 
 // Median over `reps` timed passes (after one warm-up) of a pass over `ms`, in
@@ -97,10 +117,12 @@ int main(int argc, char** argv) {
       g_precision = QuantPrecision::int8;
     else if (std::strcmp(argv[i], "--bf16") == 0)
       g_bf16 = true;
+    else if (std::strcmp(argv[i], "--as-i8") == 0)
+      g_as_i8 = true;
     else {
       std::fprintf(stderr,
                    "usage: quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] "
-                   "[--reps R] [--rows] [--int8 | --bf16]\n");
+                   "[--reps R] [--rows] [--int8 | --bf16] [--as-i8]\n");
       return 2;
     }
   }
@@ -115,7 +137,7 @@ int main(int argc, char** argv) {
   ThreadPool pool(threads), one(1);
   std::printf("isa %s, %s activations, n=%zu%s, %d threads (median of %d)\n",
               std::string(isa_name(active_isa())).c_str(),
-              g_bf16                                ? "bf16 (u4)"
+              g_bf16                                ? "bf16 (u4, u5, c4)"
               : g_precision == QuantPrecision::int8 ? "int8"
                                                     : "fp32",
               n, g_rows ? " independent rows (batched decode)" : "", pool.size(), reps);
@@ -140,7 +162,10 @@ int main(int argc, char** argv) {
                           {"down smollm2", BlockFormat::q3_k, 576, 1536},
                           {"down smollm2", BlockFormat::q5_k, 576, 1536},
                           {"down smollm2", BlockFormat::iq4_nl, 576, 1536},
-                          {"down smollm2", BlockFormat::iq4_xs, 576, 1536}};
+                          {"down smollm2", BlockFormat::iq4_xs, 576, 1536},
+                          // gpt-oss-20b's experts: hidden 2880 x intermediate 2880.
+                          {"expert gpt-oss", BlockFormat::mxfp4, 2880, 2880},
+                          {"expert gpt-oss", BlockFormat::iq4_nl, 2880, 2880}};
   bool any = false;
   for (const Shape& s : shapes) {
     if (only && block_format_name(s.format) != only) continue;
@@ -158,10 +183,12 @@ int main(int argc, char** argv) {
     const double h1 = gbytes_per_s(hot, n, one, reps);
     const double d1 = gbytes_per_s(cold, n, one, reps);
     const double dn = gbytes_per_s(cold, n, pool, reps);
+    const double per_weight = static_cast<double>(bytes) / static_cast<double>(s.rows * s.cols);
     std::printf(
-        "%-16s %-4s %6zux%-5zu hot 1t %6.1f GB/s   dram 1t %6.1f GB/s   dram %dt %6.1f GB/s\n",
-        s.what, std::string(block_format_name(s.format)).c_str(), s.rows, s.cols, h1, d1,
-        pool.size(), dn);
+        "%-16s %-6s %6zux%-5zu %5.3f B/w  hot 1t %6.1f GB/s   dram 1t %6.1f GB/s   dram %dt %6.1f "
+        "GB/s = %6.2f Gw/s\n",
+        s.what, std::string(block_format_name(s.format)).c_str(), s.rows, s.cols, per_weight, h1,
+        d1, pool.size(), dn, dn / per_weight);
     std::fflush(stdout);
   }
   if (!any) {

@@ -32,6 +32,8 @@ std::string_view name(Fault f) {
       return "stale tile config after a shape change";
     case Fault::skip_attention_block:
       return "skipped attention block at a boundary";
+    case Fault::c4_codes_as_values:
+      return "c4 codes used without their codebook";
   }
   return "?";
 }

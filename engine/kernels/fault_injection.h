@@ -17,6 +17,7 @@ enum class Fault {
   v_through_k_scale,     // V dequantized with K's per-block scale
   stale_tile_config,     // AMX tile config of the previous shape kept after a shape change
   skip_attention_block,  // one key block at a boundary skipped by flash attention
+  c4_codes_as_values,    // c4 codes multiplied as they are, the codebook lookup skipped
 };
 
 Fault active();

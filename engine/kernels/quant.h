@@ -1,22 +1,27 @@
 // Quantized weight matrices: GGUF block formats kept exact, repacked at setup
-// into three internal layouts the kernels stream.
+// into four internal layouts the kernels stream.
 //
 //   i8  int8 values, one fp32 scale per `group` (32, or 16 for the K formats
 //       with 16-element sub-blocks), optional fp32 min per group:
 //       w = scale * q (+ min).   Q8_0, Q6_K (sc * d per 16),
-//                                Q3_K (d * (sc - 32) per 16), IQ4_NL / IQ4_XS
-//                                (q = the codebook value), MXFP4 (q = the
-//                                doubled E2M1 value, scale = the E8M0 half),
+//                                Q3_K (d * (sc - 32) per 16),
 //                                Q5_K (min -dmin * m), Q2_K (per 16, min -dmin * m)
 //   u4  4-bit values, fp32 scale per 32, optional fp32 min per 32:
 //       w = scale * (q - zero) + min  Q4_0 (zero 8), Q4_1, Q4_K (min = -dmin * m)
 //   u5  5-bit values, fp32 scale per 32, optional fp32 min per 32:
 //       w = scale * (q - zero) + min  Q5_0 (zero 16), Q5_1
+//   c4  4-bit codes into a 16-entry int8 codebook (one per segment), fp32
+//       scale per 32: w = scale * codebook[q]
+//                                IQ4_NL, IQ4_XS (d * (ls - 32) per 32: the
+//                                codebook kvalues_iq4nl), MXFP4 (the doubled
+//                                E2M1 values kvalues_mxfp4, scale the E8M0 half)
 //
 // All are exact: every scale and min is the fp32 value the GGUF's own
 // dequantization computes (gguf-py quants.py, ggml-quants.c), so dequant_row()
 // reproduces it bit for bit. A u4 block of 32 is 16 bytes, byte j holding
-// element j (low nibble) and element j + 16 (high nibble), as in Q4_0. A u5
+// element j (low nibble) and element j + 16 (high nibble), as in Q4_0 (and
+// IQ4_NL, IQ4_XS and MXFP4's own nibbles: c4 is their GGUF block less its
+// scale byte(s), streaming ~17-18 bytes per 32 instead of an int8 copy's 36). A u5
 // block is 20 bytes: the u4 block of the low four bits, then a little-endian
 // uint32 whose bit j is element j's fifth bit (Q5_0's qs and qh, reordered),
 // so Q5_0 streams its GGUF size (22 bytes per 32 with the half scale) instead
@@ -28,13 +33,14 @@
 //     + min * sum_j x_j: the dequantized weights times x, up to fp32 rounding.
 //     Under the fast GEMM precision (bf16) the avx512 and amx tiers round x to
 //     bf16 once instead (the weights stay exact): prefill on every layout,
-//     decode on u4 and u5 (avx512::quant_matmul_bf16 / quant_gemv_bf16).
+//     decode on u4, u5 and c4 (avx512::quant_matmul_bf16 / quant_gemv_bf16).
 //   int8: x is quantized per block of 32 to int8 (scale = max|x| / 127) and
 //     blocks take integer dot products (AVX-VNNI), as llama.cpp does: ~0.4%
 //     relative rounding on x, which the gate measured at 20-40x HF bf16's
 //     own noise floor on SmolLM2 (LESSONS.md), so it is opt-in.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -66,14 +72,14 @@ std::string_view block_format_name(BlockFormat f);
 size_t block_elems(BlockFormat f);  // 32 or 256
 size_t block_bytes(BlockFormat f);  // bytes of one GGUF block
 
-enum class QuantLayout { i8, u4, u5 };
+enum class QuantLayout { i8, u4, u5, c4 };
 
-// Bytes of one block of 32 weights: i8 32, u4 16, u5 16 + 4.
+// Bytes of one block of 32 weights: i8 32, u4 and c4 16, u5 16 + 4.
 constexpr size_t layout_block_bytes(QuantLayout l) {
-  return l == QuantLayout::i8 ? 32 : l == QuantLayout::u4 ? 16 : 20;
+  return l == QuantLayout::i8 ? 32 : l == QuantLayout::u5 ? 20 : 16;
 }
-// Element j (0..31) of a u4 or u5 block as its unsigned q, before the zero
-// point (the scalar paths' unpack).
+// Element j (0..31) of a u4, u5 or c4 block as its unsigned q (c4: the code),
+// before the zero point or codebook (the scalar paths' unpack).
 inline int packed_value(QuantLayout l, const uint8_t* blk, size_t j) {
   const int lo = j < 16 ? blk[j] & 0xf : blk[j - 16] >> 4;
   return l == QuantLayout::u5 ? lo | ((blk[16 + j / 8] >> (j % 8)) & 1) << 4 : lo;
@@ -86,9 +92,10 @@ struct QuantSegment {
   size_t group = 32;  // elements per scale and min (i8: 32 or 16; u4, u5: 32)
   int zero = 0;       // u4, u5 only
   bool has_min = false;
-  std::vector<uint8_t> qs;    // rows * row_bytes(): blocks of layout_block_bytes()
-  std::vector<float> scales;  // rows * cols / group
-  std::vector<float> mins;    // rows * cols / group when has_min
+  std::array<int8_t, 16> codebook{};  // c4 only: code q -> its integer value
+  std::vector<uint8_t> qs;            // rows * row_bytes(): blocks of layout_block_bytes()
+  std::vector<float> scales;          // rows * cols / group
+  std::vector<float> mins;            // rows * cols / group when has_min
   // When every scale and min is exactly an IEEE half (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
   // store them so) they are kept as halves instead: decode streams 2 bytes
   // less per block. Then `scales` and `mins` are empty.
@@ -101,6 +108,12 @@ struct QuantSegment {
   float scale(size_t i) const;  // scales[i] whichever way it is stored
   float min(size_t i) const;
   size_t bytes() const;  // what one pass over the segment streams
+  // Element j of a u4, u5 or c4 block as the integer its scale multiplies:
+  // q - zero, or codebook[q].
+  int value(const uint8_t* blk, size_t j) const {
+    const int q = packed_value(layout, blk, j);
+    return layout == QuantLayout::c4 ? codebook[q] : q - zero;
+  }
 };
 
 struct QuantMatrix {
@@ -210,10 +223,10 @@ void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t 
 inline constexpr size_t kMinBf16QuantTokens = 16;
 void quant_matmul_bf16(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);
 // Decode with bf16 activations (quant_gemv_bf16_avx512.cpp), the fast config's
-// quantized matmul below kMinBf16QuantTokens: u4 and u5 segments (Q4_0, Q4_1,
-// Q4_K, Q5_0, Q5_1) on x rounded to bf16 once (nearest even), their q - zero
-// exact in bf16, scales and mins in fp32; i8 segments on quant_rows_fp32 with
-// fp32 x. Each
+// quantized matmul below kMinBf16QuantTokens: u4, u5 and c4 segments (Q4_0,
+// Q4_1, Q4_K, Q5_0, Q5_1; IQ4_NL, IQ4_XS, MXFP4) on x rounded to bf16 once
+// (nearest even), their q - zero or codebook value exact in bf16, scales and
+// mins in fp32; i8 segments on quant_rows_fp32 with fp32 x. Each
 // token has its own GEMV's arithmetic, so any n is n single-token calls, bit
 // for bit (batched decode). The whole matrix, no bias.
 void quant_gemv_bf16(const QuantMatrix& w, const float* x, size_t n, float* y, ThreadPool& pool);

@@ -55,16 +55,6 @@ constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
 // then 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2.
 constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-// A 32-element IQ4 or MXFP4 sub-block: 16 bytes, element j in nibble j / 16 of
-// byte j % 16, each nibble an index into `codebook`.
-void codebook_values(const int8_t* codebook, const uint8_t* qs, uint8_t* out) {
-  for (int j = 0; j < 32; ++j)
-    out[j] = static_cast<uint8_t>(codebook[(qs[j % 16] >> (4 * (j / 16))) & 0xf]);
-}
-void iq4_values(const uint8_t* qs, uint8_t* out) {
-  codebook_values(kIq4Values, qs, out);
-}
-
 // MXFP4's scale: half the E8M0 power of two, 2^(e - 128), as fp32 bits
 // (ggml GGML_E8M0_TO_FP32_HALF): e = 0 and 1 are the subnormals 2^-128, 2^-127.
 float e8m0_half(uint8_t e) {
@@ -156,9 +146,11 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
         }
         break;
       }
+      // IQ4_NL, IQ4_XS, MXFP4: 16 bytes of codes per 32, already in the c4
+      // nibble order (element j in nibble j / 16 of byte j % 16).
       case BlockFormat::iq4_nl:
         scales[b] = load_f16(blk);
-        iq4_values(blk + 2, qs + b * 32);
+        std::memcpy(qs + b * 16, blk + 2, 16);
         break;
       case BlockFormat::iq4_xs: {  // d, scales_h (u16), scales_l[4], qs[128]
         const float d = load_f16(blk);
@@ -166,7 +158,7 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
         for (int j = 0; j < 8; ++j) {
           const int lo = (blk[4 + j / 2] >> (4 * (j % 2))) & 0xf, hi = (sh >> (2 * j)) & 3;
           scales[b * 8 + j] = d * static_cast<float>((lo | hi << 4) - 32);
-          iq4_values(blk + 8 + 16 * j, qs + b * 256 + j * 32);
+          std::memcpy(qs + (b * 8 + j) * 16, blk + 8 + 16 * j, 16);
         }
         break;
       }
@@ -177,7 +169,7 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
                       ", above " + std::to_string(kMaxMxfp4Exponent) +
                       " (its weights would overflow fp32)");
         scales[b] = e8m0_half(blk[0]);
-        codebook_values(kMxfp4Values, blk + 1, qs + b * 32);
+        std::memcpy(qs + b * 16, blk + 1, 16);
         break;
       case BlockFormat::q4_0:
         scales[b] = load_f16(blk);
@@ -227,8 +219,8 @@ const FormatInfo& info(BlockFormat f) {
       {"Q8_0", 32, 34, L::i8, 32, 0, false},   {"Q2_K", 256, 84, L::i8, 16, 0, true},
       {"Q3_K", 256, 110, L::i8, 16, 0, false}, {"Q4_K", 256, 144, L::u4, 32, 0, true},
       {"Q5_K", 256, 176, L::i8, 32, 0, true},  {"Q6_K", 256, 210, L::i8, 16, 0, false},
-      {"IQ4_NL", 32, 18, L::i8, 32, 0, false}, {"IQ4_XS", 256, 136, L::i8, 32, 0, false},
-      {"MXFP4", 32, 17, L::i8, 32, 0, false},
+      {"IQ4_NL", 32, 18, L::c4, 32, 0, false}, {"IQ4_XS", 256, 136, L::c4, 32, 0, false},
+      {"MXFP4", 32, 17, L::c4, 32, 0, false},
   };
   static_assert(std::size(kInfo) == static_cast<size_t>(BlockFormat::mxfp4) + 1);
   return kInfo[static_cast<size_t>(f)];
@@ -302,6 +294,10 @@ QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size
   s.group = fi.group;
   s.zero = fi.zero;
   s.has_min = fi.has_min;
+  if (f == BlockFormat::mxfp4)
+    std::copy(std::begin(kMxfp4Values), std::end(kMxfp4Values), s.codebook.begin());
+  else if (f == BlockFormat::iq4_nl || f == BlockFormat::iq4_xs)
+    std::copy(std::begin(kIq4Values), std::end(kIq4Values), s.codebook.begin());
   s.qs.resize(rows * s.row_bytes());
   s.scales.resize(rows * (cols / s.group));
   if (s.has_min) s.mins.resize(rows * (cols / s.group));
@@ -383,7 +379,7 @@ void dequant_row(const QuantMatrix& m, size_t r, float* out) {
     const size_t bb = layout_block_bytes(s.layout);
     for (size_t c = 0; c < s.cols; ++c) {
       const size_t b = c / 32, j = c % 32;
-      const int q = packed_value(s.layout, qs + b * bb, j) - s.zero;
+      const int q = s.value(qs + b * bb, j);
       const float v = s.scale(g0 + b) * static_cast<float>(q);
       out[c] = s.has_min ? v + s.min(g0 + b) : v;
     }

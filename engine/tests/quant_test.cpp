@@ -655,7 +655,7 @@ TEST(QuantTest, AmxBf16PrefillMatchesTheRoundedReference) {
   check_bf16_prefill(amx::quant_matmul_bf16, amx::kMinQuantTokens);
 }
 
-// The fast config's quantized decode (avx512::quant_gemv_bf16): u4 and u5
+// The fast config's quantized decode (avx512::quant_gemv_bf16): u4, u5 and c4
 // segments against the scalar reference on x rounded to bf16 (nearest even), the other
 // layouts against it on x itself; odd block counts (the last block paired with
 // zeros), rows off the 4-row tile, 1..7 tokens (4-, 2- and 1-token tiles),
@@ -707,10 +707,10 @@ TEST(QuantTest, Bf16GemvMatchesTheRoundedReference) {
       const std::string what = w.segments.size() > 1 ? "mixed" : "one segment";
       EXPECT_LE(worst(w, n, what), 1.0) << "outside the fp32 tolerance";
     }
-  // Truncating x instead of rounding it: caught on the u4 and u5 formats.
+  // Truncating x instead of rounding it: caught on the u4, u5 and c4 formats.
   fault::Scoped truncate(fault::Fault::bf16_truncate);
   for (BlockFormat f : {BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q4_k, BlockFormat::q5_0,
-                        BlockFormat::q5_1}) {
+                        BlockFormat::q5_1, BlockFormat::iq4_nl, BlockFormat::mxfp4}) {
     double ratio = 0.0;
     for (size_t rows : {5, 17})
       ratio = std::max(ratio, worst(random_matrix(f, rows, block_elems(f), rng), 3, "truncated"));
