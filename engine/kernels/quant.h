@@ -41,6 +41,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -85,6 +86,13 @@ inline int packed_value(QuantLayout l, const uint8_t* blk, size_t j) {
   return l == QuantLayout::u5 ? lo | ((blk[16 + j / 8] >> (j % 8)) & 1) << 4 : lo;
 }
 
+// MXFP4's scale from its E8M0 byte e: half the power of two, 2^(e - 128), as
+// fp32 bits (ggml GGML_E8M0_TO_FP32_HALF): e = 0 and 1 are the subnormals
+// 2^-128 and 2^-127.
+inline float e8m0_half(uint8_t e) {
+  return std::bit_cast<float>(e < 2 ? uint32_t{0x00200000} << e : uint32_t{e - 1u} << 23);
+}
+
 // Rows of one layout; a QuantMatrix stacks segments (q, k and v may differ).
 struct QuantSegment {
   QuantLayout layout = QuantLayout::i8;
@@ -101,6 +109,11 @@ struct QuantSegment {
   // less per block. Then `scales` and `mins` are empty.
   bool half_scales = false;
   std::vector<uint16_t> scales16, mins16;
+  // MXFP4 keeps its E8M0 bytes (scale e8m0_half(e), exact for every byte it
+  // takes): 1 byte per block, so c4 streams the GGUF's own 17 bytes per 32.
+  // Then `scales` is empty (no mins).
+  bool e8m0_scales = false;
+  std::vector<uint8_t> scales8;
 
   size_t row_bytes() const { return cols / 32 * layout_block_bytes(layout); }
   // Mins per 16 (Q2_K) take the activations' sums per 16, the others per 32.

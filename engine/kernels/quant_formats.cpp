@@ -55,15 +55,6 @@ constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
 // then 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2.
 constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-// MXFP4's scale: half the E8M0 power of two, 2^(e - 128), as fp32 bits
-// (ggml GGML_E8M0_TO_FP32_HALF): e = 0 and 1 are the subnormals 2^-128, 2^-127.
-float e8m0_half(uint8_t e) {
-  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : uint32_t{e - 1u} << 23;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 uint8_t as_byte(int q) {
   return static_cast<uint8_t>(static_cast<int8_t>(q));
 }
@@ -72,7 +63,7 @@ uint8_t as_byte(int q) {
 void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s, size_t r,
                 size_t from, std::string_view where) {
   uint8_t* qs = s.qs.data() + r * s.row_bytes();
-  float* scales = s.scales.data() + r * (cols / s.group);
+  float* scales = s.scales.empty() ? nullptr : s.scales.data() + r * (cols / s.group);
   float* mins = s.has_min ? s.mins.data() + r * (cols / s.group) : nullptr;
   const size_t nb = cols / block_elems(f), bb = block_bytes(f);
   for (size_t b = 0; b < nb; ++b) {
@@ -168,7 +159,7 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
                       std::to_string(from) + " has exponent byte " + std::to_string(blk[0]) +
                       ", above " + std::to_string(kMaxMxfp4Exponent) +
                       " (its weights would overflow fp32)");
-        scales[b] = e8m0_half(blk[0]);
+        s.scales8[r * (cols / 32) + b] = blk[0];
         std::memcpy(qs + b * 16, blk + 1, 16);
         break;
       case BlockFormat::q4_0:
@@ -240,11 +231,11 @@ size_t block_bytes(BlockFormat f) {
 
 size_t QuantSegment::bytes() const {
   return qs.size() + (scales.size() + mins.size()) * sizeof(float) +
-         (scales16.size() + mins16.size()) * sizeof(uint16_t);
+         (scales16.size() + mins16.size()) * sizeof(uint16_t) + scales8.size();
 }
 
 float QuantSegment::scale(size_t i) const {
-  return half_scales ? f16_to_float(scales16[i]) : scales[i];
+  return e8m0_scales ? e8m0_half(scales8[i]) : half_scales ? f16_to_float(scales16[i]) : scales[i];
 }
 float QuantSegment::min(size_t i) const {
   return half_scales ? f16_to_float(mins16[i]) : mins[i];
@@ -265,6 +256,7 @@ std::vector<uint16_t> exact_halves(const std::vector<float>& v) {
 }
 
 void store_halves_if_exact(QuantSegment& s) {
+  if (s.e8m0_scales) return;  // 1 byte a scale already
   auto sc = exact_halves(s.scales);
   if (sc.size() != s.scales.size()) return;
   auto mn = exact_halves(s.mins);
@@ -299,7 +291,11 @@ QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size
   else if (f == BlockFormat::iq4_nl || f == BlockFormat::iq4_xs)
     std::copy(std::begin(kIq4Values), std::end(kIq4Values), s.codebook.begin());
   s.qs.resize(rows * s.row_bytes());
-  s.scales.resize(rows * (cols / s.group));
+  s.e8m0_scales = f == BlockFormat::mxfp4;
+  if (s.e8m0_scales)
+    s.scales8.resize(rows * (cols / s.group));
+  else
+    s.scales.resize(rows * (cols / s.group));
   if (s.has_min) s.mins.resize(rows * (cols / s.group));
   const size_t src_row = cols / block_elems(f) * block_bytes(f);
   for (size_t r = 0; r < rows; ++r) {

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/quant_codebook.h"
+#include "kernels/quant_c4.h"
 #include "kernels/quant_unpack_avx2.h"
 
 namespace edgellm::kernels::avx2 {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/quant_codebook.h"
+#include "kernels/quant_c4.h"
 #include "kernels/vec_avx512.h"
 
 namespace edgellm::kernels::avx512 {

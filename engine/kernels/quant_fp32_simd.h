@@ -35,6 +35,7 @@
 #include <cstring>
 
 #include "kernels/quant.h"
+#include "kernels/quant_c4.h"
 
 namespace edgellm::kernels::QUANT_NS {
 
@@ -61,6 +62,10 @@ inline void block_dot(const typename V::F* w, const float* xb, typename V::F* d)
 // Scales of groups [g0, g0 + n) as fp32, so the block loop broadcasts them
 // straight from memory instead of converting a half per block.
 inline void load_scales(const QuantSegment& s, size_t g0, size_t n, float* out) {
+  if (s.e8m0_scales) {
+    e8m0_scales(s.scales8.data() + g0, n, out);
+    return;
+  }
   if (!s.half_scales) {
     std::memcpy(out, s.scales.data() + g0, n * sizeof(float));
     return;

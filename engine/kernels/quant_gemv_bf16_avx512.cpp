@@ -36,7 +36,7 @@
 
 #include "kernels/fault_injection.h"
 #include "kernels/quant.h"
-#include "kernels/quant_codebook.h"
+#include "kernels/quant_c4.h"
 #include "kernels/vec_avx512.h"
 
 namespace edgellm::kernels::avx512 {
@@ -81,17 +81,20 @@ void pack_x(const float* x, size_t n, size_t cols, uint16_t* xp, float* sum) {
     }
 }
 
-// Scales (or mins) [g0, g0 + n) of a segment as fp32 into out.
-void stage(const std::vector<float>& f32, const std::vector<uint16_t>& f16, bool half, size_t g0,
-           size_t n, float* out) {
-  if (!half) {
-    std::memcpy(out, f32.data() + g0, n * sizeof(float));
+// Scales [g0, g0 + n) of a segment as fp32 into out.
+void stage(const QuantSegment& s, size_t g0, size_t n, float* out) {
+  if (s.e8m0_scales) {
+    e8m0_scales(s.scales8.data() + g0, n, out);
+    return;
+  }
+  if (!s.half_scales) {
+    std::memcpy(out, s.scales.data() + g0, n * sizeof(float));
     return;
   }
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(out + i, m,
-                          _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, f16.data() + g0 + i)));
+                          _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s.scales16.data() + g0 + i)));
   }
 }
 
@@ -189,8 +192,7 @@ void tile(const QuantSegment& s, const Acts& a, __m512i table, float* y, size_t 
   for (size_t p0 = 0; p0 < a.pairs; p0 += kChunkPairs) {
     const size_t p1 = std::min(a.pairs, p0 + kChunkPairs);
     const size_t b0 = 2 * p0, nblk = std::min(nb, 2 * p1) - b0;
-    for (int i = 0; i < R; ++i)
-      stage(s.scales, s.scales16, s.half_scales, (r + i) * nb + b0, nblk, sc[i]);
+    for (int i = 0; i < R; ++i) stage(s, (r + i) * nb + b0, nblk, sc[i]);
     for (size_t p = p0; p < p1; ++p) {
       // (An address, not a pointer: past the last tile it points nowhere, and a
       // prefetch never faults.)

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kernels/quant.h"
-#include "kernels/quant_codebook.h"
+#include "kernels/quant_c4.h"
 #include "kernels/transpose_avx512.h"
 
 namespace edgellm::kernels::quant_panels {
@@ -101,8 +101,12 @@ struct Scratch {
       float* mn = min.data() + i * mstride;
       for (size_t n = 0; n < kPanel; ++n) {
         const bool have = r0 + n < s.rows;
-        column(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, (r0 + n) * ng, ng,
-               have, sc + n);
+        if (s.e8m0_scales)
+          for (size_t g = 0; g < ng; ++g)
+            sc[n + g * kPanel] = have ? e8m0_half(s.scales8[(r0 + n) * ng + g]) : 0.0f;
+        else
+          column(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, (r0 + n) * ng, ng,
+                 have, sc + n);
         if (s.has_min)
           column(s.mins.data(), s.half_scales ? s.mins16.data() : nullptr, (r0 + n) * ng, ng, have,
                  mn + n);

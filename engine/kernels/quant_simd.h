@@ -12,7 +12,7 @@
 #include <immintrin.h>
 
 #include "kernels/quant.h"
-#include "kernels/quant_codebook.h"
+#include "kernels/quant_c4.h"
 #include "kernels/quant_unpack_avx2.h"
 
 namespace edgellm::kernels::QUANT_NS {
@@ -53,7 +53,9 @@ inline float dot(const float* w, const uint16_t* w16, const float* b, size_t n) 
 
 // Scale or min i of a segment, whichever way it is stored.
 inline float load_scale(const QuantSegment& s, size_t i) {
-  return s.half_scales ? _cvtsh_ss(s.scales16[i]) : s.scales[i];
+  return s.e8m0_scales   ? e8m0_half(s.scales8[i])
+         : s.half_scales ? _cvtsh_ss(s.scales16[i])
+                         : s.scales[i];
 }
 inline float load_min(const QuantSegment& s, size_t i) {
   return s.half_scales ? _cvtsh_ss(s.mins16[i]) : s.mins[i];

@@ -48,9 +48,9 @@ QuantMatrix c4_matrix(BlockFormat f, size_t rows, size_t cols, std::mt19937& rng
   return m;
 }
 
-// IQ4_NL and MXFP4 stream their 16 bytes of codes and a half scale per 32
-// weights (18 bytes; MXFP4's file has 17), IQ4_XS its codes and an fp32 scale
-// (d * (ls - 32) is rarely a half): no int8 copy of 32 bytes.
+// MXFP4 streams its GGUF's own 17 bytes per 32 weights (the codes and the
+// E8M0 byte), IQ4_NL its codes and a half scale (18, as its file), IQ4_XS its
+// codes and an fp32 scale (d * (ls - 32) is rarely a half): no int8 copy of 32.
 TEST(C4Test, CodebookFormatsStreamFourBitsAWeight) {
   std::mt19937 rng(41);
   const size_t rows = 3, cols = 256, blocks = rows * cols / 32;
@@ -59,15 +59,11 @@ TEST(C4Test, CodebookFormatsStreamFourBitsAWeight) {
     const QuantSegment& s = w.segments[0];
     EXPECT_EQ(s.layout, QuantLayout::c4) << block_format_name(f);
     EXPECT_EQ(s.row_bytes(), cols / 2) << block_format_name(f);
-    const size_t scale_bytes = f == BlockFormat::iq4_xs ? 4 : 2;
+    const size_t scale_bytes = f == BlockFormat::mxfp4 ? 1 : f == BlockFormat::iq4_nl ? 2 : 4;
     EXPECT_EQ(w.bytes(), blocks * (16 + scale_bytes)) << block_format_name(f);
   }
-  // An MXFP4 half-scale outside the half range (2^-128 here) keeps them fp32.
-  auto raw = c4_blocks(BlockFormat::mxfp4, 1, 64, rng);
-  raw[17] = 0;
-  const QuantSegment s = repack_gguf(BlockFormat::mxfp4, raw.data(), 1, 64);
-  EXPECT_FALSE(s.half_scales);
-  EXPECT_EQ(s.scale(1), std::ldexp(1.0f, -128));
+  EXPECT_EQ(c4_matrix(BlockFormat::mxfp4, rows, cols, rng).bytes(),
+            blocks * block_bytes(BlockFormat::mxfp4));
 }
 
 // Per output: sum_c |w x| (the scale of fp32 rounding), over the dequantized weights.
@@ -172,6 +168,34 @@ std::vector<Case> fast_kernels(ThreadPool& pool) {
     cases.push_back({"amx bf16 prefill", whole(amx::quant_matmul_bf16), on_bf16_x, 19});
   }
   return cases;
+}
+
+// MXFP4's E8M0 bytes 0 and 1 are subnormal scales (2^-128, 2^-127): every
+// kernel's conversion must keep them. A matrix of only tiny scales (bytes
+// 0..3), held to the reference relative to sum |w x| (the fp32 tolerance's
+// absolute floor would hide them).
+TEST(C4Test, SubnormalScalesReachEveryKernel) {
+  ThreadPool pool(2);
+  std::mt19937 rng(47);
+  const auto cases = fast_kernels(pool);
+  if (cases.empty()) GTEST_SKIP() << "no SIMD tier on this CPU: only the scalar path runs";
+  // 11 blocks a row: the scales' 8-wide conversion and its scalar tail.
+  auto blocks = c4_blocks(BlockFormat::mxfp4, 21, 352, rng);
+  for (size_t i = 0; i < blocks.size(); i += 17) blocks[i] = static_cast<uint8_t>(rng() % 4);
+  QuantMatrix w;
+  append_segment(w, repack_gguf(BlockFormat::mxfp4, blocks.data(), 21, 352));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name + " n " + std::to_string(c.n));
+    std::vector<float> x(c.n * w.cols);
+    for (auto& v : x) v = d(rng);
+    const auto got = c.run(w, x, c.n), want = c.want(w, x, c.n);
+    const auto mag = magnitudes(w, x, c.n);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_GT(mag[i], 0.0);
+      ASSERT_NEAR(got[i], want[i], 1e-3 * mag[i]) << "at " << i << ", sum |w x| " << mag[i];
+    }
+  }
 }
 
 TEST(C4Test, CodesWithoutTheirCodebookAreCaught) {
