@@ -10,8 +10,9 @@
 // --bf16 times the fast config's decode (avx512::quant_gemv_bf16: u4, u5 and c4
 // formats on bf16 x, the others fp32); --as-i8 expands the c4 formats (IQ4_NL,
 // IQ4_XS, MXFP4) into the int8 layout they used to be repacked into, for
-// comparison. Each line also gives the bytes streamed per weight and the
-// weights per second (GB/s over bytes per weight: what decode speed follows).
+// comparison. Each line also gives the bytes streamed per weight and, from
+// DRAM, the weights per second (Gw/s: GB/s over bytes per weight, what decode
+// speed follows).
 // --cpu-clock times the one-thread passes by the thread's CPU time instead of
 // the wall clock (on a machine shared with other jobs, time spent descheduled
 // is not the kernel's; a thread stalled on memory still counts).
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "edgellm/bf16.h"
 #include "edgellm/roofline.h"
 #include "edgellm/thread_pool.h"
 #include "kernels/kernels.h"
@@ -57,6 +59,12 @@ QuantSegment expanded_to_i8(QuantSegment s) {
       q[i * 32 + j] = static_cast<uint8_t>(s.value(s.qs.data() + i * 16, j));
   s.layout = QuantLayout::i8;
   s.qs = std::move(q);
+  if (s.e8m0_scales) {  // MXFP4's int8 repack kept its scales as halves (exact here)
+    for (uint8_t e : s.scales8) s.scales16.push_back(float_to_f16(e8m0_half(e)));
+    s.e8m0_scales = false;
+    s.half_scales = true;
+    s.scales8 = {};
+  }
   return s;
 }
 
@@ -181,7 +189,8 @@ int main(int argc, char** argv) {
                           {"down smollm2", BlockFormat::iq4_xs, 576, 1536},
                           // gpt-oss-20b's experts: hidden 2880 x intermediate 2880.
                           {"expert gpt-oss", BlockFormat::mxfp4, 2880, 2880},
-                          {"expert gpt-oss", BlockFormat::iq4_nl, 2880, 2880}};
+                          {"expert gpt-oss", BlockFormat::iq4_nl, 2880, 2880},
+                          {"expert gpt-oss", BlockFormat::q4_0, 2880, 2880}};
   bool any = false;
   for (const Shape& s : shapes) {
     if (only && block_format_name(s.format) != only) continue;
@@ -201,10 +210,10 @@ int main(int argc, char** argv) {
     const double dn = gbytes_per_s(cold, n, pool, reps);
     const double per_weight = static_cast<double>(bytes) / static_cast<double>(s.rows * s.cols);
     std::printf(
-        "%-16s %-6s %6zux%-5zu %5.3f B/w  hot 1t %6.1f GB/s   dram 1t %6.1f GB/s   dram %dt %6.1f "
-        "GB/s = %6.2f Gw/s\n",
+        "%-16s %-6s %6zux%-5zu %5.3f B/w  hot 1t %6.1f GB/s   dram 1t %6.1f GB/s (%5.1f Gw/s)   "
+        "dram %dt %6.1f GB/s (%5.1f Gw/s)\n",
         s.what, std::string(block_format_name(s.format)).c_str(), s.rows, s.cols, per_weight, h1,
-        d1, pool.size(), dn, dn / per_weight);
+        d1, d1 / per_weight, pool.size(), dn, dn / per_weight);
     std::fflush(stdout);
   }
   if (!any) {
