@@ -10,8 +10,8 @@
 //       w = scale * (q - zero) + min  Q4_0 (zero 8), Q4_1, Q4_K (min = -dmin * m)
 //   u5  5-bit values, fp32 scale per 32, optional fp32 min per 32:
 //       w = scale * (q - zero) + min  Q5_0 (zero 16), Q5_1
-//   c4  4-bit codes into a 16-entry int8 codebook (one per segment), fp32
-//       scale per 32: w = scale * codebook[q]
+//   c4  4-bit codes into a 16-entry int8 codebook (one per segment), a scale
+//       per 32 (fp32, half, or MXFP4's E8M0 byte): w = scale * codebook[q]
 //                                IQ4_NL, IQ4_XS (d * (ls - 32) per 32: the
 //                                codebook kvalues_iq4nl), MXFP4 (the doubled
 //                                E2M1 values kvalues_mxfp4, scale the E8M0 half)
@@ -20,8 +20,9 @@
 // dequantization computes (gguf-py quants.py, ggml-quants.c), so dequant_row()
 // reproduces it bit for bit. A u4 block of 32 is 16 bytes, byte j holding
 // element j (low nibble) and element j + 16 (high nibble), as in Q4_0 (and
-// IQ4_NL, IQ4_XS and MXFP4's own nibbles: c4 is their GGUF block less its
-// scale byte(s), streaming ~17-18 bytes per 32 instead of an int8 copy's 36). A u5
+// IQ4_NL, IQ4_XS and MXFP4's own nibbles: c4 keeps their codes as they are,
+// streaming 17 (MXFP4), 18 (IQ4_NL) or 20 (IQ4_XS) bytes per 32 instead of an
+// int8 copy's 34-36). A u5
 // block is 20 bytes: the u4 block of the low four bits, then a little-endian
 // uint32 whose bit j is element j's fifth bit (Q5_0's qs and qh, reordered),
 // so Q5_0 streams its GGUF size (22 bytes per 32 with the half scale) instead
@@ -97,7 +98,7 @@ inline float e8m0_half(uint8_t e) {
 struct QuantSegment {
   QuantLayout layout = QuantLayout::i8;
   size_t rows = 0, cols = 0;
-  size_t group = 32;  // elements per scale and min (i8: 32 or 16; u4, u5: 32)
+  size_t group = 32;  // elements per scale and min (i8: 32 or 16; u4, u5, c4: 32)
   int zero = 0;       // u4, u5 only
   bool has_min = false;
   std::array<int8_t, 16> codebook{};  // c4 only: code q -> its integer value

@@ -1,4 +1,4 @@
-// GGUF block formats -> the internal i8 / u4 / u5 layouts (kernels/quant.h), the
+// GGUF block formats -> the internal i8 / u4 / u5 / c4 layouts (kernels/quant.h), the
 // exact dequantization of a row, and ggml's reference quantizers for q8_0 and
 // q4_0 (quantizing a bf16 checkpoint at setup). Block layouts follow ggml's
 // block_q4_0 ... block_q6_K, block_iq4_nl, block_iq4_xs, block_mxfp4 (ggml-common.h); the
