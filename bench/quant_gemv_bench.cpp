@@ -7,11 +7,19 @@
 //
 // --rows times batched decode's matmul_rows (n independent tokens) instead of
 // one n-token matmul; --int8 quantizes the activations (VNNI) instead of fp32;
-// --bf16 times the fast config's decode (avx512::quant_gemv_bf16: u4 formats
-// on bf16 x, the others fp32).
+// --bf16 times the fast config's decode (avx512::quant_gemv_bf16: u4, u5 and c4
+// formats on bf16 x, the others fp32); --as-i8 expands the c4 formats (IQ4_NL,
+// IQ4_XS, MXFP4) into the int8 layout they used to be repacked into, for
+// comparison. Each line also gives the bytes streamed per weight and, from
+// DRAM, the weights per second (Gw/s: GB/s over bytes per weight, what decode
+// speed follows).
+// --cpu-clock times the one-thread passes by the thread's CPU time instead of
+// the wall clock (on a machine shared with other jobs, time spent descheduled
+// is not the kernel's; a thread stalled on memory still counts).
 //
 //   quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] [--reps R] [--rows]
-//                    [--int8 | --bf16]
+//                    [--int8 | --bf16] [--as-i8] [--cpu-clock]
+#include <time.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "edgellm/bf16.h"
 #include "edgellm/roofline.h"
 #include "edgellm/thread_pool.h"
 #include "kernels/kernels.h"
@@ -32,15 +41,46 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+bool g_rows = false, g_bf16 = false, g_as_i8 = false, g_cpu_clock = false;
+
+// Seconds on the wall clock, or on this thread's CPU clock (--cpu-clock).
+double seconds(bool cpu) {
+  if (!cpu) return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// A c4 segment as the int8 layout: each code replaced by its codebook value.
+QuantSegment expanded_to_i8(QuantSegment s) {
+  std::vector<uint8_t> q(s.rows * s.cols);
+  for (size_t i = 0; i < s.rows * s.cols / 32; ++i)
+    for (size_t j = 0; j < 32; ++j)
+      q[i * 32 + j] = static_cast<uint8_t>(s.value(s.qs.data() + i * 16, j));
+  s.layout = QuantLayout::i8;
+  s.qs = std::move(q);
+  if (s.e8m0_scales) {  // MXFP4's int8 repack kept its scales as halves (exact here)
+    for (uint8_t e : s.scales8) s.scales16.push_back(float_to_f16(e8m0_half(e)));
+    s.e8m0_scales = false;
+    s.half_scales = true;
+    s.scales8 = {};
+  }
+  return s;
+}
+
 QuantMatrix random_quant(BlockFormat f, size_t rows, size_t cols, std::mt19937& rng) {
   std::vector<uint8_t> blocks(rows * cols / block_elems(f) * block_bytes(f));
   for (auto& b : blocks) b = static_cast<uint8_t>(rng() & 0x3b);  // keeps f16 scales finite
+  if (f == BlockFormat::mxfp4)  // gpt-oss-like E8M0 half-scales 2^-10 .. 2^-3 (exact halves)
+    for (size_t i = 0; i < blocks.size(); i += 17)
+      blocks[i] = static_cast<uint8_t>(118 + rng() % 8);
   QuantMatrix m;
-  append_segment(m, repack_gguf(f, blocks.data(), rows, cols));
+  QuantSegment s = repack_gguf(f, blocks.data(), rows, cols);
+  append_segment(
+      m, g_as_i8 && s.layout == QuantLayout::c4 ? expanded_to_i8(std::move(s)) : std::move(s));
   return m;
 }
 
-bool g_rows = false, g_bf16 = false;
 QuantPrecision g_precision = QuantPrecision::fp32;
 
 // Median over `reps` timed passes (after one warm-up) of a pass over `ms`, in
@@ -66,10 +106,11 @@ double gbytes_per_s(const std::vector<QuantMatrix>& ms, size_t n, ThreadPool& po
   };
   pass();
   std::vector<double> t(static_cast<size_t>(reps));
+  const bool cpu = g_cpu_clock && pool.size() == 1;  // the pass runs on this thread
   for (auto& s : t) {
-    const auto t0 = Clock::now();
+    const double t0 = seconds(cpu);
     pass();
-    s = std::chrono::duration<double>(Clock::now() - t0).count();
+    s = seconds(cpu) - t0;
   }
   std::sort(t.begin(), t.end());
   return static_cast<double>(inner * ms.size() * ms[0].bytes()) / t[t.size() / 2] / 1e9;
@@ -97,10 +138,14 @@ int main(int argc, char** argv) {
       g_precision = QuantPrecision::int8;
     else if (std::strcmp(argv[i], "--bf16") == 0)
       g_bf16 = true;
+    else if (std::strcmp(argv[i], "--as-i8") == 0)
+      g_as_i8 = true;
+    else if (std::strcmp(argv[i], "--cpu-clock") == 0)
+      g_cpu_clock = true;
     else {
       std::fprintf(stderr,
                    "usage: quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] "
-                   "[--reps R] [--rows] [--int8 | --bf16]\n");
+                   "[--reps R] [--rows] [--int8 | --bf16] [--as-i8] [--cpu-clock]\n");
       return 2;
     }
   }
@@ -115,10 +160,11 @@ int main(int argc, char** argv) {
   ThreadPool pool(threads), one(1);
   std::printf("isa %s, %s activations, n=%zu%s, %d threads (median of %d)\n",
               std::string(isa_name(active_isa())).c_str(),
-              g_bf16                                ? "bf16 (u4)"
+              g_bf16                                ? "bf16 (u4, u5, c4)"
               : g_precision == QuantPrecision::int8 ? "int8"
                                                     : "fp32",
               n, g_rows ? " independent rows (batched decode)" : "", pool.size(), reps);
+  if (g_cpu_clock) std::printf("1t columns timed by the thread CPU clock\n");
   std::printf("ceiling  plain read bandwidth over 512 MB: 1t %.1f GB/s, %dt %.1f GB/s\n",
               edgellm::measure_read_bandwidth(size_t{512} << 20, 1), pool.size(),
               edgellm::measure_read_bandwidth(size_t{512} << 20, pool.size()));
@@ -140,7 +186,11 @@ int main(int argc, char** argv) {
                           {"down smollm2", BlockFormat::q3_k, 576, 1536},
                           {"down smollm2", BlockFormat::q5_k, 576, 1536},
                           {"down smollm2", BlockFormat::iq4_nl, 576, 1536},
-                          {"down smollm2", BlockFormat::iq4_xs, 576, 1536}};
+                          {"down smollm2", BlockFormat::iq4_xs, 576, 1536},
+                          // gpt-oss-20b's experts: hidden 2880 x intermediate 2880.
+                          {"expert gpt-oss", BlockFormat::mxfp4, 2880, 2880},
+                          {"expert gpt-oss", BlockFormat::iq4_nl, 2880, 2880},
+                          {"expert gpt-oss", BlockFormat::q4_0, 2880, 2880}};
   bool any = false;
   for (const Shape& s : shapes) {
     if (only && block_format_name(s.format) != only) continue;
@@ -158,10 +208,12 @@ int main(int argc, char** argv) {
     const double h1 = gbytes_per_s(hot, n, one, reps);
     const double d1 = gbytes_per_s(cold, n, one, reps);
     const double dn = gbytes_per_s(cold, n, pool, reps);
+    const double per_weight = static_cast<double>(bytes) / static_cast<double>(s.rows * s.cols);
     std::printf(
-        "%-16s %-4s %6zux%-5zu hot 1t %6.1f GB/s   dram 1t %6.1f GB/s   dram %dt %6.1f GB/s\n",
-        s.what, std::string(block_format_name(s.format)).c_str(), s.rows, s.cols, h1, d1,
-        pool.size(), dn);
+        "%-16s %-6s %6zux%-5zu %5.3f B/w  hot 1t %6.1f GB/s   dram 1t %6.1f GB/s (%5.1f Gw/s)   "
+        "dram %dt %6.1f GB/s (%5.1f Gw/s)\n",
+        s.what, std::string(block_format_name(s.format)).c_str(), s.rows, s.cols, per_weight, h1,
+        d1, d1 / per_weight, pool.size(), dn, dn / per_weight);
     std::fflush(stdout);
   }
   if (!any) {

@@ -151,7 +151,7 @@ def test_gguf_writer_formats_dequantize_bit_identically(
     rng = np.random.default_rng(0)
     path = tmp_path / "formats.gguf"
     writer = GGUFWriter(path, "llama")
-    kinds = ["Q4_0", "Q4_1", "Q5_0", "Q8_0"]
+    kinds = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "MXFP4"]
     for kind in kinds:
         values = rng.standard_normal((5, 96)).astype(np.float32)
         qtype = GGMLQuantizationType[kind]

@@ -6,8 +6,8 @@ number of blocks or several super-blocks per row), the engine repacks it into it
 equal gguf.quants.dequantize's bit for bit. The blocks come from gguf-py's own quantizer where
 it has one, and from random valid block bytes (random quants, random finite fp16 scales) for
 every format, so all bit patterns of the quants are exercised. The expected values are computed
-here, at test time, by gguf-py. End to end: SmolLM2's GGUF re-quantized to Q5_1 (the one new
-format gguf-py can quantize) still answers through the CLI.
+here, at test time, by gguf-py. End to end: SmolLM2's GGUF re-quantized to Q5_1 or MXFP4 by
+gguf-py still answers through the CLI, and an MXFP4 exponent that overflows is refused by name.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ FORMATS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "Q6_K": (256, 210, (208,)),
     "IQ4_NL": (32, 18, (0,)),
     "IQ4_XS": (256, 136, (0,)),
+    "MXFP4": (32, 17, ()),  # byte 0 is an E8M0 exponent (mxfp4_exponents)
 }
 ROWS = 7
 SMOLLM2_GGUF = STORE / "smollm2-135m-instruct" / "model.gguf"
@@ -57,7 +58,17 @@ def random_blocks(kind: str, rng: np.random.Generator) -> np.ndarray:
     raw = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
     for offset in halves:
         raw[:, offset : offset + 2] = random_halves(rng, n_blocks).view(np.uint8).reshape(-1, 2)
+    if kind == "MXFP4":
+        raw[:, 0] = mxfp4_exponents(rng, n_blocks)
     return raw.reshape(ROWS, -1)
+
+
+def mxfp4_exponents(rng: np.random.Generator, n: int) -> np.ndarray:
+    """E8M0 bytes the engine takes (0..252): the subnormal half-scales 0 and 1, the largest
+    (252, whose code 12 still fits fp32), and random ones between."""
+    e = rng.integers(0, 253, n, dtype=np.uint8)
+    e[:4] = [0, 1, 2, 252]
+    return e
 
 
 def quantized_blocks(kind: str, rng: np.random.Generator) -> np.ndarray | None:
@@ -115,6 +126,23 @@ def test_format_dequantizes_bit_identically(kind: str, tmp_path: Path, engine_bi
         )
 
 
+@pytest.mark.parametrize("exponent", [253, 255])
+def test_mxfp4_exponent_that_overflows_is_refused_naming_the_tensor(
+    exponent: int, tmp_path: Path, engine_binding: Any
+) -> None:
+    """253 and up (255 is NaN in the OCP MX spec) would make code 12 overflow fp32."""
+    raw = random_blocks("MXFP4", np.random.default_rng(exponent))
+    raw[3, 17 * 2] = exponent  # row 3, block 2
+    path = tmp_path / "mxfp4.gguf"
+    write_gguf(path, {"blk.0.ffn_up_exps.weight": ("MXFP4", raw)})
+    with pytest.raises(engine_binding.Error) as e:
+        engine_binding.gguf_dequantize(str(path), "blk.0.ffn_up_exps.weight")
+    assert str(e.value) == (
+        f"GGUF tensor 'blk.0.ffn_up_exps.weight': MXFP4 block 2 of row 3 has exponent byte "
+        f"{exponent}, above 252 (its weights would overflow fp32)"
+    )
+
+
 def test_unsupported_type_lists_every_supported_one(tmp_path: Path, engine_binding: Any) -> None:
     path = tmp_path / "q8_k.gguf"
     write_gguf(path, {"blk.0.attn_q.weight": ("Q8_K", np.zeros((2, 292), dtype=np.uint8))})
@@ -127,9 +155,9 @@ def test_unsupported_type_lists_every_supported_one(tmp_path: Path, engine_bindi
     assert sorted(supported) == sorted([*FORMATS, "F16", "BF16", "F32"])
 
 
-def test_cli_runs_a_gguf_retyped_to_q5_1(smollm2_run: list[str], tmp_path: Path) -> None:
-    """End to end through a new format: SmolLM2's GGUF with every Q4_1 projection re-quantized
-    to Q5_1 by gguf-py (int8 layout with mins) still answers, beside its checkpoint's files."""
+def smollm2_retyped(tmp_path: Path, kind: str, exponent: int | None = None) -> Path:
+    """SmolLM2's GGUF with every Q4_1 projection re-quantized to `kind` by gguf-py, beside
+    its checkpoint's files; `exponent` (MXFP4): the first such tensor's first block takes it."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
     from gguf.quants import dequantize, quantize
 
@@ -152,11 +180,10 @@ def test_cli_runs_a_gguf_retyped_to_q5_1(smollm2_run: list[str], tmp_path: Path)
     for t in reader.tensors:
         if t.tensor_type == GGMLQuantizationType.Q4_1:
             values = dequantize(t.data, t.tensor_type).astype(np.float32)
-            writer.add_tensor(
-                t.name,
-                quantize(values, GGMLQuantizationType.Q5_1),
-                raw_dtype=GGMLQuantizationType.Q5_1,
-            )
+            blocks = quantize(values, GGMLQuantizationType[kind])
+            if exponent is not None and retyped == 0:
+                blocks[0, 0] = exponent
+            writer.add_tensor(t.name, blocks, raw_dtype=GGMLQuantizationType[kind])
             retyped += 1
         else:
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
@@ -165,11 +192,33 @@ def test_cli_runs_a_gguf_retyped_to_q5_1(smollm2_run: list[str], tmp_path: Path)
     writer.write_tensors_to_file()
     writer.close()
     assert retyped > 100, "SmolLM2's GGUF should hold its projections as Q4_1"
+    return ckpt / "model.gguf"
+
+
+@pytest.mark.parametrize("kind", ["Q5_1", "MXFP4"])
+def test_cli_runs_a_gguf_retyped(kind: str, smollm2_run: list[str], tmp_path: Path) -> None:
+    """End to end through a new format: SmolLM2's GGUF with every Q4_1 projection re-quantized
+    by gguf-py to Q5_1 (u5 layout with mins) or MXFP4 (c4 layout, E8M0 scales) still answers."""
     proc = subprocess.run(
-        [*smollm2_run, "--model", str(ckpt / "model.gguf"), "--n-tokens", "8"],
+        [*smollm2_run, "--model", str(smollm2_retyped(tmp_path, kind)), "--n-tokens", "8"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout, proc.stdout
+
+
+def test_cli_refuses_an_mxfp4_exponent_that_overflows(
+    smollm2_run: list[str], tmp_path: Path
+) -> None:
+    """The loader names the tensor (its HF name: the one the GGUF map gives it)."""
+    proc = subprocess.run(
+        [*smollm2_run, "--model", str(smollm2_retyped(tmp_path, "MXFP4", 255)), "--n-tokens", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: GGUF tensor for 'model.layers."), proc.stderr
+    assert "': MXFP4 block 0 of row 0 has exponent byte 255, above 252" in proc.stderr

@@ -36,12 +36,14 @@ std::string_view name(Fault f) {
       return "SwiGLU clamp dropped";
     case Fault::moe_softmax_over_all_experts:
       return "router softmax over all experts";
+    case Fault::c4_codes_as_values:
+      return "c4 codes used without their codebook";
   }
   return "?";
 }
 
 Fault from_name(std::string_view n) {
-  for (int f = 0; f <= static_cast<int>(Fault::moe_softmax_over_all_experts); ++f)
+  for (int f = 0; f <= static_cast<int>(Fault::last); ++f)
     if (name(static_cast<Fault>(f)) == n) return static_cast<Fault>(f);
   return Fault::none;
 }

@@ -21,6 +21,8 @@ enum class Fault {
   // A gpt-oss router (top-k logits, softmax over those) run as softmax over every expert,
   // then top-k (models/moe.cpp): the gate's mutant of a family switch, not a kernel's bug.
   moe_softmax_over_all_experts,
+  c4_codes_as_values,         // c4 codes multiplied as they are, the codebook lookup skipped
+  last = c4_codes_as_values,  // what from_name() searches up to: keep it the last fault
 };
 
 Fault active();

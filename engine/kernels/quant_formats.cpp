@@ -1,7 +1,7 @@
-// GGUF block formats -> the internal i8 / u4 / u5 layouts (kernels/quant.h), the
+// GGUF block formats -> the internal i8 / u4 / u5 / c4 layouts (kernels/quant.h), the
 // exact dequantization of a row, and ggml's reference quantizers for q8_0 and
 // q4_0 (quantizing a bf16 checkpoint at setup). Block layouts follow ggml's
-// block_q4_0 ... block_q6_K, block_iq4_nl, block_iq4_xs (ggml-common.h); the
+// block_q4_0 ... block_q6_K, block_iq4_nl, block_iq4_xs, block_mxfp4 (ggml-common.h); the
 // arithmetic follows gguf-py's quants.py, whose results the tests hold us to
 // bit for bit.
 //
@@ -51,20 +51,19 @@ int q2_value(const uint8_t* qs, int p) {
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
 
-// A 32-element IQ4 sub-block: 16 bytes, element j in nibble j / 16 of byte j % 16.
-void iq4_values(const uint8_t* qs, uint8_t* out) {
-  for (int j = 0; j < 32; ++j)
-    out[j] = static_cast<uint8_t>(kIq4Values[(qs[j % 16] >> (4 * (j / 16))) & 0xf]);
-}
+// MXFP4's E2M1 codes, doubled to integers (ggml kvalues_mxfp4): sign bit 3,
+// then 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2.
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 uint8_t as_byte(int q) {
   return static_cast<uint8_t>(static_cast<int8_t>(q));
 }
 
-// One GGUF row -> the segment's row `r`.
-void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s, size_t r) {
+// GGUF row `from` (at src) -> the segment's row `r`; `where` names the tensor in errors.
+void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s, size_t r,
+                size_t from, std::string_view where) {
   uint8_t* qs = s.qs.data() + r * s.row_bytes();
-  float* scales = s.scales.data() + r * (cols / s.group);
+  float* scales = s.scales.empty() ? nullptr : s.scales.data() + r * (cols / s.group);
   float* mins = s.has_min ? s.mins.data() + r * (cols / s.group) : nullptr;
   const size_t nb = cols / block_elems(f), bb = block_bytes(f);
   for (size_t b = 0; b < nb; ++b) {
@@ -138,9 +137,11 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
         }
         break;
       }
+      // IQ4_NL, IQ4_XS, MXFP4: 16 bytes of codes per 32, already in the c4
+      // nibble order (element j in nibble j / 16 of byte j % 16).
       case BlockFormat::iq4_nl:
         scales[b] = load_f16(blk);
-        iq4_values(blk + 2, qs + b * 32);
+        std::memcpy(qs + b * 16, blk + 2, 16);
         break;
       case BlockFormat::iq4_xs: {  // d, scales_h (u16), scales_l[4], qs[128]
         const float d = load_f16(blk);
@@ -148,10 +149,19 @@ void repack_row(BlockFormat f, const uint8_t* src, size_t cols, QuantSegment& s,
         for (int j = 0; j < 8; ++j) {
           const int lo = (blk[4 + j / 2] >> (4 * (j % 2))) & 0xf, hi = (sh >> (2 * j)) & 3;
           scales[b * 8 + j] = d * static_cast<float>((lo | hi << 4) - 32);
-          iq4_values(blk + 8 + 16 * j, qs + b * 256 + j * 32);
+          std::memcpy(qs + (b * 8 + j) * 16, blk + 8 + 16 * j, 16);
         }
         break;
       }
+      case BlockFormat::mxfp4:           // e (E8M0), qs[16]
+        if (blk[0] > kMaxMxfp4Exponent)  // the message is built only on failure
+          throw Error(std::string(where) + ": MXFP4 block " + std::to_string(b) + " of row " +
+                      std::to_string(from) + " has exponent byte " + std::to_string(blk[0]) +
+                      ", above " + std::to_string(kMaxMxfp4Exponent) +
+                      " (its weights would overflow fp32)");
+        s.scales8[r * (cols / 32) + b] = blk[0];
+        std::memcpy(qs + b * 16, blk + 1, 16);
+        break;
       case BlockFormat::q4_0:
         scales[b] = load_f16(blk);
         std::memcpy(qs + b * 16, blk + 2, 16);
@@ -200,9 +210,10 @@ const FormatInfo& info(BlockFormat f) {
       {"Q8_0", 32, 34, L::i8, 32, 0, false},   {"Q2_K", 256, 84, L::i8, 16, 0, true},
       {"Q3_K", 256, 110, L::i8, 16, 0, false}, {"Q4_K", 256, 144, L::u4, 32, 0, true},
       {"Q5_K", 256, 176, L::i8, 32, 0, true},  {"Q6_K", 256, 210, L::i8, 16, 0, false},
-      {"IQ4_NL", 32, 18, L::i8, 32, 0, false}, {"IQ4_XS", 256, 136, L::i8, 32, 0, false},
+      {"IQ4_NL", 32, 18, L::c4, 32, 0, false}, {"IQ4_XS", 256, 136, L::c4, 32, 0, false},
+      {"MXFP4", 32, 17, L::c4, 32, 0, false},
   };
-  static_assert(std::size(kInfo) == static_cast<size_t>(BlockFormat::iq4_xs) + 1);
+  static_assert(std::size(kInfo) == static_cast<size_t>(BlockFormat::mxfp4) + 1);
   return kInfo[static_cast<size_t>(f)];
 }
 
@@ -220,11 +231,11 @@ size_t block_bytes(BlockFormat f) {
 
 size_t QuantSegment::bytes() const {
   return qs.size() + (scales.size() + mins.size()) * sizeof(float) +
-         (scales16.size() + mins16.size()) * sizeof(uint16_t);
+         (scales16.size() + mins16.size()) * sizeof(uint16_t) + scales8.size();
 }
 
 float QuantSegment::scale(size_t i) const {
-  return half_scales ? f16_to_float(scales16[i]) : scales[i];
+  return e8m0_scales ? e8m0_half(scales8[i]) : half_scales ? f16_to_float(scales16[i]) : scales[i];
 }
 float QuantSegment::min(size_t i) const {
   return half_scales ? f16_to_float(mins16[i]) : mins[i];
@@ -245,6 +256,7 @@ std::vector<uint16_t> exact_halves(const std::vector<float>& v) {
 }
 
 void store_halves_if_exact(QuantSegment& s) {
+  if (s.e8m0_scales) return;  // 1 byte a scale already
   auto sc = exact_halves(s.scales);
   if (sc.size() != s.scales.size()) return;
   auto mn = exact_halves(s.mins);
@@ -266,7 +278,7 @@ size_t QuantMatrix::bytes() const {
 }
 
 QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size_t cols,
-                         const int32_t* row_order) {
+                         const int32_t* row_order, std::string_view tensor) {
   QuantSegment s;
   s.rows = rows;
   s.cols = cols;
@@ -275,13 +287,22 @@ QuantSegment repack_gguf(BlockFormat f, const uint8_t* blocks, size_t rows, size
   s.group = fi.group;
   s.zero = fi.zero;
   s.has_min = fi.has_min;
+  if (f == BlockFormat::mxfp4)
+    std::copy(std::begin(kMxfp4Values), std::end(kMxfp4Values), s.codebook.begin());
+  else if (f == BlockFormat::iq4_nl || f == BlockFormat::iq4_xs)
+    std::copy(std::begin(kIq4Values), std::end(kIq4Values), s.codebook.begin());
   s.qs.resize(rows * s.row_bytes());
-  s.scales.resize(rows * (cols / s.group));
+  s.e8m0_scales = f == BlockFormat::mxfp4;
+  if (s.e8m0_scales)
+    s.scales8.resize(rows * (cols / s.group));
+  else
+    s.scales.resize(rows * (cols / s.group));
   if (s.has_min) s.mins.resize(rows * (cols / s.group));
   const size_t src_row = cols / block_elems(f) * block_bytes(f);
   for (size_t r = 0; r < rows; ++r) {
     const size_t from = row_order ? static_cast<size_t>(row_order[r]) : r;
-    repack_row(f, blocks + from * src_row, cols, s, r);
+    repack_row(f, blocks + from * src_row, cols, s, r, from,
+               tensor.empty() ? std::string_view("GGUF blocks") : tensor);
   }
   store_halves_if_exact(s);
   return s;
@@ -364,7 +385,7 @@ void dequant_row(const QuantMatrix& m, size_t r, float* out) {
     const size_t bb = layout_block_bytes(s.layout);
     for (size_t c = 0; c < s.cols; ++c) {
       const size_t b = c / 32, j = c % 32;
-      const int q = packed_value(s.layout, qs + b * bb, j) - s.zero;
+      const int q = s.value(qs + b * bb, j);
       const float v = s.scale(g0 + b) * static_cast<float>(q);
       out[c] = s.has_min ? v + s.min(g0 + b) : v;
     }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/quant_c4.h"
 #include "kernels/quant_unpack_avx2.h"
 
 namespace edgellm::kernels::avx2 {
@@ -50,6 +51,20 @@ struct V {
     w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
     w[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
     w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  }
+  // c4: the codes as bytes in element order, one vpshufb of the 16-byte
+  // codebook (in both 128-bit halves) to int8 values, widened 8 at a time.
+  using Table = __m256i;
+  static Table code_table(const int8_t* codebook) {
+    return _mm256_broadcastsi128_si256(c4_codebook_bytes(codebook));
+  }
+  static void unpack_c4(const uint8_t* p, Table table, F* w) {
+    const __m256i q = _mm256_shuffle_epi8(table, unpack::u4_bytes(p));
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
   }
   static void unpack_i8(const uint8_t* p, F* w) {
     for (int v = 0; v < 4; ++v)

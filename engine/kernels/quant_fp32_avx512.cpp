@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/quant_c4.h"
 #include "kernels/vec_avx512.h"
 
 namespace edgellm::kernels::avx512 {
@@ -52,6 +53,17 @@ struct V {
     const __m512 sixteen = _mm512_set1_ps(16.0f);
     w[0] = _mm512_mask_add_ps(w[0], lo, w[0], sixteen);
     w[1] = _mm512_mask_add_ps(w[1], hi, w[1], sixteen);
+  }
+  // c4: the same one-shuffle lookup, the table holding the codebook's 16 values
+  // as floats (exact: int8).
+  using Table = __m512;
+  static Table code_table(const int8_t* codebook) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c4_codebook_bytes(codebook)));
+  }
+  static void unpack_c4(const uint8_t* p, Table table, F* w) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    w[0] = _mm512_permutexvar_ps(v, table);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   }
   static void unpack_i8(const uint8_t* p, F* w) {
     for (int v = 0; v < 2; ++v)

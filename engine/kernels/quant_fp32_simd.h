@@ -27,13 +27,15 @@
 //
 // V provides: F (the vector), kLanes, kPrefillRows, kPrefillTokens, zero(), set1(), load(), add(),
 // mul(), fmadd(), hsum(), hsum4(F[4], float[4]), unpack_u4(block16, F[32 / kLanes]),
-// unpack_u5(block20, F[...]), unpack_i8(block32, F[...]), and dot_lanes(w, w16, b, n) (lane-wise
-// sum w[i] * b[i], w fp32 or IEEE half).
+// unpack_u5(block20, F[...]), unpack_i8(block32, F[...]), Table and code_table(int8[16])
+// with unpack_c4(block16, Table, F[...]) (a c4 segment's codebook, built once per tile), and
+// dot_lanes(w, w16, b, n) (lane-wise sum w[i] * b[i], w fp32 or IEEE half).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/quant.h"
+#include "kernels/quant_c4.h"
 
 namespace edgellm::kernels::QUANT_NS {
 
@@ -60,6 +62,10 @@ inline void block_dot(const typename V::F* w, const float* xb, typename V::F* d)
 // Scales of groups [g0, g0 + n) as fp32, so the block loop broadcasts them
 // straight from memory instead of converting a half per block.
 inline void load_scales(const QuantSegment& s, size_t g0, size_t n, float* out) {
+  if (s.e8m0_scales) {
+    e8m0_scales(s.scales8.data() + g0, n, out);
+    return;
+  }
   if (!s.half_scales) {
     std::memcpy(out, s.scales.data() + g0, n * sizeof(float));
     return;
@@ -97,6 +103,8 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
   const size_t row_bytes = nb * kBlock;  // s.row_bytes() without its run-time layout switch
   const uint8_t* const tile_ptr = s.qs.data() + r * row_bytes;
   const uintptr_t tile_qs = reinterpret_cast<uintptr_t>(tile_ptr);
+  [[maybe_unused]] typename V::Table table{};
+  if constexpr (kL == QuantLayout::c4) table = V::code_table(s.codebook.data());
   for (size_t b0 = 0; b0 < nb; b0 += kChunk) {
     const size_t b1 = std::min(nb, b0 + kChunk);
     for (int i = 0; i < R; ++i) load_scales(s, (r + i) * ng + b0 * kPer, (b1 - b0) * kPer, sc[i]);
@@ -115,6 +123,8 @@ void tile(const QuantSegment& s, const Fp32Acts& a, float* y, size_t ldy, size_t
           V::unpack_u4(blk, w);
         else if constexpr (kL == QuantLayout::u5)
           V::unpack_u5(blk, w);
+        else if constexpr (kL == QuantLayout::c4)
+          V::unpack_c4(blk, table, w);
         else
           V::unpack_i8(blk, w);
         const float* bs = sc[i] + (b - b0) * kPer;
@@ -229,6 +239,8 @@ void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t 
     rows<QuantLayout::u4, false>(s, a, y, ldy, r0, r1);
   else if (s.layout == QuantLayout::u5)
     rows<QuantLayout::u5, false>(s, a, y, ldy, r0, r1);
+  else if (s.layout == QuantLayout::c4)
+    rows<QuantLayout::c4, false>(s, a, y, ldy, r0, r1);
   else if (s.group == 16)
     rows<QuantLayout::i8, true>(s, a, y, ldy, r0, r1);
   else

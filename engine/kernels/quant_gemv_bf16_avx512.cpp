@@ -22,7 +22,8 @@
 // one vector of the two scales (8 lanes each) scales both. An odd last block
 // pairs with zeros.
 //
-// u4 and u5 segments (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1) take it; i8 ones stay on
+// u4, u5 and c4 segments (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1; IQ4_NL, IQ4_XS, MXFP4:
+// the table holds the codebook's values instead of q - zero) take it; i8 ones stay on
 // the fp32 row kernel with fp32 x. Every token has its own GEMV's arithmetic
 // whatever n, so batched decode (MatmulKernels::rows) equals n single-token
 // calls bit for bit.
@@ -35,6 +36,7 @@
 
 #include "kernels/fault_injection.h"
 #include "kernels/quant.h"
+#include "kernels/quant_c4.h"
 #include "kernels/vec_avx512.h"
 
 namespace edgellm::kernels::avx512 {
@@ -79,47 +81,57 @@ void pack_x(const float* x, size_t n, size_t cols, uint16_t* xp, float* sum) {
     }
 }
 
-// Scales (or mins) [g0, g0 + n) of a segment as fp32 into out.
-void stage(const std::vector<float>& f32, const std::vector<uint16_t>& f16, bool half, size_t g0,
-           size_t n, float* out) {
-  if (!half) {
-    std::memcpy(out, f32.data() + g0, n * sizeof(float));
+// Scales [g0, g0 + n) of a segment as fp32 into out.
+void stage(const QuantSegment& s, size_t g0, size_t n, float* out) {
+  if (s.e8m0_scales) {
+    e8m0_scales(s.scales8.data() + g0, n, out);
+    return;
+  }
+  if (!s.half_scales) {
+    std::memcpy(out, s.scales.data() + g0, n * sizeof(float));
     return;
   }
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(out + i, m,
-                          _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, f16.data() + g0 + i)));
+                          _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s.scales16.data() + g0 + i)));
   }
 }
 
-// The bf16 of q - zero for index i < 32 (VPERMW reads an index's low 5 bits):
-// u4 q = i % 16 (the high nibble's lowest bit may sit in bit 4), u5 q = i.
-__m512i value_table(QuantLayout l, int zero) {
+// The bf16 of the integer a code stands for, for index i < 32 (VPERMW reads an
+// index's low 5 bits): u4 i % 16 - zero (the high nibble's lowest bit may sit
+// in bit 4), u5 i - zero, c4 codebook[i % 16]. Small integers: exact.
+__m512i value_table(const QuantSegment& s) {
+  alignas(16) int8_t codebook[16];
+  if (s.layout == QuantLayout::c4)
+    _mm_store_si128(reinterpret_cast<__m128i*>(codebook), c4_codebook_bytes(s.codebook.data()));
   alignas(64) uint16_t t[32];
   for (int i = 0; i < 32; ++i) {
-    const float v = static_cast<float>((l == QuantLayout::u4 ? i % 16 : i) - zero);
+    const float v = static_cast<float>(s.layout == QuantLayout::c4   ? codebook[i % 16]
+                                       : s.layout == QuantLayout::u4 ? i % 16 - s.zero
+                                                                     : i - s.zero);
     uint32_t bits;
     std::memcpy(&bits, &v, sizeof(bits));
-    t[i] = static_cast<uint16_t>(bits >> 16);  // small integers: exact
+    t[i] = static_cast<uint16_t>(bits >> 16);
   }
   return _mm512_load_si512(t);
 }
 
-// The pair's q - zero as bf16 words, low nibbles (elements 0..15 of both
+// The pair's q - zero (c4: codebook[q]) as bf16 words, low nibbles (elements 0..15 of both
 // blocks) in lo, high nibbles (16..31) in hi. u5: the fifth bits (bit j of a
 // block's uint32: element j) are added to the indices through two masks.
 template <QuantLayout kL, bool kTwo>
 inline void unpack_pair(const uint8_t* q, __m512i table, __m512bh& lo, __m512bh& hi) {
   constexpr size_t kBlock = layout_block_bytes(kL);
   __m256i bytes = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-  if constexpr (kTwo && kL == QuantLayout::u4)  // the two blocks' 32 bytes are adjacent
+  constexpr bool kNibbles = kL != QuantLayout::u5;  // u4, c4: 16 bytes a block, no fifth bits
+  if constexpr (kTwo && kNibbles)                   // the two blocks' 32 bytes are adjacent
     bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
   else if constexpr (kTwo)
     bytes = _mm256_inserti128_si256(
         bytes, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + kBlock)), 1);
   const __m512i v = _mm512_cvtepu8_epi16(bytes);
-  if constexpr (kL == QuantLayout::u4) {
+  if constexpr (kNibbles) {
     lo = (__m512bh)_mm512_permutexvar_epi16(v, table);
     hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table);
   } else {
@@ -180,8 +192,7 @@ void tile(const QuantSegment& s, const Acts& a, __m512i table, float* y, size_t 
   for (size_t p0 = 0; p0 < a.pairs; p0 += kChunkPairs) {
     const size_t p1 = std::min(a.pairs, p0 + kChunkPairs);
     const size_t b0 = 2 * p0, nblk = std::min(nb, 2 * p1) - b0;
-    for (int i = 0; i < R; ++i)
-      stage(s.scales, s.scales16, s.half_scales, (r + i) * nb + b0, nblk, sc[i]);
+    for (int i = 0; i < R; ++i) stage(s, (r + i) * nb + b0, nblk, sc[i]);
     for (size_t p = p0; p < p1; ++p) {
       // (An address, not a pointer: past the last tile it points nowhere, and a
       // prefetch never faults.)
@@ -224,7 +235,7 @@ void row_tiles(const QuantSegment& s, const Acts& a, __m512i table, float* y, si
 
 template <QuantLayout kL>
 void packed_rows(const QuantSegment& s, const Acts& a, float* y, size_t ldy, size_t r0, size_t r1) {
-  const __m512i table = value_table(kL, s.zero);
+  const __m512i table = value_table(s);
   size_t r = r0;
   for (; r + 4 <= r1; r += 4) row_tiles<kL, 4>(s, a, table, y, ldy, r);
   for (; r < r1; ++r) row_tiles<kL, 1>(s, a, table, y, ldy, r);
@@ -269,6 +280,8 @@ void quant_gemv_bf16(const QuantMatrix& w, const float* x, size_t n, float* y, T
           packed_rows<QuantLayout::u4>(s, a, y + base, w.rows, lo - base, hi - base);
         else if (s.layout == QuantLayout::u5)
           packed_rows<QuantLayout::u5>(s, a, y + base, w.rows, lo - base, hi - base);
+        else if (s.layout == QuantLayout::c4)
+          packed_rows<QuantLayout::c4>(s, a, y + base, w.rows, lo - base, hi - base);
         else
           quant_rows_fp32(s, fa, y + base, w.rows, lo - base, hi - base);
       }

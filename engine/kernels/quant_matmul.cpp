@@ -9,6 +9,7 @@
 // int8 activations, per output y[t][r] and block b, with integer dot products
 //   i8:  scale_g * sx_b * sum(q * xq) + min_g * sum(x_g)  (per 16-group as above)
 //   u4, u5:  scale_b * sx_b * (sum(q * xq) - zero * sum(xq)) + min_b * sum(x_b)
+//   c4:  scale_b * sx_b * sum(codebook[q] * xq)
 // The SIMD paths compute the same integer sums; only the fp32 accumulation
 // order differs.
 #include <algorithm>
@@ -128,12 +129,12 @@ void quant_rows_fp32(const QuantSegment& s, const Fp32Acts& a, float* y, size_t 
                    s.min(g0 + 2 * b + 1) * a.half_sum[t * 2 * nb + 2 * b + 1];
           else if (s.has_min)
             acc += s.min(g0 + b) * a.block_sum[t * nb + b];
-        } else {  // u4, u5: elements j and j + 16 side by side, as the nibbles pair them
+        } else {  // u4, u5, c4: elements j and j + 16 side by side, as the nibbles pair them
           const uint8_t* blk = wq + b * layout_block_bytes(s.layout);
           float dot = 0.0f;
           for (size_t j = 0; j < 16; ++j)
-            dot += static_cast<float>(packed_value(s.layout, blk, j) - s.zero) * xb[j] +
-                   static_cast<float>(packed_value(s.layout, blk, j + 16) - s.zero) * xb[16 + j];
+            dot += static_cast<float>(s.value(blk, j)) * xb[j] +
+                   static_cast<float>(s.value(blk, j + 16)) * xb[16 + j];
           acc += s.scale(g0 + b) * dot;
           if (s.has_min) acc += s.min(g0 + b) * a.block_sum[t * nb + b];
         }
@@ -172,11 +173,10 @@ void quant_rows(const QuantSegment& s, const QuantizedActs& a, float* y, size_t 
                    s.min(g0 + 2 * b + 1) * a.half_sum[2 * ab + 1];
           else if (s.has_min)
             acc += s.min(g0 + b) * a.sum[ab];
-        } else {  // u4, u5
+        } else {  // u4, u5, c4
           const uint8_t* blk = wq + b * layout_block_bytes(s.layout);
           int32_t dot = 0;
-          for (size_t j = 0; j < 32; ++j) dot += packed_value(s.layout, blk, j) * xq[b * 32 + j];
-          dot -= s.zero * a.qsum[ab];
+          for (size_t j = 0; j < 32; ++j) dot += s.value(blk, j) * xq[b * 32 + j];
           acc += scales(b) * sx * static_cast<float>(dot);
           if (s.has_min) acc += s.min(g0 + b) * a.sum[ab];
         }

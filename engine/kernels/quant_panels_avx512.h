@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/quant.h"
+#include "kernels/quant_c4.h"
 #include "kernels/transpose_avx512.h"
 
 namespace edgellm::kernels::quant_panels {
@@ -23,7 +24,7 @@ namespace {
 constexpr size_t kPanel = 16;                // rows of a panel (a B tile's N, a zmm's lanes)
 constexpr size_t kChunkBytes = 1024 * 1024;  // unpacked panels per chunk
 
-// Block b (32 columns) of row r as 32 bf16 (q - zero), element order: as
+// Block b (32 columns) of row r as 32 bf16 (q - zero; c4 codebook[q]), element order: as
 // dwords, the 16 column pairs of the VNNI layout. Small integers are exact.
 inline __m512i unpack_block(const QuantSegment& s, size_t r, size_t b) {
   __m512i lo, hi;
@@ -42,6 +43,11 @@ inline __m512i unpack_block(const QuantSegment& s, size_t r, size_t b) {
       const __m512i sixteen = _mm512_set1_epi32(16);
       lo = _mm512_mask_or_epi32(lo, static_cast<__mmask16>(qh), lo, sixteen);
       hi = _mm512_mask_or_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
+    }
+    if (s.layout == QuantLayout::c4) {  // codebook[q]: vpermd reads an index's low 4 bits
+      const __m512i table = _mm512_cvtepi8_epi32(c4_codebook_bytes(s.codebook.data()));
+      lo = _mm512_permutexvar_epi32(lo, table);
+      hi = _mm512_permutexvar_epi32(hi, table);
     }
     const __m512i zero = _mm512_set1_epi32(s.zero);
     lo = _mm512_sub_epi32(lo, zero);
@@ -95,8 +101,12 @@ struct Scratch {
       float* mn = min.data() + i * mstride;
       for (size_t n = 0; n < kPanel; ++n) {
         const bool have = r0 + n < s.rows;
-        column(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, (r0 + n) * ng, ng,
-               have, sc + n);
+        if (s.e8m0_scales)
+          for (size_t g = 0; g < ng; ++g)
+            sc[n + g * kPanel] = have ? e8m0_half(s.scales8[(r0 + n) * ng + g]) : 0.0f;
+        else
+          column(s.scales.data(), s.half_scales ? s.scales16.data() : nullptr, (r0 + n) * ng, ng,
+                 have, sc + n);
         if (s.has_min)
           column(s.mins.data(), s.half_scales ? s.mins16.data() : nullptr, (r0 + n) * ng, ng, have,
                  mn + n);

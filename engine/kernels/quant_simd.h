@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include "kernels/quant.h"
+#include "kernels/quant_c4.h"
 #include "kernels/quant_unpack_avx2.h"
 
 namespace edgellm::kernels::QUANT_NS {
@@ -52,7 +53,9 @@ inline float dot(const float* w, const uint16_t* w16, const float* b, size_t n) 
 
 // Scale or min i of a segment, whichever way it is stored.
 inline float load_scale(const QuantSegment& s, size_t i) {
-  return s.half_scales ? _cvtsh_ss(s.scales16[i]) : s.scales[i];
+  return s.e8m0_scales   ? e8m0_half(s.scales8[i])
+         : s.half_scales ? _cvtsh_ss(s.scales16[i])
+                         : s.scales[i];
 }
 inline float load_min(const QuantSegment& s, size_t i) {
   return s.half_scales ? _cvtsh_ss(s.mins16[i]) : s.mins[i];
@@ -132,11 +135,15 @@ void tile_unsigned(const QuantSegment& s, const QuantizedActs& a, float* y, size
   tile.store(y, ldy, r, t0);
 }
 
-template <int R, int T>
+// i8 weights, and c4 ones looked up into int8 (one vpshufb of the codebook).
+template <QuantLayout kL, int R, int T>
 void tile_i8(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy, size_t r,
              size_t t0) {
   const size_t nb = s.cols / 32, ng = s.cols / s.group;
   const bool g16 = s.group == 16;
+  [[maybe_unused]] __m256i table{};
+  if constexpr (kL == QuantLayout::c4)
+    table = _mm256_broadcastsi128_si256(c4_codebook_bytes(s.codebook.data()));
   Tile<R, T> tile;
   for (size_t b = 0; b < nb; ++b) {
     __m256i xq[T];
@@ -144,8 +151,12 @@ void tile_i8(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ldy
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
       const size_t row = r + i;
-      const __m256i w =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.qs.data() + row * s.cols + b * 32));
+      __m256i w;
+      if constexpr (kL == QuantLayout::c4)
+        w = _mm256_shuffle_epi8(table, unpack::u4_bytes(s.qs.data() + row * nb * 16 + b * 16));
+      else
+        w = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(s.qs.data() + row * s.cols + b * 32));
       const __m256i aw = _mm256_abs_epi8(w);
       const size_t g0 = row * ng;
       // Lanes 0..3 hold elements 0..15, lanes 4..7 elements 16..31.
@@ -181,8 +192,10 @@ void run_tile(const QuantSegment& s, const QuantizedActs& a, float* y, size_t ld
     tile_unsigned<QuantLayout::u4, R, T>(s, a, y, ldy, r, t0);
   else if (s.layout == QuantLayout::u5)
     tile_unsigned<QuantLayout::u5, R, T>(s, a, y, ldy, r, t0);
+  else if (s.layout == QuantLayout::c4)
+    tile_i8<QuantLayout::c4, R, T>(s, a, y, ldy, r, t0);
   else
-    tile_i8<R, T>(s, a, y, ldy, r, t0);
+    tile_i8<QuantLayout::i8, R, T>(s, a, y, ldy, r, t0);
 }
 
 }  // namespace

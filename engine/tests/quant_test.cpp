@@ -23,7 +23,8 @@ namespace {
 constexpr BlockFormat kFormats[] = {BlockFormat::q4_0, BlockFormat::q4_1,   BlockFormat::q5_0,
                                     BlockFormat::q5_1, BlockFormat::q8_0,   BlockFormat::q2_k,
                                     BlockFormat::q3_k, BlockFormat::q4_k,   BlockFormat::q5_k,
-                                    BlockFormat::q6_k, BlockFormat::iq4_nl, BlockFormat::iq4_xs};
+                                    BlockFormat::q6_k, BlockFormat::iq4_nl, BlockFormat::iq4_xs,
+                                    BlockFormat::mxfp4};
 
 // A random f16 in +-[2^-9, 2^0): a sane block scale.
 void put_f16(uint8_t* p, std::mt19937& rng, bool allow_negative) {
@@ -67,6 +68,9 @@ std::vector<uint8_t> random_blocks(BlockFormat f, size_t rows, size_t cols, std:
         break;
       case BlockFormat::q6_k:
         put_f16(blk + 208, rng, true);
+        break;
+      case BlockFormat::mxfp4:  // E8M0 118..130: half-scales 2^-10 .. 2^2
+        blk[0] = static_cast<uint8_t>(118 + rng() % 13);
         break;
     }
   }
@@ -669,7 +673,7 @@ TEST(QuantTest, AmxBf16PrefillMatchesTheRoundedReference) {
   check_bf16_prefill(amx::quant_matmul_bf16, amx::kMinQuantTokens);
 }
 
-// The fast config's quantized decode (avx512::quant_gemv_bf16): u4 and u5
+// The fast config's quantized decode (avx512::quant_gemv_bf16): u4, u5 and c4
 // segments against the scalar reference on x rounded to bf16 (nearest even), the other
 // layouts against it on x itself; odd block counts (the last block paired with
 // zeros), rows off the 4-row tile, 1..7 tokens (4-, 2- and 1-token tiles),
@@ -721,10 +725,10 @@ TEST(QuantTest, Bf16GemvMatchesTheRoundedReference) {
       const std::string what = w.segments.size() > 1 ? "mixed" : "one segment";
       EXPECT_LE(worst(w, n, what), 1.0) << "outside the fp32 tolerance";
     }
-  // Truncating x instead of rounding it: caught on the u4 and u5 formats.
+  // Truncating x instead of rounding it: caught on the u4, u5 and c4 formats.
   fault::Scoped truncate(fault::Fault::bf16_truncate);
   for (BlockFormat f : {BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q4_k, BlockFormat::q5_0,
-                        BlockFormat::q5_1}) {
+                        BlockFormat::q5_1, BlockFormat::iq4_nl, BlockFormat::mxfp4}) {
     double ratio = 0.0;
     for (size_t rows : {5, 17})
       ratio = std::max(ratio, worst(random_matrix(f, rows, block_elems(f), rng), 3, "truncated"));

@@ -35,6 +35,7 @@ constexpr TypeTraits kTypes[] = {
     {GgmlType::I8, "I8", 1, 1},           {GgmlType::I16, "I16", 1, 2},
     {GgmlType::I32, "I32", 1, 4},         {GgmlType::I64, "I64", 1, 8},
     {GgmlType::F64, "F64", 1, 8},         {GgmlType::BF16, "BF16", 1, 2},
+    {GgmlType::MXFP4, "MXFP4", 32, 17},
 };
 
 const TypeTraits* traits(uint32_t type) {

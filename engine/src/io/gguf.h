@@ -40,6 +40,7 @@ enum class GgmlType : uint32_t {
   I64 = 27,
   F64 = 28,
   BF16 = 30,
+  MXFP4 = 39,
 };
 // "Q4_K", or "type 23" for a number this reader does not know.
 std::string ggml_type_name(uint32_t type);

@@ -42,6 +42,8 @@ std::optional<kernels::BlockFormat> block_format(GgmlType t) {
       return BlockFormat::iq4_nl;
     case GgmlType::IQ4_XS:
       return BlockFormat::iq4_xs;
+    case GgmlType::MXFP4:
+      return BlockFormat::mxfp4;
     default:
       return std::nullopt;
   }
@@ -74,7 +76,8 @@ kernels::BlockFormat runnable_format(const std::string& file, const GgufTensor& 
   check(format.has_value(), file + ": tensor '" + t.name + "' has type " +
                                 ggml_type_name(static_cast<uint32_t>(t.type)) +
                                 ", which edgellm cannot run (supported: Q4_0, Q4_1, Q5_0, Q5_1, "
-                                "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, F16, BF16, "
+                                "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, F16, "
+                                "BF16, "
                                 "F32)");
   return *format;
 }
@@ -84,8 +87,9 @@ kernels::BlockFormat runnable_format(const std::string& file, const GgufTensor& 
 std::vector<float> dequantize_gguf_tensor(const GgufTensor& t, size_t max_rows) {
   const size_t rows = max_rows ? std::min<size_t>(max_rows, t.rows()) : t.rows();
   kernels::QuantMatrix m;
-  kernels::append_segment(m,
-                          kernels::repack_gguf(runnable_format("GGUF", t), t.data, rows, t.cols()));
+  kernels::append_segment(
+      m, kernels::repack_gguf(runnable_format("GGUF", t), t.data, rows, t.cols(), nullptr,
+                              "GGUF tensor '" + t.name + "'"));
   std::vector<float> out(rows * t.cols());
   for (size_t r = 0; r < m.rows; ++r) kernels::dequant_row(m, r, out.data() + r * m.cols);
   return out;

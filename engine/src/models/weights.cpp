@@ -125,7 +125,8 @@ std::shared_ptr<const kernels::QuantMatrix> pack_quant(
                 std::to_string(cols));
       kernels::append_segment(
           *m, kernels::repack_gguf(g.format, g.blocks, rows, cols,
-                                   g.row_order.empty() ? nullptr : g.row_order.data()));
+                                   g.row_order.empty() ? nullptr : g.row_order.data(),
+                                   "GGUF tensor for '" + t->name + "'"));
       release_mapped_pages(g.blocks, g.nbytes);  // peak memory: the repacked copy only
     } else if (quant->quantize && cols % 32 == 0) {
       // The checkpoint's values as the bf16 path holds them, quantized a slice of
