@@ -49,6 +49,8 @@ class Shape:
     experts_used: int = 0
     expert_intermediate: int = 0
     llama3_rope: bool = False
+    gpt_oss: bool = False  # biases, attention sinks, biased router and experts, YaRN, windows
+    expert_type: str = ""  # the experts' block format when not the file's (gpt-oss: mxfp4)
 
 
 # The published configs (config.json of each model), by the names people use.
@@ -72,10 +74,35 @@ SHAPES = {
         experts_used=8,
         expert_intermediate=768,
     ),
+    # gpt-oss-20b: MXFP4 experts as OpenAI ships them, the rest at the file's type.
+    "gpt-oss-20b": Shape(
+        "gpt-oss",
+        2880,
+        24,
+        64,
+        8,
+        64,
+        2880,
+        201088,
+        150000.0,
+        False,
+        qkv_bias=True,
+        experts=32,
+        experts_used=4,
+        expert_intermediate=2880,
+        gpt_oss=True,
+        expert_type="mxfp4",
+    ),
 }
 
 # Bytes of one block and elements per block, for the formats written here.
-BLOCK = {"q4_0": (18, 32), "q8_0": (34, 32), "q4_k": (144, 256), "q6_k": (210, 256)}
+BLOCK = {
+    "q4_0": (18, 32),
+    "q8_0": (34, 32),
+    "q4_k": (144, 256),
+    "q6_k": (210, 256),
+    "mxfp4": (17, 32),
+}
 
 
 def random_blocks(rng: np.random.Generator, fmt: str, rows: int, cols: int) -> np.ndarray:
@@ -95,12 +122,16 @@ def random_blocks(rng: np.random.Generator, fmt: str, rows: int, cols: int) -> n
         blocks[..., 2:4] = half(7.5 * d)  # the mins cancel the nibbles' mean of 7.5
     elif fmt == "q6_k":  # 128 low nibbles, 64 high bits, 16 int8 scales (std ~74), d last
         blocks[..., 208:210] = half(target / (74 * 18.5))
+    elif fmt == "mxfp4":  # E8M0 byte e (scale 2^(e - 128) on doubled E2M1 codes, std ~5.85)
+        blocks[..., 0] = round(128 + math.log2(target / 5.85))
     return blocks.reshape(rows, -1)
 
 
 def matrix_format(kind: str, layer: int, s: Shape, qtype: str) -> str:
     """llama.cpp's choice per tensor for a mixed type (llama-quant.cpp: Q4_K_M gives Q6_K to
     the output, and to attn_v and ffn_down on the 'use_more_bits' layers), else `qtype`."""
+    if s.expert_type and kind.endswith("_exps"):
+        return s.expert_type
     if qtype != "q4_k_m":
         return qtype
     if kind == "output":
@@ -126,13 +157,30 @@ def tensors(s: Shape, qtype: str):
             yield b + "attn_q_norm.weight", 1, s.head_dim, "f32", 0
             yield b + "attn_k_norm.weight", 1, s.head_dim, "f32", 0
         yield b + "attn_output.weight", s.hidden, q, matrix_format("attn_output", i, s, qtype), 0
-        yield b + "ffn_norm.weight", 1, s.hidden, "f32", 0
+        if s.gpt_oss:
+            yield b + "attn_output.bias", 1, s.hidden, "f32", 0
+            yield b + "attn_sinks.weight", 1, s.heads, "f32", 0
+        # gpt-oss names the norm before its experts post_attention_norm (llama.cpp's converter)
+        yield (
+            b + ("post_attention_norm" if s.gpt_oss else "ffn_norm") + ".weight",
+            1,
+            s.hidden,
+            "f32",
+            0,
+        )
         if s.experts:
-            yield b + "ffn_gate_inp.weight", s.experts, s.hidden, "f32", 0
             x, e = s.expert_intermediate, s.experts
-            yield b + "ffn_gate_exps.weight", x, s.hidden, matrix_format("ffn_gate", i, s, qtype), e
-            yield b + "ffn_up_exps.weight", x, s.hidden, matrix_format("ffn_up", i, s, qtype), e
-            yield b + "ffn_down_exps.weight", s.hidden, x, matrix_format("ffn_down", i, s, qtype), e
+            yield b + "ffn_gate_inp.weight", e, s.hidden, "f32", 0
+            if s.gpt_oss:
+                yield b + "ffn_gate_inp.bias", 1, e, "f32", 0
+            for name, rows, cols in (
+                ("ffn_gate_exps", x, s.hidden),
+                ("ffn_up_exps", x, s.hidden),
+                ("ffn_down_exps", s.hidden, x),
+            ):
+                yield b + name + ".weight", rows, cols, matrix_format(name, i, s, qtype), e
+                if s.gpt_oss:
+                    yield b + name + ".bias", e, rows, "f32", 0
         else:
             for name, rows, cols in (
                 ("ffn_gate", s.intermediate, s.hidden),
@@ -207,12 +255,20 @@ def write(name: str, qtype: str, out: Path, seed: int) -> Path:
         w.add_expert_count(s.experts)
         w.add_expert_used_count(s.experts_used)
         w.add_expert_feed_forward_length(s.expert_intermediate)
+    if s.gpt_oss:  # gpt-oss-20b's config.json: window 128 on the even layers, YaRN x32 of 4096
+        from gguf import RopeScalingType
+
+        w.add_sliding_window(128)
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
     add_vocabulary(w, s.vocab)
     ggml = {
         "q4_0": GGMLQuantizationType.Q4_0,
         "q8_0": GGMLQuantizationType.Q8_0,
         "q4_k": GGMLQuantizationType.Q4_K,
         "q6_k": GGMLQuantizationType.Q6_K,
+        "mxfp4": GGMLQuantizationType.MXFP4,
     }
     plan = list(tensors(s, qtype))
     if s.llama3_rope:
@@ -240,7 +296,7 @@ def write(name: str, qtype: str, out: Path, seed: int) -> Path:
     written, total = 0, sum(t.nbytes for t in w.tensors[0].values())
     for i, (tname, rows, cols, fmt, experts) in enumerate(plan):
         if fmt == "f32":
-            value = 0.0 if tname.endswith(".bias") else 1.0
+            value = 0.0 if tname.endswith((".bias", "attn_sinks.weight")) else 1.0
             if tname.endswith("ffn_gate_inp.weight"):  # a router: random, so routes vary
                 data = rng.normal(0, 1 / math.sqrt(cols), size=(rows, cols)).astype(np.float32)
             else:
