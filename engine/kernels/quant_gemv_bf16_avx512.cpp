@@ -198,8 +198,10 @@ void tile(const QuantSegment& s, const Acts& a, __m512i table, float* y, size_t 
   constexpr size_t kPrefetchStep = kPrefetchEvery * kPairBytes;
   // Row i's stream runs through row i of the following tiles: the prefetch
   // point is `ahead_off` bytes into row i of the tile starting at `ahead_row`.
-  size_t ahead_off = kPrefetchRowBytes % row_bytes;
-  uintptr_t ahead_row = tile_qs + kPrefetchRowBytes / row_bytes * R * row_bytes;
+  // (No columns: no pairs, nothing to prefetch.)
+  const size_t ahead_rows = row_bytes ? kPrefetchRowBytes / row_bytes : 0;
+  size_t ahead_off = kPrefetchRowBytes - ahead_rows * row_bytes;
+  uintptr_t ahead_row = tile_qs + ahead_rows * R * row_bytes;
   for (size_t p0 = 0; p0 < a.pairs; p0 += kChunkPairs) {
     const size_t p1 = std::min(a.pairs, p0 + kChunkPairs);
     const size_t b0 = 2 * p0, nblk = std::min(nb, 2 * p1) - b0;
