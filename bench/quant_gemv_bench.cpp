@@ -17,8 +17,10 @@
 // the wall clock (on a machine shared with other jobs, time spent descheduled
 // is not the kernel's; a thread stalled on memory still counts).
 //
-//   quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] [--reps R] [--rows]
-//                    [--int8 | --bf16] [--as-i8] [--cpu-clock]
+// --shape keeps the shapes whose name contains the given text (e.g. qwen2.5).
+//
+//   quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] [--shape TEXT] [--reps R]
+//                    [--rows] [--int8 | --bf16] [--as-i8] [--cpu-clock]
 #include <time.h>
 #include <algorithm>
 #include <chrono>
@@ -122,6 +124,7 @@ int main(int argc, char** argv) {
   int threads = 2, reps = 7;
   size_t n = 1;
   const char* only = nullptr;
+  const char* shape_only = nullptr;
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (std::strcmp(argv[i], "--threads") == 0 && has_value)
@@ -132,6 +135,8 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--format") == 0 && has_value)
       only = argv[++i];
+    else if (std::strcmp(argv[i], "--shape") == 0 && has_value)
+      shape_only = argv[++i];
     else if (std::strcmp(argv[i], "--rows") == 0)
       g_rows = true;
     else if (std::strcmp(argv[i], "--int8") == 0)
@@ -143,9 +148,10 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--cpu-clock") == 0)
       g_cpu_clock = true;
     else {
-      std::fprintf(stderr,
-                   "usage: quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] "
-                   "[--reps R] [--rows] [--int8 | --bf16] [--as-i8] [--cpu-clock]\n");
+      std::fprintf(
+          stderr,
+          "usage: quant_gemv_bench [--threads N] [--n TOKENS] [--format Q4_1|...] "
+          "[--shape SUBSTRING] [--reps R] [--rows] [--int8 | --bf16] [--as-i8] [--cpu-clock]\n");
       return 2;
     }
   }
@@ -165,9 +171,10 @@ int main(int argc, char** argv) {
                                                     : "fp32",
               n, g_rows ? " independent rows (batched decode)" : "", pool.size(), reps);
   if (g_cpu_clock) std::printf("1t columns timed by the thread CPU clock\n");
-  std::printf("ceiling  plain read bandwidth over 512 MB: 1t %.1f GB/s, %dt %.1f GB/s\n",
-              edgellm::measure_read_bandwidth(size_t{512} << 20, 1), pool.size(),
-              edgellm::measure_read_bandwidth(size_t{512} << 20, pool.size()));
+  const double ceil1 = edgellm::measure_read_bandwidth(size_t{512} << 20, 1);
+  const double ceiln = edgellm::measure_read_bandwidth(size_t{512} << 20, pool.size());
+  std::printf("ceiling  plain read bandwidth over 512 MB: 1t %.1f GB/s, %dt %.1f GB/s\n", ceil1,
+              pool.size(), ceiln);
   struct Shape {
     const char* what;
     BlockFormat format;
@@ -190,10 +197,20 @@ int main(int argc, char** argv) {
                           // gpt-oss-20b's experts: hidden 2880 x intermediate 2880.
                           {"expert gpt-oss", BlockFormat::mxfp4, 2880, 2880},
                           {"expert gpt-oss", BlockFormat::iq4_nl, 2880, 2880},
-                          {"expert gpt-oss", BlockFormat::q4_0, 2880, 2880}};
+                          {"expert gpt-oss", BlockFormat::q4_0, 2880, 2880},
+                          // Qwen2.5-1.5B and Qwen3-30B-A3B decode shapes (Q4_0 GGUFs):
+                          // long rows (down), many rows (lm_head), small MoE experts.
+                          {"gate_up qwen2.5", BlockFormat::q4_0, 17920, 1536},
+                          {"qkv qwen2.5", BlockFormat::q4_0, 2048, 1536},
+                          {"down qwen2.5", BlockFormat::q4_0, 1536, 8960},
+                          {"lm_head qwen2.5", BlockFormat::q4_0, 151936, 1536},
+                          {"exp gate_up q3moe", BlockFormat::q4_0, 1536, 2048},
+                          {"exp down q3moe", BlockFormat::q4_0, 2048, 768},
+                          {"qkv q3moe", BlockFormat::q4_0, 5120, 2048}};
   bool any = false;
   for (const Shape& s : shapes) {
     if (only && block_format_name(s.format) != only) continue;
+    if (shape_only && std::strstr(s.what, shape_only) == nullptr) continue;
     any = true;
     std::mt19937 rng(0);
     std::vector<QuantMatrix> hot;
@@ -211,13 +228,15 @@ int main(int argc, char** argv) {
     const double per_weight = static_cast<double>(bytes) / static_cast<double>(s.rows * s.cols);
     std::printf(
         "%-16s %-6s %6zux%-5zu %5.3f B/w  hot 1t %6.1f GB/s   dram 1t %6.1f GB/s (%5.1f Gw/s)   "
-        "dram %dt %6.1f GB/s (%5.1f Gw/s)\n",
+        "dram %dt %6.1f GB/s (%5.1f Gw/s)   of read bw: 1t %3.0f%% %dt %3.0f%%\n",
         s.what, std::string(block_format_name(s.format)).c_str(), s.rows, s.cols, per_weight, h1,
-        d1, d1 / per_weight, pool.size(), dn, dn / per_weight);
+        d1, d1 / per_weight, pool.size(), dn, dn / per_weight, 100 * d1 / ceil1, pool.size(),
+        100 * dn / ceiln);
     std::fflush(stdout);
   }
   if (!any) {
-    std::fprintf(stderr, "quant_gemv_bench: no shape of format %s\n", only);
+    std::fprintf(stderr, "quant_gemv_bench: no shape matches --format %s --shape %s\n",
+                 only ? only : "(any)", shape_only ? shape_only : "(any)");
     return 2;
   }
   return 0;

@@ -736,6 +736,18 @@ TEST(QuantTest, Bf16GemvMatchesTheRoundedReference) {
   }
 }
 
+// Rows of no columns (the per-row prefetch divides its distance by the row's
+// bytes): every output 0, no fault.
+TEST(QuantTest, Bf16GemvOfNoColumnsIsZero) {
+  if (detect_isa() < Isa::avx512) GTEST_SKIP() << "no AVX-512 BF16 on this CPU: not run";
+  std::mt19937 rng(37);
+  ThreadPool pool(2);
+  const QuantMatrix w = random_matrix(BlockFormat::q4_0, 5, 0, rng);
+  std::vector<float> y(2 * w.rows, NAN);
+  avx512::quant_gemv_bf16(w, nullptr, 2, y.data(), pool);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
 // The AMX prefill GEMM (n >= 16 on the amx tier) against the scalar fp32
 // reference: every format, rows not a multiple of the 16-row panel or the
 // 32-row block, token counts not a multiple of the 32-token block, and a
