@@ -462,4 +462,14 @@ ToolReply parse_tool_output(std::string_view text, const Tools& tools) {
   return reply;
 }
 
+std::optional<ToolCall> read_tool_call(std::string_view name, std::string_view arguments,
+                                       const Tools& tools) {
+  if (!tools.active()) return std::nullopt;
+  const json args = json::parse(arguments, nullptr, false);
+  if (args.is_discarded()) return std::nullopt;
+  ToolCall call;
+  if (!read_call(json{{"name", name}, {"arguments", args}}, tools, call)) return std::nullopt;
+  return call;
+}
+
 }  // namespace edgellm
