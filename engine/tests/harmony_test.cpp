@@ -95,6 +95,11 @@ TEST(Harmony, WhatIsNotProvablyAHeaderIsContentAsWritten) {
   expect_split("Hello <|channel|>final<|message|>x",
                {"", "Hello <|channel|>final<|message|>x", {}});
   expect_split("<|chan", {"", "<|chan", {}});
+  expect_split("<|channel|> <|message|>x", {"", "<|channel|> <|message|>x", {}});
+  expect_split("<|start|>to=functions.a<|channel|>commentary<|message|>{}",
+               {"", "<|start|>to=functions.a<|channel|>commentary<|message|>{}", {}});
+  expect_split("<|channel|>final<|message|>A<|end|><|start|>assistant<|message|>B",
+               {"", "A<|start|>assistant<|message|>B", {}});
   expect_split(" to", {"", " to", {}});
   // A header cut off, or with a word it cannot hold, or two channels: as written, to the end.
   expect_split("<|channel|>analysis", {"", "<|channel|>analysis", {}});
@@ -157,6 +162,8 @@ TEST(Harmony, WhatIsNotACallToAnActiveFunctionIsContent) {
   };
   // An unknown function, a recipient outside functions., arguments that are no JSON object.
   EXPECT_EQ(content_of(" to=functions.nope<|channel|>commentary json<|message|>{}", tools), "{}");
+  EXPECT_EQ(content_of(" to=assistant.get_time<|channel|>commentary json<|message|>{}", tools),
+            "{}");
   EXPECT_EQ(content_of(" to=browser.search<|channel|>commentary json<|message|>{}", tools), "{}");
   EXPECT_EQ(content_of(" to=functions.get_time<|channel|>commentary json<|message|>{\"a\":", tools),
             "{\"a\":");
