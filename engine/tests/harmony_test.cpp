@@ -80,6 +80,8 @@ TEST(Harmony, CallsAreKeptApartWithOrWithoutAnalysis) {
       "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
       "<|message|>{\"city\":\"Paris\"}<|call|>",
       {"Need the weather.", "", {{"functions.get_weather", "{\"city\":\"Paris\"}"}}});
+  expect_split("<|channel|>commentary to=functions.f<|constrain|>json<|message|>{}",
+               {"", "", {{"functions.f", "{}"}}});
   // The recipient after the role: first message (the prompt wrote "<|start|>assistant") and later.
   expect_split(" to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Oslo\"}",
                {"", "", {{"functions.get_weather", "{\"city\":\"Oslo\"}"}}});

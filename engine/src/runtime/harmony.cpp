@@ -71,7 +71,15 @@ bool HarmonySplitter::read_header(std::string_view h) {
   };
   for (std::string_view w : words(h.substr(0, channel_at)))
     if (!take_recipient(w)) return false;
-  const std::vector<std::string_view> rest = words(h.substr(channel_at + kChannel.size()));
+  // The constraint is its own word, with or without a space before it.
+  std::string options;
+  std::string_view tail = h.substr(channel_at + kChannel.size());
+  for (size_t at; (at = tail.find(kConstrain)) != std::string_view::npos;) {
+    options.append(tail.substr(0, at)).append(" ").append(kConstrain);
+    tail.remove_prefix(at + kConstrain.size());
+  }
+  options.append(tail);
+  const std::vector<std::string_view> rest = words(options);
   if (rest.empty() || !is_name(rest[0])) return false;
   for (size_t i = 1; i < rest.size(); ++i) {
     std::string_view w = rest[i];
