@@ -164,6 +164,9 @@ class ChatTemplate {
   // The template lays out reasoning blocks (<think>...</think>: Qwen3, DeepSeek
   // R1): replies are split into reasoning and content (edgellm/reasoning.h).
   bool thinks() const { return thinks_; }
+  // The template writes OpenAI's harmony format (gpt-oss: <|channel|> headers):
+  // replies are split by channel and read for calls (edgellm/harmony.h).
+  bool harmony() const { return harmony_; }
 
  private:
   std::shared_ptr<const jinja::Template> program_;  // null when the text did not parse
@@ -173,6 +176,7 @@ class ChatTemplate {
   std::string bos_token_, eos_token_;
   std::string default_system_;
   bool thinks_ = false;
+  bool harmony_ = false;
   std::string call_prefix_;
   bool renders_tools_ = false;
   bool alternates_ = false;

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -148,5 +149,11 @@ struct ToolReply {
 // (or "parameters"); anything else, malformed JSON included, is plain content.
 // Ids are "call_" + 24 random hex digits.
 ToolReply parse_tool_output(std::string_view text, const Tools& tools);
+
+// One call a model wrote in a framing of its own (harmony's recipient and
+// body, edgellm/harmony.h): a ToolCall when tools are active, `name` is among
+// them and `arguments` is a JSON object; else nothing (the text is content).
+std::optional<ToolCall> read_tool_call(std::string_view name, std::string_view arguments,
+                                       const Tools& tools);
 
 }  // namespace edgellm

@@ -462,4 +462,12 @@ ToolReply parse_tool_output(std::string_view text, const Tools& tools) {
   return reply;
 }
 
+std::optional<ToolCall> read_tool_call(std::string_view name, std::string_view arguments,
+                                       const Tools& tools) {
+  if (!tools.active()) return std::nullopt;
+  ToolCall call;  // read_call parses the arguments, refusing all but an object
+  if (!read_call(json{{"name", name}, {"arguments", arguments}}, tools, call)) return std::nullopt;
+  return call;
+}
+
 }  // namespace edgellm

@@ -383,6 +383,7 @@ ChatTemplate ChatTemplate::from_text(const std::string& tmpl, const std::string&
                                           : "";
   ct.alternates_ = has("must alternate");
   ct.thinks_ = has(kThinkClose);
+  ct.harmony_ = has("<|channel|>");
   return ct;
 }
 
