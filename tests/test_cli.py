@@ -315,7 +315,14 @@ def test_fetch_progress_only_on_a_terminal() -> None:
 
 # --- the one command: subcommands, llama.cpp's short flags, -f, --system, --min-p --------
 
-VARYING = ("setup_ms", "ttft_ms", "decode_ms", "tokens_per_s")  # timings differ run to run
+VARYING = (  # timings and resident memory differ run to run
+    "setup_ms",
+    "ttft_ms",
+    "decode_ms",
+    "tokens_per_s",
+    "resident_bytes",
+    "peak_resident_bytes",
+)
 
 
 def same_run(a: dict, b: dict) -> bool:
