@@ -16,6 +16,7 @@
 #include "edgellm/json_grammar.h"
 #include "runtime/json_matcher.h"
 #include "runtime/token_mask.h"
+#include "sanitized.h"
 #include "test_util.h"
 
 namespace edgellm {
@@ -527,17 +528,7 @@ std::string ref_chain(int links, const char* wrap = R"({"$ref": "#/$defs/d%d"})"
 
 // Time limits hold for a release build; ASan + UBSan at -O1 (make test-sanitize)
 // runs nlohmann's parser some 30x slower.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr double kSlowdown = 40;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr double kSlowdown = 40;
-#else
-constexpr double kSlowdown = 1;
-#endif
-#else
-constexpr double kSlowdown = 1;
-#endif
+constexpr double kSlowdown = testing::kSanitized ? 40 : 1;
 
 // Milliseconds since t, in release-build terms.
 double ms_since(std::chrono::steady_clock::time_point t) {

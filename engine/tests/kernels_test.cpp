@@ -37,6 +37,7 @@
 #include "kernels/avx512.h"
 #include "kernels/fault_injection.h"
 #include "kernels/kernels.h"
+#include "sanitized.h"
 
 namespace edgellm::kernels {
 namespace {
@@ -912,6 +913,7 @@ TEST_P(KernelAttention, Sweep) {
   const Isa isa = GetParam();
   std::mt19937 rng(7);
   const size_t heads[][2] = {{9, 3}, {4, 1}, {2, 2}, {8, 2}};
+  size_t count = 0;
   for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
     for (const auto& h : heads) {
       for (size_t hd : {8, 24, 64, 80, 128, 256}) {
@@ -919,6 +921,7 @@ TEST_P(KernelAttention, Sweep) {
         for (size_t n : {1, 2, 3, 5, 8, 9, 17, 33, 40}) {
           for (size_t start : {0, 1, 7, 130}) {
             for (size_t window : {0, 4, 100}) {
+              if (!testing::sampled_case(count)) continue;
               const float softcap = (n + start) % 2 ? 0.0f : 1.5f;
               ASSERT_TRUE(check_attention(isa, {h[0], h[1], hd, n, start, window, softcap, kv}, rng,
                                           test_pool()));
@@ -971,13 +974,14 @@ TEST_P(KernelAttention, DecodeSplitsKeys) {
   // {n_heads, n_kv_heads, head_dim}
   const size_t shapes[][3] = {{15, 5, 16}, {7, 7, 80}, {5, 1, 48}, {12, 2, 256},
                               {10, 1, 64}, {9, 3, 96}, {6, 6, 32}};
-  size_t i = 0;
+  size_t i = 0, count = 0;
   for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
     for (const auto& h : shapes) {
       if (kv == KvDtype::q8_0 && h[2] % kKvQ8Block != 0) continue;
       for (size_t n : {1, 3, 15}) {
         for (size_t start : {129, 1000, 2333}) {
           for (size_t window : {0, 1500}) {
+            if (!testing::sampled_case(count)) continue;
             const float softcap = (n + start) % 2 ? 0.0f : 20.0f;
             const AttnCase c{h[0], h[1], h[2], n, start, window, softcap, kv, true};
             ThreadPool& pool = ++i % 2 ? pool2 : pool3;
@@ -1023,7 +1027,7 @@ TEST_P(KernelAttention, Sinks) {
   std::mt19937 rng(31);
   ThreadPool pool2(2), pool3(3);
   const size_t heads[][2] = {{9, 3}, {4, 1}, {8, 8}};
-  size_t i = 0;
+  size_t i = 0, count = 0;
   for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0})
     for (const auto& h : heads)
       for (size_t hd : {64, 24})
@@ -1031,6 +1035,7 @@ TEST_P(KernelAttention, Sinks) {
           for (size_t start : {0, 7, 1500})
             for (size_t window : {0, 100}) {
               if (kv == KvDtype::q8_0 && hd % kKvQ8Block != 0) continue;
+              if (!testing::sampled_case(count)) continue;
               const AttnCase c{h[0], h[1], hd, n, start, window, 0.0f, kv, false, true};
               ThreadPool& pool = ++i % 2 ? pool2 : pool3;
               ASSERT_TRUE(check_attention(isa, c, rng, pool)) << pool.size() << " threads";
@@ -1353,7 +1358,7 @@ TEST_P(KernelAttentionBf16, Sweep) {
   std::mt19937 rng(21);
   const size_t heads[][2] = {{2, 2}, {9, 3}, {4, 1}, {8, 1}, {10, 2}};
   double worst = 0.0, median = 0.0;
-  size_t i = 0;
+  size_t i = 0, count = 0;
   for (KvDtype kv : {KvDtype::fp32, KvDtype::bf16, KvDtype::q8_0}) {
     for (const auto& h : heads) {
       for (size_t hd : {32, 64, 96, 256}) {
@@ -1361,7 +1366,7 @@ TEST_P(KernelAttentionBf16, Sweep) {
           for (size_t start : {0, 1, 45}) {
             for (size_t window : {0, 5, 40}) {
               // A third of the combinations: every value of each axis still meets the others.
-              if (++i % 3 != 0) continue;
+              if (++i % 3 != 0 || !testing::sampled_case(count)) continue;
               const float softcap = (n + start + window) % 2 ? 0.0f : 1.5f;
               const Bf16Check r = check_attention_bf16(
                   isa, {h[0], h[1], hd, n, start, window, softcap, kv}, rng, test_pool());
