@@ -498,6 +498,38 @@ def test_load_disconnect_and_sigterm(smollm2_checkpoint: Path, kind: str) -> Non
         assert s.stop() == 0
 
 
+def test_a_client_that_leaves_stops_its_generation(server: Server) -> None:
+    """A client that closes its connection mid-request, streamed or not, frees the engine at
+    once: a whole-reply request has no write that could fail, and a stream's first write after
+    the close still succeeds; either way the next request would wait behind dead decode steps
+    (issue 40: a shared-prefix request after a client left early)."""
+    for stream in (False, True):
+        body = json.dumps(
+            {
+                "model": NAME,
+                "prompt": "Count:",
+                "max_tokens": 400,
+                "ignore_eos": True,
+                "stream": stream,
+            }
+        ).encode()
+        before = server.metric("edgellm_generation_tokens_total")
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            deadline = time.monotonic() + 30
+            while server.metric("edgellm_active_requests") == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        deadline = time.monotonic() + 30
+        while server.metric("edgellm_active_requests") != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        generated = server.metric("edgellm_generation_tokens_total") - before
+        assert generated < 100, f"stream={stream}: {generated} tokens after the client left"
+
+
 # --- every request field honoured or refused (issue 20 item 4), one chat encoder (item 6) ---
 
 

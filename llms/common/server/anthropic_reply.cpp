@@ -7,6 +7,7 @@
 
 #include "anthropic_messages.h"
 #include "edgellm/reasoning.h"
+#include "request_wait.h"
 
 namespace edgellm::anthropic {
 
@@ -39,7 +40,7 @@ void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
                  std::shared_ptr<const Tools> tools, bool streamed, bool reasoning, bool started) {
   if (!streamed) {
     std::string text;
-    while (!stream->wait(text, std::chrono::milliseconds(1000))) {
+    while (!wait_watching_client(*stream, text, std::chrono::milliseconds(1000))) {
     }
     int status = 200;
     std::string error;
@@ -74,7 +75,7 @@ void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
           if (!send(events->start())) return false;
         }
         std::string text;
-        const bool done = stream->wait(text, std::chrono::milliseconds(500));
+        const bool done = wait_watching_client(*stream, text, std::chrono::milliseconds(500));
         ReasoningSplitter::Piece p{"", std::move(text)};
         if (split) {
           p = split->feed(p.content, done);

@@ -60,6 +60,15 @@ bool wait_for(int fd, short events, int ms) {
   return r > 0;
 }
 
+// False once the peer closed its end (FIN) or reset the connection.
+bool peer_open(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return !(::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
+}
+
+// The connection this worker thread is serving a request on (-1: none).
+thread_local int serving_fd = -1;
+
 const char* status_text(int status) {
   switch (status) {
     case 400:
@@ -168,8 +177,10 @@ class ConnStream : public httplib::Stream {
     return pos_ < c_.buf.size() ||
            wait_for(c_.fd, POLLIN, wait_ms(c_.deadline, limits_.io_timeout));
   }
+  // A client that closed its end is gone: no write to it is worth waiting for.
   bool is_writable() const override {
-    return wait_for(c_.fd, POLLOUT, static_cast<int>(limits_.io_timeout.count()));
+    return peer_open(c_.fd) &&
+           wait_for(c_.fd, POLLOUT, static_cast<int>(limits_.io_timeout.count()));
   }
 
   ssize_t read(char* ptr, size_t size) override {
@@ -247,6 +258,10 @@ class ConnStream : public httplib::Stream {
 };
 
 }  // namespace
+
+bool client_gone() {
+  return serving_fd >= 0 && !peer_open(serving_fd);
+}
 
 struct GuardedHttpServer::Impl {
   GuardedHttpServer& server;
@@ -498,7 +513,9 @@ struct GuardedHttpServer::Impl {
     ConnStream stream(*c, limits);
     const bool last = ++c->served >= limits.max_requests_per_connection || stopping;
     bool closed = false;
+    serving_fd = c->fd;
     const bool ok = server.process_request(stream, last, closed, nullptr);
+    serving_fd = -1;
     const size_t consumed = stream.finish();
     if (!ok) {
       ::close(c->fd);  // the client is gone, or a read or write failed

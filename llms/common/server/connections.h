@@ -37,6 +37,10 @@ struct ConnectionLimits {
 // 411, 413, 431); also where the server counts it.
 using EarlyError = std::function<std::string(int status, const std::string& message)>;
 
+// On a worker thread serving a request: whether its client has closed the
+// connection (FIN or reset), so its generation can stop at once.
+bool client_gone();
+
 class GuardedHttpServer : public httplib::Server {
  public:
   GuardedHttpServer(const ConnectionLimits& limits, EarlyError early_error);

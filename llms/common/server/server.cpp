@@ -23,6 +23,7 @@
 #include "edgellm/metrics.h"
 #include "edgellm/reasoning.h"
 #include "edgellm/tool_calls.h"
+#include "request_wait.h"
 #include "slots.h"
 
 namespace edgellm {
@@ -607,7 +608,7 @@ struct Api {
                          bool started) const {
     std::string text;
     std::vector<TokenLogprobs> lp;
-    while (!stream->wait(text, std::chrono::milliseconds(1000), &lp)) {
+    while (!wait_watching_client(*stream, text, std::chrono::milliseconds(1000), &lp)) {
     }
     if (!stream->error.empty()) throw ApiError{500, stream->error, "", ""};
     if (stream->finish == FinishReason::cancelled) throw kShutdown;
@@ -696,7 +697,8 @@ struct Api {
             if (chat && !send(chunk("", nullptr))) return false;
           }
           std::string text;
-          const bool done = stream->wait(text, std::chrono::milliseconds(500), pending.get());
+          const bool done =
+              wait_watching_client(*stream, text, std::chrono::milliseconds(500), pending.get());
           const bool got = !text.empty();
           std::string thought;
           if (split) {
