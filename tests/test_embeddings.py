@@ -125,7 +125,8 @@ def test_rerank_prompt_is_the_model_cards(qwen3: Path, engine_binding: Any) -> N
 
 def test_rerank_score_is_hf_p_yes(qwen3: Path, engine_binding: Any) -> None:
     ctx = context(engine_binding, qwen3, 512)
-    scores, prompt_tokens = engine_binding.rerank(ctx, QUERY, DOCUMENTS)
+    scores = engine_binding.rerank_scores(ctx, QUERY, DOCUMENTS)
+    ranked, prompt_tokens = engine_binding.rerank(ctx, QUERY, DOCUMENTS)
     model = transformers.AutoModelForCausalLM.from_pretrained(qwen3, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(qwen3)
     yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
@@ -139,6 +140,10 @@ def test_rerank_score_is_hf_p_yes(qwen3: Path, engine_binding: Any) -> None:
         assert abs(got - p_yes) <= 1e-4, doc
     assert prompt_tokens == total
     assert len(set(scores)) == len(scores)  # the documents are told apart
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    assert ranked == [{"index": i, "relevance_score": scores[i]} for i in order]
+    assert engine_binding.rerank(ctx, QUERY, DOCUMENTS, 2)[0] == ranked[:2]
+    assert engine_binding.rerank(ctx, QUERY, DOCUMENTS, 9)[0] == ranked  # more than there are
 
 
 @pytest.mark.parametrize(
@@ -180,6 +185,14 @@ def test_rerank_refuses_a_vocabulary_without_yes(family_fixture: Any, engine_bin
         engine_binding.rerank(ctx, QUERY, DOCUMENTS)
 
 
+def test_last_token_logits_bounds(qwen3: Path, engine_binding: Any) -> None:
+    ctx = context(engine_binding, qwen3)
+    with pytest.raises(engine_binding.Error, match="^token id 49152 is outside the vocabulary$"):
+        engine_binding.last_token_logits(ctx, [[5]], [1, 49152])
+    with pytest.raises(engine_binding.Error, match="^input 0 is empty"):
+        engine_binding.last_token_logits(ctx, [[]], [1])
+
+
 def test_rerank_bounds(qwen3: Path, engine_binding: Any) -> None:
     ctx = context(engine_binding, qwen3)
     with pytest.raises(engine_binding.Error, match="^no documents: give at least one$"):
@@ -188,6 +201,8 @@ def test_rerank_bounds(qwen3: Path, engine_binding: Any) -> None:
         engine_binding.rerank(ctx, QUERY, ["d"] * 2049)
     with pytest.raises(engine_binding.Error, match="^input 0 has .* more than the context of 64$"):
         engine_binding.rerank(ctx, QUERY, ["long " * 100])
+    with pytest.raises(engine_binding.Error, match="^top_n 0 must be >= 1$"):
+        engine_binding.rerank(ctx, QUERY, DOCUMENTS, 0)
 
 
 def test_llm_embed_and_rerank(qwen3: Path, edgellm_package: Any, engine_binding: Any) -> None:
@@ -198,10 +213,11 @@ def test_llm_embed_and_rerank(qwen3: Path, edgellm_package: Any, engine_binding:
     ids = [llm.tokenize(t) for t in texts]
     assert got == engine_binding.embed(ctx, ids)
     assert llm.embed(texts[0], dimensions=8) == engine_binding.embed(ctx, ids[:1], 8)
-    ranked = llm.rerank(QUERY, DOCUMENTS, top_n=2)
-    scores, _ = engine_binding.rerank(ctx, QUERY, DOCUMENTS)
-    order = sorted(range(3), key=lambda i: -scores[i])[:2]
-    assert ranked == [{"index": i, "relevance_score": scores[i]} for i in order]
+    assert (
+        llm.rerank(QUERY, DOCUMENTS, top_n=2) == engine_binding.rerank(ctx, QUERY, DOCUMENTS, 2)[0]
+    )
+    with pytest.raises(edgellm_package.Error, match="^top_n 0 must be >= 1$"):
+        llm.rerank(QUERY, DOCUMENTS, top_n=0)
 
 
 # --- edgellm serve ---------------------------------------------------------------------------
@@ -294,14 +310,14 @@ def test_embeddings_refusals(
 
 def test_rerank_route(served: Server, qwen3: Path, engine_binding: Any) -> None:
     ctx = context(engine_binding, qwen3, 512)
-    scores, tokens = engine_binding.rerank(ctx, QUERY, DOCUMENTS)
+    ranked, tokens = engine_binding.rerank(ctx, QUERY, DOCUMENTS)
     body = {"model": model_name(served), "query": QUERY, "documents": DOCUMENTS}
     status, reply = post(served, "/v1/rerank", body)
     assert status == 200, reply
-    order = sorted(range(3), key=lambda i: -scores[i])
-    assert [r["index"] for r in reply["results"]] == order
-    assert [r["relevance_score"] for r in reply["results"]] == pytest.approx(
-        [scores[i] for i in order], abs=0
+    scores = reply["results"]
+    assert scores == ranked  # float32 printed and read back exactly
+    assert [r["relevance_score"] for r in scores] == sorted(
+        (r["relevance_score"] for r in scores), reverse=True
     )
     assert reply["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
     status, top = post(served, "/v1/rerank", {**body, "top_n": 1})
@@ -316,7 +332,8 @@ def test_rerank_route(served: Server, qwen3: Path, engine_binding: Any) -> None:
         ({"query": 5}, "query", "'query' must be a string"),
         ({"documents": None}, "documents", "missing required field 'documents'"),
         ({"documents": ["a", 5]}, "documents", "'documents' must be a list of strings"),
-        ({"top_n": 0}, "top_n", "'top_n' must be an integer >= 1"),
+        ({"top_n": 1.5}, "top_n", "'top_n' must be an integer"),
+        ({"top_n": 0}, None, "top_n 0 must be >= 1"),
         ({"documents": []}, None, "no documents: give at least one"),
     ],
 )

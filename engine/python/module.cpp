@@ -598,16 +598,35 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
         "instruction"_a = edgellm::kDefaultRerankInstruction,
         "Qwen3-Reranker's prompt tokens for one (query, document) pair.");
   m.def(
-      "rerank",
+      "rerank_scores",
       [](edgellm::Context& c, const std::string& query, const std::vector<std::string>& documents,
          const std::string& instruction) {
         nb::gil_scoped_release release;
-        edgellm::RerankScores r = edgellm::rerank(c, query, documents, instruction);
-        return std::make_pair(std::move(r.scores), r.prompt_tokens);
+        return edgellm::rerank_scores(c, query, documents, instruction);
       },
       "context"_a, "query"_a, "documents"_a,
       "instruction"_a = std::string(edgellm::kDefaultRerankInstruction),
-      "(p(yes) per document, prompt tokens): Qwen3-Reranker's score of each pair.");
+      "p(yes) of each document's Qwen3-Reranker pair prompt, in the documents' order.");
+  m.def(
+      "rerank",
+      [](edgellm::Context& c, const std::string& query, const std::vector<std::string>& documents,
+         std::optional<int64_t> top_n) {
+        edgellm::Ranking r;
+        {
+          nb::gil_scoped_release release;
+          r = edgellm::rerank(c, query, documents, top_n);
+        }
+        nb::list results;
+        for (const edgellm::RankedDocument& d : r.results) {
+          nb::dict item;
+          item["index"] = d.index;
+          item["relevance_score"] = d.relevance_score;
+          results.append(item);
+        }
+        return std::make_pair(results, r.prompt_tokens);
+      },
+      "context"_a, "query"_a, "documents"_a, "top_n"_a = nb::none(),
+      "([{index, relevance_score}] highest first, the first top_n; prompt tokens).");
   m.def(
       "decode_batch",
       [](const std::vector<edgellm::Context*>& contexts, const std::vector<int32_t>& tokens,

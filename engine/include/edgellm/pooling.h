@@ -49,14 +49,25 @@ std::vector<int32_t> rerank_prompt(const Tokenizer& tokenizer, std::string_view 
                                    std::string_view document, std::string_view instruction);
 
 // Each document's relevance to `query`: p("yes") of softmax over the "yes"
-// and "no" logits at the prompt's end (Qwen3-Reranker). Error: the
-// vocabulary lacks a "yes" or "no" token, or embed()'s bounds on the prompts.
-struct RerankScores {
-  std::vector<float> scores;  // one per document, in their order
-  size_t prompt_tokens = 0;   // of all the pair prompts
+// and "no" logits at the end of its pair prompt (Qwen3-Reranker).
+std::vector<float> rerank_scores(Context& context, std::string_view query,
+                                 std::span<const std::string> documents,
+                                 std::string_view instruction = kDefaultRerankInstruction);
+
+struct RankedDocument {
+  size_t index = 0;  // in the request's documents
+  float relevance_score = 0.0f;
 };
-RerankScores rerank(Context& context, std::string_view query,
-                    std::span<const std::string> documents,
-                    std::string_view instruction = kDefaultRerankInstruction);
+struct Ranking {
+  std::vector<RankedDocument> results;  // highest score first; ties keep the documents' order
+  size_t prompt_tokens = 0;             // of all the pair prompts
+};
+// The documents by rerank_scores(), the first `top_n` (none: all; more than
+// there are: all). Error: the vocabulary lacks a "yes" or "no" token, no
+// documents or more than kMaxPoolingInputs, top_n < 1, or embed()'s bounds on
+// the prompts (one longer than the context).
+Ranking rerank(Context& context, std::string_view query, std::span<const std::string> documents,
+               std::optional<int64_t> top_n = std::nullopt,
+               std::string_view instruction = kDefaultRerankInstruction);
 
 }  // namespace edgellm

@@ -229,12 +229,8 @@ class LLM:
 
         The score is p("yes") of Qwen3-Reranker's prompt for the (query, document) pair.
         """
-        if top_n is not None and top_n < 1:
-            raise Error(f"top_n must be >= 1, got {top_n}")
         with self._context() as context:
-            scores, _ = rerank(context, query, list(documents))
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])
-        return [{"index": i, "relevance_score": scores[i]} for i in order[:top_n]]
+            return rerank(context, query, list(documents), top_n)[0]
 
     @contextmanager
     def _context(self) -> Iterator[Context]:

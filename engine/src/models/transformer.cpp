@@ -543,7 +543,9 @@ void Transformer::finish_packed(std::span<const SequenceRows> seqs, Scratch& s, 
   Profiler::Scope z(prof_, Zone::lm_head, static_cast<double>(head.byte_size()),
                     2.0 * rows * head.rows * head.cols);
   s.logits.resize(rows * head.rows);
-  kernels::matmul(head, s.xn.data(), rows, s.logits.data(), pool_, cfg_, kernels::Batch::sequence);
+  // Each row as a plain prefill's last row computes it (the GEMV's arithmetic).
+  kernels::matmul(head, s.xn.data(), rows, s.logits.data(), pool_, cfg_,
+                  kernels::Batch::independent);
   for (size_t i = 0; i < rows; ++i) {
     std::copy_n(&s.logits[i * head.rows], head.rows, seqs[i].logits);
     finish_logits(seqs[i].logits, head.rows);

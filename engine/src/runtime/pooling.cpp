@@ -1,5 +1,6 @@
 #include "edgellm/pooling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -120,31 +121,61 @@ std::vector<int32_t> rerank_prompt(const Tokenizer& tokenizer, std::string_view 
   return tokenizer.encode(text, false, plain);
 }
 
-RerankScores rerank(Context& context, std::string_view query,
-                    std::span<const std::string> documents, std::string_view instruction) {
+namespace {
+
+// Qwen3-Reranker's pair prompts, checked before any is tokenized.
+std::vector<std::vector<int32_t>> rerank_prompts(const Tokenizer& tokenizer, std::string_view query,
+                                                 std::span<const std::string> documents,
+                                                 std::string_view instruction) {
+  if (documents.empty()) throw Error("no documents: give at least one");
+  if (documents.size() > kMaxPoolingInputs)
+    throw Error(std::to_string(documents.size()) + " documents: at most " +
+                std::to_string(kMaxPoolingInputs) + " per request");
+  std::vector<std::vector<int32_t>> prompts;
+  prompts.reserve(documents.size());
+  for (const std::string& d : documents)
+    prompts.push_back(rerank_prompt(tokenizer, query, d, instruction));
+  return prompts;
+}
+
+std::vector<float> p_yes(Context& context, std::span<const std::vector<int32_t>> prompts) {
   const Tokenizer& tokenizer = context.tokenizer();
   const int32_t yes = tokenizer.token_to_id("yes"), no = tokenizer.token_to_id("no");
   if (yes < 0 || no < 0)
     throw Error(
         "this model's vocabulary has no \"yes\" or \"no\" token: it cannot score as a "
         "yes/no reranker (Qwen3-Reranker)");
-  if (documents.empty()) throw Error("no documents: give at least one");
-  if (documents.size() > kMaxPoolingInputs)
-    throw Error(std::to_string(documents.size()) + " documents: at most " +
-                std::to_string(kMaxPoolingInputs) + " per request");
-  RerankScores out;
-  std::vector<std::vector<int32_t>> prompts;
-  prompts.reserve(documents.size());
-  for (const std::string& d : documents) {
-    prompts.push_back(rerank_prompt(tokenizer, query, d, instruction));
-    out.prompt_tokens += prompts.back().size();
-  }
   const int32_t pair[] = {yes, no};
-  const std::vector<std::vector<float>> logits = last_token_logits(context, prompts, pair);
-  out.scores.reserve(logits.size());
-  for (const std::vector<float>& l : logits)  // softmax over the two: 1 / (1 + e^(no - yes))
-    out.scores.push_back(
-        static_cast<float>(1.0 / (1.0 + std::exp(static_cast<double>(l[1]) - l[0]))));
+  std::vector<float> scores;
+  for (const std::vector<float>& l : last_token_logits(context, prompts, pair))
+    // softmax over the two logits: 1 / (1 + e^(no - yes))
+    scores.push_back(static_cast<float>(1.0 / (1.0 + std::exp(static_cast<double>(l[1]) - l[0]))));
+  return scores;
+}
+
+}  // namespace
+
+std::vector<float> rerank_scores(Context& context, std::string_view query,
+                                 std::span<const std::string> documents,
+                                 std::string_view instruction) {
+  return p_yes(context, rerank_prompts(context.tokenizer(), query, documents, instruction));
+}
+
+Ranking rerank(Context& context, std::string_view query, std::span<const std::string> documents,
+               std::optional<int64_t> top_n, std::string_view instruction) {
+  if (top_n && *top_n < 1) throw Error("top_n " + std::to_string(*top_n) + " must be >= 1");
+  const std::vector<std::vector<int32_t>> prompts =
+      rerank_prompts(context.tokenizer(), query, documents, instruction);
+  const std::vector<float> scores = p_yes(context, prompts);
+  Ranking out;
+  for (const std::vector<int32_t>& p : prompts) out.prompt_tokens += p.size();
+  for (size_t i = 0; i < scores.size(); ++i) out.results.push_back({i, scores[i]});
+  std::stable_sort(out.results.begin(), out.results.end(),
+                   [](const RankedDocument& a, const RankedDocument& b) {
+                     return a.relevance_score > b.relevance_score;
+                   });
+  if (top_n && static_cast<uint64_t>(*top_n) < out.results.size())
+    out.results.resize(static_cast<size_t>(*top_n));
   return out;
 }
 

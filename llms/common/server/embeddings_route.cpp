@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <numeric>
 #include <optional>
 
 #include "api_error.h"
@@ -122,30 +121,27 @@ json PoolingRoutes::rerank(const json& body, const std::string& model_name) {
   if (!docs->is_array() ||
       !std::all_of(docs->begin(), docs->end(), [](const json& d) { return d.is_string(); }))
     bad("documents", "'documents' must be a list of strings");
-  size_t top_n = docs->size();
+  std::optional<int64_t> top_n;  // the engine bounds it
   if (const auto t = body.find("top_n"); t != body.end() && !t->is_null()) {
-    if (!t->is_number_integer() || t->get<int64_t>() < 1)
-      bad("top_n", "'top_n' must be an integer >= 1");
-    top_n = std::min<size_t>(top_n, t->get<uint64_t>());  // more than there are: all of them
+    if (!t->is_number_integer()) bad("top_n", "'top_n' must be an integer");
+    top_n = t->is_number_unsigned()
+                ? static_cast<int64_t>(std::min<uint64_t>(t->get<uint64_t>(), INT64_MAX))
+                : t->get<int64_t>();
   }
   const std::vector<std::string> documents = docs->get<std::vector<std::string>>();
-  RerankScores scored;
+  Ranking ranking;
   {
     const std::lock_guard lock(mutex_);
-    scored = edgellm::rerank(context(), query->get<std::string>(), documents);
+    ranking = edgellm::rerank(context(), query->get<std::string>(), documents, top_n);
   }
-  std::vector<size_t> order(scored.scores.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return scored.scores[a] > scored.scores[b]; });
   json results = json::array();
-  for (size_t i = 0; i < top_n && i < order.size(); ++i)
-    results.push_back({{"index", order[i]}, {"relevance_score", scored.scores[order[i]]}});
-  return {
-      {"object", "list"},
-      {"model", model_name},
-      {"results", std::move(results)},
-      {"usage", {{"prompt_tokens", scored.prompt_tokens}, {"total_tokens", scored.prompt_tokens}}}};
+  for (const RankedDocument& r : ranking.results)
+    results.push_back({{"index", r.index}, {"relevance_score", r.relevance_score}});
+  const size_t tokens = ranking.prompt_tokens;
+  return {{"object", "list"},
+          {"model", model_name},
+          {"results", std::move(results)},
+          {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}};
 }
 
 }  // namespace edgellm
