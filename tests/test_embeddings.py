@@ -288,6 +288,7 @@ def test_embeddings_float_and_base64(served: Server) -> None:
         ({}, "input", "missing required field 'input'"),
         ({"input": 5}, "input", "'input' must be a string, a list of strings, or"),
         ({"input": [["a"]]}, "input", "'input' must be a string, a list of strings, or"),
+        ({"input": {"a": "b"}}, "input", "'input' must be a string, a list of strings, or"),
         ({"input": ["a"] * 2049}, "input", "2049 inputs: at most 2048 per request"),
         ({"input": "a", "dimensions": 1.5}, "dimensions", "'dimensions' must be an integer"),
         ({"input": "a", "dimensions": 0}, None, "dimensions 0 is outside [1, 64]"),
