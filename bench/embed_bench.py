@@ -2,8 +2,8 @@
 
 SmolLM2-135M, 2 threads, the fast (deployed) arithmetic. embed() runs its 64 inputs packed
 side by side in one forward pass (Context::prefill_packed); the reference is one prefill of
-their concatenation (same token count). Medians of --reps alternating runs. Run it under the
-shared CPU lock:
+their concatenation (same token count); for scale, the same inputs one embed() call each.
+Medians of --reps alternating runs. Run it under the shared CPU lock:
 
     flock /tmp/edgellm-cpu.lock .venv/bin/python bench/embed_bench.py [--reps 7]
 """
@@ -44,15 +44,19 @@ def main() -> None:
     joined = [t for ids in inputs for t in ids]
     e.embed(ctx, inputs)  # warm-up: scratch grown, pages touched
     ctx.prefill(joined)
-    batch, single = [], []
+    batch, single, alone = [], [], []
     for _ in range(args.reps):
+        t0 = time.perf_counter()
+        for ids in inputs:  # what packing saves: a forward pass (and a weight read) per input
+            e.embed(ctx, [ids])
+        alone.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         e.embed(ctx, inputs)
         batch.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         ctx.prefill(joined)
         single.append(time.perf_counter() - t0)
-    b, s = statistics.median(batch), statistics.median(single)
+    b, s, a = statistics.median(batch), statistics.median(single), statistics.median(alone)
     result = {
         "cpu": cpu_name(),
         "threads": THREADS,
@@ -62,6 +66,7 @@ def main() -> None:
         "embed_batch_tok_s": round(len(joined) / b, 1),
         "one_prefill_tok_s": round(len(joined) / s, 1),
         "ratio": round(s / b, 3),
+        "one_input_per_call_tok_s": round(len(joined) / a, 1),
     }
     print(json.dumps(result, indent=1))
 
