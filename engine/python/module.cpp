@@ -18,6 +18,7 @@
 #include "edgellm/json_file.h"
 #include "edgellm/json_grammar.h"
 #include "edgellm/model_store.h"
+#include "edgellm/pooling.h"
 #include "edgellm/roofline.h"
 #include "edgellm/session.h"
 #include "edgellm/tokenizer.h"
@@ -574,6 +575,58 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
           },
           "token"_a, "pos"_a, "Runs one token at pos; the next position's logits.");
 
+  m.def(
+      "embed",
+      [](edgellm::Context& c, const std::vector<std::vector<int32_t>>& inputs,
+         std::optional<int> dimensions) {
+        nb::gil_scoped_release release;
+        return edgellm::embed(c, inputs, dimensions);
+      },
+      "context"_a, "inputs"_a, "dimensions"_a = nb::none(),
+      "Each token list's last-token hidden state after the final norm, L2-normalised "
+      "(truncated to `dimensions` first, then normalised).");
+  m.def(
+      "last_token_logits",
+      [](edgellm::Context& c, const std::vector<std::vector<int32_t>>& inputs,
+         const std::vector<int32_t>& tokens) {
+        nb::gil_scoped_release release;
+        return edgellm::last_token_logits(c, inputs, tokens);
+      },
+      "context"_a, "inputs"_a, "tokens"_a,
+      "Each token list's logits at its last position, of `tokens` only.");
+  m.def("rerank_prompt", &edgellm::rerank_prompt, "tokenizer"_a, "query"_a, "document"_a,
+        "instruction"_a = edgellm::kDefaultRerankInstruction,
+        "Qwen3-Reranker's prompt tokens for one (query, document) pair.");
+  m.def(
+      "rerank_scores",
+      [](edgellm::Context& c, const std::string& query, const std::vector<std::string>& documents,
+         const std::string& instruction) {
+        nb::gil_scoped_release release;
+        return edgellm::rerank_scores(c, query, documents, instruction);
+      },
+      "context"_a, "query"_a, "documents"_a,
+      "instruction"_a = std::string(edgellm::kDefaultRerankInstruction),
+      "p(yes) of each document's Qwen3-Reranker pair prompt, in the documents' order.");
+  m.def(
+      "rerank",
+      [](edgellm::Context& c, const std::string& query, const std::vector<std::string>& documents,
+         std::optional<int64_t> top_n) {
+        edgellm::Ranking r;
+        {
+          nb::gil_scoped_release release;
+          r = edgellm::rerank(c, query, documents, top_n);
+        }
+        nb::list results;
+        for (const edgellm::RankedDocument& d : r.results) {
+          nb::dict item;
+          item["index"] = d.index;
+          item["relevance_score"] = d.relevance_score;
+          results.append(item);
+        }
+        return std::make_pair(results, r.prompt_tokens);
+      },
+      "context"_a, "query"_a, "documents"_a, "top_n"_a = nb::none(),
+      "([{index, relevance_score}] highest first, the first top_n; prompt tokens).");
   m.def(
       "decode_batch",
       [](const std::vector<edgellm::Context*>& contexts, const std::vector<int32_t>& tokens,

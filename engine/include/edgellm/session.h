@@ -143,6 +143,15 @@ class Context {
   std::span<const float> prefill(std::span<const int32_t> tokens, int start_pos = 0,
                                  PrefillCapture* capture = nullptr);
 
+  // Runs several independent token lists in one prefill, side by side in this
+  // cache (each from position 0, attending only to itself), and writes each
+  // one's last position after the final norm to hidden ([inputs][hidden_size])
+  // and, when `logits` is non-empty, its logits ([inputs][vocab]): the pooling
+  // of embedding and reranker models (pooling.h). Their total length must fit
+  // the context. The cache then holds no sequence to continue (position() 0).
+  void prefill_packed(std::span<const std::span<const int32_t>> inputs, std::span<float> hidden,
+                      std::span<float> logits = {});
+
   // Runs one token at `pos` and returns the logits for the next position.
   std::span<const float> decode_step(int32_t token, int pos);
   // Runs tokens[i] at start_pos + i in one decode batch over this cache:

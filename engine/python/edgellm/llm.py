@@ -30,11 +30,13 @@ from ._core import (
     Tools,
     chat_reasoning,
     compile_response_format,
+    embed,
     encode_conversation,
     generate,
     model_store,
     parse_tool_calls,
     parse_tool_output,
+    rerank,
 )
 
 ROLES = ("system", "user", "assistant", "tool")  # "developer" is read as system, as the server
@@ -206,6 +208,29 @@ class LLM:
         return {**head, "choices": [choice], "usage": _usage(ids, run)}
 
     # ---- the generation loop --------------------------------------------------------------
+
+    def embed(
+        self, inputs: str | Sequence[str] | Sequence[Sequence[int]], dimensions: int | None = None
+    ) -> list[list[float]]:
+        """Unit vectors of texts (tokenized with the special tokens) or token-id lists.
+
+        Last-token pooling after the final norm (Qwen3-Embedding); `dimensions` keeps the first
+        values and normalises again. The engine checks the inputs and `dimensions`.
+        """
+        items = [inputs] if isinstance(inputs, str) else list(inputs)
+        ids = [self.tokenize(x) if isinstance(x, str) else list(x) for x in items]
+        with self._context() as context:
+            return embed(context, ids, dimensions)
+
+    def rerank(
+        self, query: str, documents: Sequence[str], top_n: int | None = None
+    ) -> list[dict[str, Any]]:
+        """[{"index", "relevance_score"}] by score, highest first (the first top_n).
+
+        The score is p("yes") of Qwen3-Reranker's prompt for the (query, document) pair.
+        """
+        with self._context() as context:
+            return rerank(context, query, list(documents), top_n)[0]
 
     @contextmanager
     def _context(self) -> Iterator[Context]:

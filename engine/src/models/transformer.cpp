@@ -324,7 +324,7 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
           kernels::rope(row, nh + nkv, D, R, cos, sin, cfg_.isa);
         std::memcpy(&s.q[t * nh * D], row, nh * D * sizeof(float));
         for (size_t h = 0; h < nkv; ++h) {
-          const size_t slot = layer_cache + (h * max_context_ + pos) * D;
+          const size_t slot = layer_cache + (h * max_context_ + seq.cache_base + pos) * D;
           seq.kv->store(slot, row + (nh + h) * D, row + (nh + nkv + h) * D, D);
         }
       });
@@ -332,13 +332,14 @@ void Transformer::attention_block(size_t l, Scratch& s, std::span<const Sequence
     }
   }
   const auto attention_args = [&](const SequenceRows& seq, size_t row0) {
+    const size_t base = layer_cache + seq.cache_base * D;  // the sequence's position 0
     kernels::AttentionArgs a;
     a.q = &s.q[row0 * nh * D];
-    a.k_cache = seq.kv->keys(layer_cache);
-    a.v_cache = seq.kv->values(layer_cache);
+    a.k_cache = seq.kv->keys(base);
+    a.v_cache = seq.kv->values(base);
     a.kv_dtype = seq.kv->dtype;
-    a.k_scale = seq.kv->key_scales(layer_cache);
-    a.v_scale = seq.kv->value_scales(layer_cache);
+    a.k_scale = seq.kv->key_scales(base);
+    a.v_scale = seq.kv->value_scales(base);
     a.out = &s.attn[row0 * nh * D];
     a.n = seq.n;
     a.start = seq.start;
@@ -458,8 +459,16 @@ void Transformer::decode_batch(std::span<const SequenceRows> rows, Scratch& s,
   run(rows, s, tokens, rows.size(), kernels::Batch::independent, nullptr);
 }
 
+void Transformer::prefill_packed(std::span<const SequenceRows> seqs, Scratch& s,
+                                 const int32_t* tokens, size_t n, float* hidden) {
+  for (const SequenceRows& r : seqs)
+    if (r.start != 0 || r.kv != seqs[0].kv || (r.logits == nullptr) != (seqs[0].logits == nullptr))
+      throw Error("prefill_packed: sequences start at 0 in one cache, all with logits or none");
+  run(seqs, s, tokens, n, kernels::Batch::sequence, nullptr, hidden);
+}
+
 void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int32_t* tokens,
-                      size_t n, kernels::Batch batch, PrefillCapture* capture) {
+                      size_t n, kernels::Batch batch, PrefillCapture* capture, float* hidden) {
   // A decode batch's matmuls keep each row its n == 1 GEMV's, bit for bit; a
   // prefill's take the GEMM.
   const bool independent = batch == kernels::Batch::independent;
@@ -479,6 +488,7 @@ void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int3
     mlp_block(l, s, n, batch);
     if (layers) capture->layer_outputs[l].assign(s.x.begin(), s.x.begin() + n * H);
   }
+  if (hidden) return finish_packed(seqs, s, hidden);
   // Only each sequence's last position needs logits (in a batch, every row is
   // one); diagnosis and stage 2 also want every normed row.
   const size_t first = capture || independent ? 0 : n - 1;
@@ -512,6 +522,33 @@ void Transformer::run(std::span<const SequenceRows> seqs, Scratch& s, const int3
       kernels::matmul(head, &s.xn[(n - 1) * H], 1, seqs[0].logits, pool_, cfg_);
     }
     for (const SequenceRows& seq : seqs) finish_logits(seq.logits, head.rows);
+  }
+}
+
+void Transformer::finish_packed(std::span<const SequenceRows> seqs, Scratch& s, float* hidden) {
+  const size_t H = c_.hidden_size;
+  {
+    Profiler::Scope z(prof_, Zone::norm);
+    size_t end = 0;  // one past the sequence's last row
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      end += seqs[i].n;
+      kernels::rmsnorm(&s.x[(end - 1) * H], weights_.final_norm.data(), H, c_.rms_norm_eps,
+                       &s.xn[i * H], cfg_.isa);  // row i <= end - 1: nothing unread is overwritten
+    }
+    std::copy_n(s.xn.begin(), seqs.size() * H, hidden);
+  }
+  if (!seqs[0].logits) return;
+  const kernels::PackedMatrix& head = weights_.lm_head;
+  const size_t rows = seqs.size();
+  Profiler::Scope z(prof_, Zone::lm_head, static_cast<double>(head.byte_size()),
+                    2.0 * rows * head.rows * head.cols);
+  s.logits.resize(rows * head.rows);
+  // Each row as a plain prefill's last row computes it (the GEMV's arithmetic).
+  kernels::matmul(head, s.xn.data(), rows, s.logits.data(), pool_, cfg_,
+                  kernels::Batch::independent);
+  for (size_t i = 0; i < rows; ++i) {
+    std::copy_n(&s.logits[i * head.rows], head.rows, seqs[i].logits);
+    finish_logits(seqs[i].logits, head.rows);
   }
 }
 

@@ -79,10 +79,13 @@ struct Scratch {
 
 // The rows of one sequence inside a forward pass: positions [start, start + n)
 // of the sequence whose cache is `kv`; the last row's logits go to `logits`.
+// `cache_base`: the cache slot of the sequence's position 0, so several short
+// sequences can share one cache side by side (prefill_packed).
 struct SequenceRows {
   KvCache* kv;
   size_t start, n;
   float* logits;
+  size_t cache_base = 0;
 };
 
 // The immutable model: config, packed weights, RoPE tables. The per-sequence
@@ -118,13 +121,23 @@ class Transformer {
   // sequence's logits are bit-identical to its own forward() of that token.
   void decode_batch(std::span<const SequenceRows> rows, Scratch& s, const int32_t* tokens);
 
+  // Several independent sequences in one prefill (the GEMM sees every row):
+  // seqs[i] runs its n tokens from position 0 against slots [cache_base,
+  // cache_base + n) of one cache. Writes each sequence's last row after the
+  // final norm to hidden[i * hidden_size] and, where seqs[i].logits is set
+  // (all or none), its logits: the pooling of embedding and reranker models.
+  void prefill_packed(std::span<const SequenceRows> seqs, Scratch& s, const int32_t* tokens,
+                      size_t n, float* hidden);
+
   size_t decode_bytes() const { return weights_.decode_bytes; }
 
  private:
   // `batch`: the rows are one sequence's tokens (forward) or separate
   // sequences' decode tokens (decode_batch), see kernels::Batch.
+  // `hidden`: prefill_packed's output; then only each sequence's last row is
+  // normed (into row i of s.xn) and projected.
   void run(std::span<const SequenceRows> seqs, Scratch& s, const int32_t* tokens, size_t n,
-           kernels::Batch batch, PrefillCapture* capture);
+           kernels::Batch batch, PrefillCapture* capture, float* hidden = nullptr);
   void ensure_scratch(Scratch& s, size_t n) const;
   void attention_block(size_t layer, Scratch& s, std::span<const SequenceRows> seqs, size_t n,
                        kernels::Batch batch);
@@ -138,6 +151,8 @@ class Transformer {
   }
   // x += proj (times the residual multiplier) for n rows: each block's last step.
   void add_residual(Scratch& s, size_t n);
+  // prefill_packed's end: each sequence's last row normed, its logits if asked.
+  void finish_packed(std::span<const SequenceRows> seqs, Scratch& s, float* hidden);
   // Granite's logit divisor, then the final softcap, in place.
   void finish_logits(float* logits, size_t n) const;
   // fn(t) for each of n tokens: split across the pool for a prefill, inline for

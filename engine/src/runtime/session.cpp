@@ -338,6 +338,42 @@ std::span<const float> Context::prefill(std::span<const int32_t> tokens, int sta
   return state_->logits;
 }
 
+void Context::prefill_packed(std::span<const std::span<const int32_t>> inputs,
+                             std::span<float> hidden, std::span<float> logits) {
+  if (!state_) throw Error("the context is not set up (setup() was not called or failed)");
+  Model::State& m = *state_->model;
+  const size_t H = static_cast<size_t>(m.config.hidden_size);
+  const size_t V = static_cast<size_t>(m.config.vocab_size);
+  if (inputs.empty()) throw Error("prefill_packed needs at least one input");
+  if (hidden.size() != inputs.size() * H || (!logits.empty() && logits.size() != inputs.size() * V))
+    throw Error("prefill_packed: the output buffers do not hold one row per input");
+  std::vector<SequenceRows> seqs;
+  std::vector<int32_t> tokens;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].empty()) throw Error("input " + std::to_string(i) + " has no tokens");
+    if (tokens.size() + inputs[i].size() > static_cast<size_t>(m.max_context))
+      throw Error("inputs of " + std::to_string(tokens.size() + inputs[i].size()) +
+                  "+ tokens in all exceed the context of " + std::to_string(m.max_context) +
+                  " tokens");
+    for (int32_t t : inputs[i])
+      if (t < 0 || t >= m.config.vocab_size)
+        throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
+    seqs.push_back({&state_->kv, 0, inputs[i].size(), logits.empty() ? nullptr : &logits[i * V],
+                    tokens.size()});
+    tokens.insert(tokens.end(), inputs[i].begin(), inputs[i].end());
+  }
+  const std::lock_guard lock(m.forward_mutex);
+  m.profiler.set_phase(Phase::prefill);
+  Profiler::Scope z(m.profiler, Zone::prefill);
+  state_->position = 0;  // the packed rows are no one sequence's history
+  try {
+    m.model->prefill_packed(seqs, state_->scratch, tokens.data(), tokens.size(), hidden.data());
+  } catch (const std::bad_alloc&) {
+    throw Error("out of memory while allocating scratch for a prefill of " +
+                std::to_string(tokens.size()) + " tokens");
+  }
+}
+
 namespace {
 
 void check_decode(const Model::State& m, int32_t token, int pos) {

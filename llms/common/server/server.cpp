@@ -23,6 +23,7 @@
 #include "edgellm/metrics.h"
 #include "edgellm/reasoning.h"
 #include "edgellm/tool_calls.h"
+#include "embeddings_route.h"
 #include "request_wait.h"
 #include "slots.h"
 
@@ -227,6 +228,7 @@ struct Api {
   const ServerOptions& options;
   Scheduler& scheduler;
   Metrics& metrics;
+  PoolingRoutes& pooling_routes;
   std::atomic<uint64_t> next_id{1};
 
   // Reads the body (at most --max-body bytes, also when chunked), then checks its type.
@@ -792,6 +794,17 @@ struct Api {
                     "application/json");
   }
 
+  // POST /v1/embeddings and /v1/rerank (embeddings_route.h).
+  void pooling(const httplib::Request& req, httplib::Response& res,
+               const httplib::ContentReader& reader, bool embeddings) {
+    const json body = parse_body(read_body(req, res, reader));
+    check_fields(body, embeddings ? kEmbeddingFields : kRerankFields);
+    check_ignored_fields(body);
+    res.set_content(dump(embeddings ? pooling_routes.embeddings(body, options.model_name)
+                                    : pooling_routes.rerank(body, options.model_name)),
+                    "application/json");
+  }
+
   void models(httplib::Response& res) const {
     const json m = {{"id", options.model_name},
                     {"object", "model"},
@@ -810,6 +823,7 @@ struct Server::Impl {
   ServerOptions options;
   Metrics metrics;
   Scheduler scheduler;
+  PoolingRoutes pooling{model};
   Api api;
   GuardedHttpServer http;
   std::atomic<bool> stopped{false};
@@ -818,7 +832,7 @@ struct Server::Impl {
       : model(m),
         options(o),
         scheduler(m, o.scheduler, metrics),
-        api{m, options, scheduler, metrics},
+        api{m, options, scheduler, metrics, pooling},
         http(limits(o), [this](int status, const std::string& message) {
           metrics.count_response(status);
           return error_body({status, message, "", ""});
@@ -902,6 +916,14 @@ Server::Server(const Model& model, const ServerOptions& options)
       s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
                        const httplib::ContentReader& reader) { s.api.messages(req, res, reader); },
                   /*anthropic=*/true));
+  http.Post("/v1/embeddings", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
+                                               const httplib::ContentReader& reader) {
+    s.api.pooling(req, res, reader, /*embeddings=*/true);
+  }));
+  http.Post("/v1/rerank", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
+                                           const httplib::ContentReader& reader) {
+    s.api.pooling(req, res, reader, /*embeddings=*/false);
+  }));
   http.Post("/tokenize", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
                                           const httplib::ContentReader& reader) {
     s.api.tokenize(req, res, reader);
