@@ -149,10 +149,13 @@ TEST(ConfigTest, Phi3PartialRotaryLongRopeAndWindow) {
   EXPECT_EQ(plain.rotary_dims(), 16);
   EXPECT_EQ(plain.position_limit(), 256);
   EXPECT_FALSE(plain.attention_bias || plain.attention_out_bias);  // HF gives Phi-3 none
-  // Other families keep separate projections and their whole head rotated.
-  const ModelConfig llama = config_of("LlamaForCausalLM", "");
+  // Other families keep separate projections and their whole head rotated; a part is refused.
+  const ModelConfig llama = config_of("LlamaForCausalLM", R"("partial_rotary_factor": 1.0)");
   EXPECT_FALSE(llama.fused_projections);
   EXPECT_EQ(llama.rotary_dims(), 16);
+  std::string part = kLlama;
+  part.insert(part.rfind('}'), R"(, "partial_rotary_factor": 0.5)");
+  EXPECT_NE(error_of(part).find("partial_rotary_factor"), std::string::npos);
 }
 
 TEST(ConfigTest, Phi3RefusesWhatItDoesNotImplement) {

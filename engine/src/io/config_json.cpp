@@ -461,6 +461,10 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
              "must give an even rotary dimension of at least 2 (head_dim " +
                  std::to_string(c.head_dim) + " x " + std::to_string(part) + " = " +
                  std::to_string(c.rotary_dim) + ")");
+  } else if (r.has("partial_rotary_factor") && j["partial_rotary_factor"] != 1) {
+    // HF's rotary tables would shrink to the part while these families rotate whole heads.
+    r.fail("partial_rotary_factor", "below 1 is implemented for Phi-3 only, not " + c.architecture +
+                                        r.got("partial_rotary_factor"));
   }
 
   const std::string act =
