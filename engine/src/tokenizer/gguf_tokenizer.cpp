@@ -37,7 +37,12 @@ constexpr const char* kLlama3Split =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kQwen2Split =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char* kBpePres = "gpt-2, llama-bpe, qwen2, smollm";
+// o200k (gpt-oss): cased words keep a following contraction; "/" joins a punctuation run.
+constexpr const char* kGpt4oSplit =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+    R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kBpePres = "gpt-2, gpt-4o, llama-bpe, qwen2, smollm";
 
 json byte_level(bool trim_offsets, bool use_regex) {
   return {{"type", "ByteLevel"},
@@ -135,6 +140,10 @@ Pipeline gpt2_tokenizer(const GgufVocab& v) {
         {"type", "Sequence"},
         {"pretokenizers", {split_regex(kLlama3Split), byte_level(true, false)}}};
     p.bpe.ignore_merges = true;
+  } else if (pre == "gpt-4o") {  // gpt-oss (o200k); merges apply as llama.cpp applies them
+    root["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers", {split_regex(kGpt4oSplit), byte_level(true, false)}}};
   } else if (pre == "qwen2") {  // Qwen2 / Qwen3: NFC first
     root["normalizer"] = {{"type", "NFC"}};
     root["pre_tokenizer"] = {
