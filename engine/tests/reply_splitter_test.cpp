@@ -18,8 +18,8 @@ namespace edgellm {
 namespace {
 
 // Every printable ASCII byte and "\n" is a token; harmony's markers are
-// special tokens of their own, as in gpt-oss; <|return|> and <|call|> end a
-// reply (gpt-oss's EOS ids).
+// special tokens of their own, as in gpt-oss, and so is <|other|>, which is
+// not one; <|return|> and <|call|> end a reply (gpt-oss's EOS ids).
 struct HarmonyVocab {
   std::vector<std::string> pieces;
   Tokenizer tokenizer;
@@ -48,7 +48,7 @@ struct HarmonyVocab {
     for (char c = 0x20; c < 0x7F; ++c) pieces.emplace_back(1, c);
     const std::vector<std::string> markers = {"<|start|>",     "<|channel|>", "<|message|>",
                                               "<|constrain|>", "<|end|>",     "<|return|>",
-                                              "<|call|>"};
+                                              "<|call|>",      "<|other|>"};
     std::vector<std::pair<std::string, bool>> added;
     for (const std::string& m : markers) added.emplace_back(m, true);
     const nlohmann::json tok = testing::piece_tokenizer_json(pieces, added);
@@ -118,14 +118,15 @@ GenerateOptions chat_options(const HarmonyVocab& v, const ChatTemplate& chat,
 
 constexpr std::string_view kAnalysisThenFinal =
     "<|channel|>analysis<|message|>Think.<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>Hello!<|return|>";
+    "<|start|>assistant<|channel|>final<|message|>Hello<|other|>!<|return|>";
 
 TEST(ReplySplitter, AHarmonyReplyKeepsItsMarkersAndSplitsByChannel) {
   const HarmonyVocab v;
   const GenerateOptions o = chat_options(v, kHarmony);
   ASSERT_TRUE(o.reasoning.enabled && o.reasoning.harmony && !o.reasoning.started);
   const Reply r = run(v, o, kAnalysisThenFinal);
-  // The text keeps the markers; <|return|> stops the reply and is not in it.
+  // The text keeps the markers, not other special tokens; <|return|> stops the
+  // reply and is not in it.
   EXPECT_EQ(r.text,
             "<|channel|>analysis<|message|>Think.<|end|>"
             "<|start|>assistant<|channel|>final<|message|>Hello!");

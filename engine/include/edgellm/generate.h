@@ -60,8 +60,8 @@ struct GenerateOptions {
   // A reasoning model's reply (edgellm/reasoning.h): `grammar` binds only after
   // the reasoning block, and a budget >= 0 closes the block (kThinkClose's
   // tokens forced in) once it holds that many tokens.
-  // A harmony reply (gpt-oss, edgellm/harmony.h) keeps its special tokens in
-  // the text (its markers are special tokens: the reply's structure); the block
+  // A harmony reply (gpt-oss, edgellm/harmony.h) keeps its markers in the text
+  // (kHarmonyMarkers: special tokens, the reply's structure); the block
   // is everything before the final channel's header (kHarmonyFinal), which the
   // grammar binds after and the budget forces in.
   struct Reasoning {

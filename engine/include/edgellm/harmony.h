@@ -31,6 +31,12 @@ namespace edgellm {
 // A header longer than this (role, channel, recipient, constraint) is not one.
 inline constexpr size_t kMaxHarmonyHeader = 256;
 
+// The markers a harmony reply is read by: special tokens that its text keeps
+// (generation drops the others, as for any template).
+inline constexpr std::string_view kHarmonyMarkers[] = {
+    "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>",
+    "<|end|>",   "<|return|>",  "<|call|>"};
+
 // The final channel's header: the answer (and a structured output's document) follows it.
 inline constexpr std::string_view kHarmonyFinal = "<|channel|>final<|message|>";
 // What closes a reasoning (analysis) body and opens the final one: a reasoning

@@ -50,7 +50,10 @@ Generation::Generation(const Tokenizer& tokenizer, const ModelConfig& config,
     : config_(&config),
       options_(std::move(options)),
       sampler_(options_.sampling),
-      stream_(tokenizer, /*skip_special_tokens=*/!options_.reasoning.harmony),
+      stream_(tokenizer, /*skip_special_tokens=*/true,
+              options_.reasoning.harmony
+                  ? std::vector<std::string>(std::begin(kHarmonyMarkers), std::end(kHarmonyMarkers))
+                  : std::vector<std::string>{}),
       tokenizer_(&tokenizer) {
   std::erase_if(options_.stop_strings, [](const std::string& s) { return s.empty(); });
   if (options_.max_tokens < 1)
