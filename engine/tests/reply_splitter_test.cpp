@@ -142,12 +142,13 @@ TEST(ReplySplitter, AHarmonyCallBecomesAToolCallAndOnlyTheCallWaits) {
   const HarmonyVocab v;
   const Tools tools = parse_tools(kTools, nullptr);
   const std::string reply =
-      "<|channel|>analysis<|message|>Weather.<|end|><|start|>assistant<|channel|>commentary "
+      "<|channel|>analysis<|message|>Weather.<|end|><|start|>assistant<|channel|>final"
+      "<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary "
       "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>";
   const Reply r = run(v, chat_options(v, kHarmony), reply, tools);
   EXPECT_EQ(r.finish, FinishReason::stop);  // <|call|> ends it
   EXPECT_EQ(r.reasoning, "Weather.");
-  EXPECT_EQ(r.content, "");
+  EXPECT_EQ(r.content, "Checking.");  // streamed as it came, not held for the calls
   ASSERT_TRUE(r.end);
   EXPECT_EQ(r.end->content, "");
   ASSERT_EQ(r.end->calls.size(), 1u);
@@ -157,6 +158,7 @@ TEST(ReplySplitter, AHarmonyCallBecomesAToolCallAndOnlyTheCallWaits) {
   // Without active tools the call's body is content, as a think template's would be.
   const Reply no_tools = run(v, chat_options(v, kHarmony), reply);
   ASSERT_TRUE(no_tools.end);
+  EXPECT_EQ(no_tools.content, "Checking.");
   EXPECT_EQ(no_tools.end->content, "{\"city\": \"Paris\"}");
   EXPECT_TRUE(no_tools.end->calls.empty());
 }
