@@ -504,8 +504,8 @@ struct Api {
                            r.options.reasoning);
   }
 
-  // A reasoning template (ChatTemplate::thinks): the reply's block is split off
-  // and free of the grammar, and ends within the budget.
+  // A reasoning template (ChatTemplate::thinks, or harmony's analysis): the
+  // reply's block is split off and free of the grammar, and ends within the budget.
   void think(const json& body, GenerationRequest& r) const {
     int budget = options.reasoning_budget;
     if (const json* v = optional_field(body, "reasoning_budget")) {
