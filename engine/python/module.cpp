@@ -663,7 +663,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
          int top_k, float top_p, uint64_t seed, std::vector<std::string> stop,
          std::vector<int32_t> stop_tokens, bool stop_at_eos, int start_pos, float min_p,
          float frequency_penalty, float presence_penalty, bool lookup, const PyGrammar* grammar,
-         std::optional<std::tuple<bool, bool, int>> reasoning) {
+         std::optional<PyReasoning> reasoning) {
         edgellm::GenerateOptions o =
             generate_options(max_tokens, temperature, top_k, top_p, seed, std::move(stop),
                              std::move(stop_tokens), stop_at_eos);
@@ -672,10 +672,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
         o.sampling.presence_penalty = presence_penalty;
         o.lookup = lookup;
         if (grammar) o.grammar = grammar->grammar;
-        if (reasoning) {
-          const auto [enabled, started, budget] = *reasoning;
-          o.reasoning = {.enabled = enabled, .started = started, .budget = budget};
-        }
+        o.reasoning = reasoning_of(reasoning);
         return TextStream(context, std::move(prompt), o, start_pos);
       },
       "context"_a, "prompt"_a, "max_tokens"_a = 100, "temperature"_a = 0.0f, "top_k"_a = 0,
@@ -688,7 +685,7 @@ EDGELLM_NB_MODULE(EDGELLM_MODULE_NAME, m) {
       "decode step per iteration, until EOS / a stop token or string / max_tokens / the end of "
       "the context. The iterator's finish_reason, tokens and text tell the outcome. grammar "
       "(compile_json_schema / compile_response_format): structured output. reasoning: "
-      "chat_reasoning()'s (enabled, started, budget).");
+      "chat_reasoning()'s (enabled, started, budget, harmony).");
 
   nb::class_<GenerateRun>(m, "GenerateResult", "What generate_timed() produced and measured.")
       .def_prop_ro(

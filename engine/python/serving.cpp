@@ -94,24 +94,12 @@ void bind_serving(nb::module_& m) {
          int budget) {
         const edgellm::GenerateOptions::Reasoning r = edgellm::chat_reasoning(
             model.tokenizer(), model.chat_template(), prompt, forced_call, budget);
-        return std::make_tuple(r.enabled, r.started, r.budget);
+        return PyReasoning(r.enabled, r.started, r.budget, r.harmony);
       },
       "model"_a, "prompt"_a, "forced_call"_a, "budget"_a = -1,
-      "A chat reply's reasoning rules (edgellm/reasoning.h), (enabled, started, budget): on for "
-      "a template with <think> blocks, except for a forced tool call.");
-  using edgellm::ReasoningSplitter;
-  nb::class_<ReasoningSplitter>(m, "ReasoningSplitter",
-                                "A reasoning reply's text, as it streams, split into the "
-                                "<think> block's reasoning and the content after it.")
-      .def(nb::init<bool>(), "started"_a)
-      .def(
-          "feed",
-          [](ReasoningSplitter& s, std::string_view text, bool last) {
-            ReasoningSplitter::Piece p = s.feed(text, last);
-            return std::make_tuple(std::move(p.reasoning), std::move(p.content));
-          },
-          "text"_a, "last"_a = false,
-          "(reasoning, content) that became final; last: the reply ended, nothing is held.");
+      "A chat reply's reasoning rules (edgellm/reasoning.h), (enabled, started, budget, "
+      "harmony): on for a template with <think> blocks or harmony's channels, except for a "
+      "forced tool call. ReplySplitter(rules) reads the reply's text by them.");
 
   nb::class_<BatchScheduler>(m, "Scheduler",
                              "edgellm_server's continuous batching over one Model: requests join "
@@ -127,7 +115,7 @@ void bind_serving(nb::module_& m) {
           [](BatchScheduler& b, std::vector<int32_t> prompt, int max_tokens, float temperature,
              int top_k, float top_p, uint64_t seed, std::vector<std::string> stop, bool stop_at_eos,
              float min_p, float frequency_penalty, float presence_penalty, int logprobs,
-             const PyGrammar* grammar, std::optional<std::tuple<bool, bool, int>> reasoning) {
+             const PyGrammar* grammar, std::optional<PyReasoning> reasoning) {
             edgellm::GenerateOptions o;
             o.max_tokens = max_tokens;
             o.sampling = {temperature,       top_k,           top_p, seed, min_p,
@@ -136,10 +124,7 @@ void bind_serving(nb::module_& m) {
             o.stop_at_eos = stop_at_eos;
             o.logprobs = logprobs;
             if (grammar) o.grammar = grammar->grammar;
-            if (reasoning) {
-              const auto [enabled, started, budget] = *reasoning;
-              o.reasoning = {.enabled = enabled, .started = started, .budget = budget};
-            }
+            o.reasoning = reasoning_of(reasoning);
             return b.scheduler->submit(std::move(prompt), std::move(o));
           },
           "prompt"_a, "max_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f,

@@ -5,12 +5,14 @@
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <type_traits>
 
 #include "edgellm/json_file.h"
+#include "edgellm/reply_splitter.h"
 #include "edgellm/tool_calls.h"
 #include "serving.h"
 
@@ -108,4 +110,37 @@ void bind_tools(nb::module_& m, nb::handle error) {
       },
       "text"_a, "tools"_a,
       "The model's reply as (content, [(id, name, arguments)]); no calls: a plain reply.");
+
+  using edgellm::ReplySplitter;
+  nb::class_<ReplySplitter>(m, "ReplySplitter",
+                            "A chat reply's text read the one way its template writes it "
+                            "(edgellm/reply_splitter.h): <think> blocks, harmony channels and "
+                            "calls, or plain content.")
+      .def(
+          "__init__",
+          [](ReplySplitter* self, std::optional<PyReasoning> reasoning) {
+            new (self) ReplySplitter(reasoning_of(reasoning));
+          },
+          "reasoning"_a.none(), "reasoning: chat_reasoning()'s rules (None: plain content).")
+      .def(
+          "feed",
+          [](ReplySplitter& s, std::string_view text, bool last) {
+            edgellm::ReasoningSplitter::Piece p = s.feed(text, last);
+            return std::make_tuple(std::move(p.reasoning), std::move(p.content));
+          },
+          "text"_a, "last"_a = false,
+          "(reasoning, content) that became final; last: the reply ended, nothing is held.")
+      .def("holds_content", &ReplySplitter::holds_content, "tools"_a,
+           "Whether content must be held until the reply ends (its calls are parsed from it).")
+      .def(
+          "end",
+          [](const ReplySplitter& s, std::string content, const edgellm::Tools& tools) {
+            std::optional<std::tuple<std::string, std::vector<CallTuple>>> out;
+            if (std::optional<edgellm::ToolReply> r = s.end(std::move(content), tools))
+              out.emplace(std::move(r->content), tuples(r->calls));
+            return out;
+          },
+          "content"_a, "tools"_a,
+          "After the last feed: (content, [(id, name, arguments)]) of the reply's end, where "
+          "content is what was held (or the whole content); None when nothing is read there.");
 }

@@ -255,7 +255,7 @@ def outcome_args(last: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-async def anthropic_sse(events: Any, mid: str, model: str, held: bool, ended: Any):
+async def anthropic_sse(events: Any, mid: str, model: str, ended: Any):
     """server.cpp's Messages stream (anthropic_reply.cpp): the events are the shapes of
     anthropic_messages.h, written by the same C++ through edgellm_anthropic."""
     blocks = messages_api.StreamEvents(mid, model)
@@ -270,6 +270,8 @@ async def anthropic_sse(events: Any, mid: str, model: str, held: bool, ended: An
                 if event["error"]:
                     yield messages_api.error_event(500, event["error"])
                 else:
+                    # The replica read the reply's end (tools, harmony's calls): its blocks.
+                    held = "tool_calls" in event
                     content, calls = reply_of(event)
                     yield blocks.end(held, content, calls, *outcome_args(event))
     except Exception as e:  # noqa: BLE001 - the replica died mid-stream: say so, then end
@@ -460,11 +462,11 @@ class OpenAIIngress:
         self.next_id += 1
         if r.stream:
             try:
-                events, first = await self.admitted(r)
+                events, _ = await self.admitted(r)
             except ApiError as e:
                 return anthropic_error(e)
             return StreamingResponse(
-                anthropic_sse(events, mid, self.name, first["held"], self.stream_ended),
+                anthropic_sse(events, mid, self.name, self.stream_ended),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )

@@ -134,8 +134,8 @@ class EdgeLLMReplica:
         return grammar
 
     def submit(self, job: dict[str, Any]) -> tuple[Any, Any, Any]:
-        """The request's stream, its edgellm.Tools (None for a completion) and, for a reasoning
-        template's reply, an edgellm.ReasoningSplitter for its text (else None)."""
+        """The request's stream, its edgellm.Tools (None for a completion) and, for a chat
+        reply, the engine's edgellm.ReplySplitter for its text (else None)."""
         tools = self.tools_of(job) if "messages" in job else None
         prompt = self.prompt_tokens(job, tools)
         grammar = self.grammar(job, tools)
@@ -164,7 +164,7 @@ class EdgeLLMReplica:
             if self.scheduler.stopping:
                 raise ApiError(503, "the server is shutting down")
             raise ApiError(429, "the request queue is full; retry later", None, "queue_full")
-        split = self.eg.ReasoningSplitter(reasoning[1]) if reasoning and reasoning[0] else None
+        split = self.eg.ReplySplitter(reasoning) if tools is not None else None
         return stream, tools, split
 
     def logprob_entry(self, token: int, logprob: float) -> dict[str, Any]:
@@ -187,13 +187,17 @@ class EdgeLLMReplica:
             for token, logprob, top in records
         ]
 
-    def outcome(self, stream: Any, tools: Any = None, text: str = "") -> dict[str, Any]:
-        """How the request ended; with active tools also the reply parsed by the engine:
-        {"content", "tool_calls": [(id, name, arguments)]}, finish_reason tool_calls if any."""
+    def outcome(
+        self, stream: Any, tools: Any = None, text: str = "", split: Any = None
+    ) -> dict[str, Any]:
+        """How the request ended; where the reply's end is read (split.end: active tools, or
+        harmony's calls) also what it holds: {"content" (`text`, the content held or whole, less
+        the calls), "tool_calls": [(id, name, arguments)]}, finish_reason tool_calls if any."""
         parsed: dict[str, Any] = {}
         finish = "length" if stream.finish_reason == "length" else "stop"
-        if tools is not None and tools.active and not stream.error:
-            content, calls = self.eg.parse_tool_output(text, tools)
+        end = split.end(text, tools) if split is not None and not stream.error else None
+        if end is not None:
+            content, calls = end
             parsed = {"content": content, "tool_calls": [list(c) for c in calls]}
             finish = "tool_calls" if calls else finish
         return {
@@ -227,17 +231,17 @@ class EdgeLLMReplica:
             "text": text,
             "reasoning": reasoning,
             "logprobs": self.logprobs(records),
-            **self.outcome(stream, tools, text),
+            **self.outcome(stream, tools, text, split),
         }
 
     async def generate(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Events: {"prompt_tokens", "held"} once admitted, {"text", "reasoning"} pieces (the
-        reasoning block's apart), then the outcome. With active tools the text is held: the
-        outcome carries the parsed reply instead."""
+        """Events: {"prompt_tokens"} once admitted, {"text", "reasoning"} pieces (the
+        reasoning block's apart), then the outcome. With active tools the text is held (harmony:
+        only its calls): the outcome carries the parsed reply."""
         stream, tools, split = self.submit(job)
-        hold = tools is not None and tools.active
+        hold = split is not None and split.holds_content(tools)
         held = ""
-        yield {"prompt_tokens": stream.prompt_tokens, "held": hold}
+        yield {"prompt_tokens": stream.prompt_tokens}
         loop = asyncio.get_running_loop()
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         try:
@@ -254,7 +258,7 @@ class EdgeLLMReplica:
         except BaseException:  # the client went away (Ray cancels this generator): free the slot
             stream.cancel()
             raise
-        yield self.outcome(stream, tools, held)
+        yield self.outcome(stream, tools, held, split)
 
     def __del__(self) -> None:
         scheduler = getattr(self, "scheduler", None)

@@ -60,10 +60,15 @@ struct GenerateOptions {
   // A reasoning model's reply (edgellm/reasoning.h): `grammar` binds only after
   // the reasoning block, and a budget >= 0 closes the block (kThinkClose's
   // tokens forced in) once it holds that many tokens.
+  // A harmony reply (gpt-oss, edgellm/harmony.h) keeps its markers in the text
+  // (kHarmonyMarkers: special tokens, the reply's structure); the block
+  // is everything before the final channel's header (kHarmonyFinal), which the
+  // grammar binds after and the budget forces in.
   struct Reasoning {
     bool enabled = false;  // the template lays out reasoning blocks
-    bool started = false;  // the prompt opened the block
+    bool started = false;  // the prompt opened the block (harmony: an analysis body)
     int budget = -1;       // -1: the model closes it
+    bool harmony = false;  // the template writes harmony (ChatTemplate::harmony)
   } reasoning;
 };
 
@@ -137,6 +142,11 @@ class Generation {
   std::vector<int32_t> close_tokens_;
   std::deque<int32_t> forced_;
   bool closing_ = false;  // the close was forced in
+  // Harmony: the block ends at kHarmonyFinal; the budget's close depends on
+  // where the reply is (in a body, or before any header).
+  std::string_view close_marker_;
+  bool in_body_ = false;
+  const Tokenizer* tokenizer_;
 };
 
 // Prompt-lookup decoding for one greedy sequence: n-gram drafts copied from

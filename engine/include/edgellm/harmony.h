@@ -18,6 +18,7 @@
 // written, and so is everything after it.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,27 @@ namespace edgellm {
 // A header longer than this (role, channel, recipient, constraint) is not one.
 inline constexpr size_t kMaxHarmonyHeader = 256;
 
+// The markers a harmony reply is read by: special tokens that its text keeps
+// (generation drops the others, as for any template).
+inline constexpr std::string_view kHarmonyMarkers[] = {
+    "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>",
+    "<|end|>",   "<|return|>",  "<|call|>"};
+
+// The final channel's header: the answer (and a structured output's document) follows it.
+inline constexpr std::string_view kHarmonyFinal = "<|channel|>final<|message|>";
+// What closes a reasoning (analysis) body and opens the final one: a reasoning
+// budget's close.
+inline constexpr std::string_view kHarmonyCloseAnalysis =
+    "<|end|><|start|>assistant<|channel|>final<|message|>";
+
+// The prompt's end opened an analysis body ("<|start|>assistant<|channel|>analysis<|message|>"
+// with no end after it): the reply starts inside its reasoning.
+bool harmony_analysis_open(std::string_view prompt_text);
+
+// Whether `text`'s last marker opens a body (<|message|>: true) or ends one or
+// starts a header (false); nullopt when it holds no marker.
+std::optional<bool> harmony_body_after(std::string_view text);
+
 // A message addressed to a recipient ("functions.get_weather") and its body.
 struct HarmonyCall {
   std::string recipient, arguments;
@@ -37,6 +59,10 @@ struct HarmonyCall {
 
 class HarmonySplitter {
  public:
+  // `in_analysis`: the prompt opened an analysis body (harmony_analysis_open).
+  explicit HarmonySplitter(bool in_analysis = false)
+      : phase_(in_analysis ? Phase::body : Phase::header),
+        sink_(in_analysis ? Sink::reasoning : Sink::content) {}
   // `text` as it streams; `last`: the reply ended (held text is released).
   ReasoningSplitter::Piece feed(std::string_view text, bool last = false);
   // The messages addressed to a recipient so far (complete once `last` was fed).
@@ -48,8 +74,8 @@ class HarmonySplitter {
   void run(ReasoningSplitter::Piece& out, bool last);
   bool read_header(std::string_view header);  // false: not a header
 
-  Phase phase_ = Phase::header;
-  Sink sink_ = Sink::content;
+  Phase phase_;
+  Sink sink_;
   std::string held_;
   std::vector<HarmonyCall> calls_;
 };

@@ -27,9 +27,10 @@ inline constexpr std::string_view kThinkClose = "</think>";
 // The prompt's last block marker is an opening one: the reply starts inside the block.
 bool reasoning_started(std::string_view prompt_text);
 
-// A chat reply's reasoning rules: on for a template that thinks, except for a
-// forced tool call (it answers at once); started when the prompt's end opened
-// the block; `budget` as GenerateOptions::Reasoning's.
+// A chat reply's reasoning rules: on for a template that thinks or writes
+// harmony, except for a forced tool call (it answers at once); started when
+// the prompt's end opened the block (harmony: an analysis body); `budget` as
+// GenerateOptions::Reasoning's.
 GenerateOptions::Reasoning chat_reasoning(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                           std::span<const int32_t> prompt, bool forced_call,
                                           int budget);

@@ -76,7 +76,10 @@ class Tokenizer {
 // clean_up_tokenization_spaces, which cannot be applied to a stream).
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true);
+  // `kept_special`: special tokens decoded even when the others are skipped
+  // (a harmony reply's markers).
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true,
+                         std::vector<std::string> kept_special = {});
   std::string push(int32_t id);  // text that became printable with this id
   std::string flush();           // whatever is left (invalid bytes as U+FFFD)
 
@@ -86,6 +89,7 @@ class StreamDecoder {
   // specially (Metaspace, Strip) see the same context as a full decode.
   const Tokenizer* tokenizer_;
   bool skip_special_;
+  std::vector<std::string> kept_special_;
   std::vector<int32_t> ids_;  // the window
   std::string prefix_;        // decode of ids_[0, prefix_index_) already returned
   size_t prefix_index_ = 0;

@@ -26,7 +26,7 @@ from ._core import (
     Context,
     Error,
     Model,
-    ReasoningSplitter,
+    ReplySplitter,
     Tools,
     chat_reasoning,
     compile_response_format,
@@ -35,7 +35,6 @@ from ._core import (
     generate,
     model_store,
     parse_tool_calls,
-    parse_tool_output,
     rerank,
 )
 
@@ -143,6 +142,8 @@ class LLM:
         A template with <think> blocks (a reasoning model) gets the block as the message's
         reasoning_content (streamed as reasoning_content deltas), free of response_format;
         reasoning_budget >= 0 closes it after that many tokens (README "Reasoning models").
+        A harmony template (gpt-oss) is read by its channels: analysis is reasoning_content,
+        final the content, a message to functions.NAME a tool call.
         """
         if not self.model.chat_template.available():
             raise Error(f"{self.path}: this model has no chat template; use complete()")
@@ -161,17 +162,15 @@ class LLM:
         if not _is_int(reasoning_budget) or reasoning_budget < -1:
             raise Error(f"reasoning_budget must be an integer >= -1, got {reasoning_budget!r}")
         reasoning = chat_reasoning(self.model, prompt, spec.forced, reasoning_budget)
-        split = ReasoningSplitter(reasoning[1]) if reasoning[0] else None
-        if split is not None:
+        split = ReplySplitter(reasoning)  # the engine's one choice of how the reply reads
+        if reasoning[0]:
             options["reasoning"] = reasoning
         head = self._head("chatcmpl", "chat.completion.chunk" if stream else "chat.completion")
         if stream:
             return self._chat_chunks(prompt, options, head, spec, split)
         text, run = self._run(prompt, options)
-        thought = ""
-        if split is not None:
-            thought, text = split.feed(text, True)
-        message, finish = _reply(text, spec, _finish(run))
+        thought, text = split.feed(text, True)
+        message, finish = _reply(text, split.end(text, spec), _finish(run))
         if thought:
             message["reasoning_content"] = thought
         choice = {"index": 0, "message": message, "finish_reason": finish}
@@ -251,7 +250,7 @@ class LLM:
         options: dict[str, Any],
         head: dict[str, Any],
         spec: Tools,
-        split: ReasoningSplitter | None,
+        split: ReplySplitter,
     ) -> Iterator[dict[str, Any]]:
         def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
             return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -259,20 +258,20 @@ class LLM:
         with self._context() as context:
             run = generate(context, prompt, **options)
             yield chunk({"role": "assistant", "content": ""}, None)
-            held = ""  # with tools, the reply is parsed once whole (as the server streams it)
-            for piece in itertools.chain(run, [None]) if split is not None else run:
-                text = piece or ""
-                if split is not None:  # the block's text apart (None: the reply ended)
-                    thought, text = split.feed(text, piece is None)
-                    if thought:
-                        yield chunk({"reasoning_content": thought}, None)
-                if text and spec.active:
+            held = ""  # with tools, the content is parsed once whole (as the server streams it)
+            hold = split.holds_content(spec)
+            for piece in itertools.chain(run, [None]):  # None: the reply ended
+                thought, text = split.feed(piece or "", piece is None)
+                if thought:
+                    yield chunk({"reasoning_content": thought}, None)
+                if text and hold:
                     held += text
                 elif text:
                     yield chunk({"content": text}, None)
             finish = _finish(run)
-            if spec.active:
-                message, finish = _reply(held, spec, finish)
+            end = split.end(held, spec)
+            if end is not None:  # the calls, and the content they leave that was not sent
+                message, finish = _reply(held, end, finish)
                 for i, call in enumerate(message.get("tool_calls", [])):
                     fn = call["function"]
                     first = {"index": i, "id": call["id"], "type": "function"}
@@ -365,12 +364,12 @@ class LLM:
         return options
 
 
-def _reply(text: str, spec: Tools, finish: str) -> tuple[dict[str, Any], str]:
-    """The assistant message of a reply and its finish_reason: with active tools, the calls
-    the engine parses out of it (finish_reason tool_calls)."""
-    if not spec.active:
+def _reply(text: str, end: Any, finish: str) -> tuple[dict[str, Any], str]:
+    """The assistant message of a reply and its finish_reason: `end` (ReplySplitter.end) holds
+    the calls the engine read from it (finish_reason tool_calls); None: `text` is the content."""
+    if end is None:
         return {"role": "assistant", "content": text}, finish
-    content, calls = parse_tool_output(text, spec)
+    content, calls = end
     if not calls:
         return {"role": "assistant", "content": content}, finish
     tool_calls = [

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "edgellm/error.h"
+#include "edgellm/harmony.h"
 #include "edgellm/reasoning.h"
 #include "runtime/token_mask.h"
 
@@ -49,7 +50,11 @@ Generation::Generation(const Tokenizer& tokenizer, const ModelConfig& config,
     : config_(&config),
       options_(std::move(options)),
       sampler_(options_.sampling),
-      stream_(tokenizer) {
+      stream_(tokenizer, /*skip_special_tokens=*/true,
+              options_.reasoning.harmony
+                  ? std::vector<std::string>(std::begin(kHarmonyMarkers), std::end(kHarmonyMarkers))
+                  : std::vector<std::string>{}),
+      tokenizer_(&tokenizer) {
   std::erase_if(options_.stop_strings, [](const std::string& s) { return s.empty(); });
   if (options_.max_tokens < 1)
     throw Error("max_tokens must be >= 1 (got " + std::to_string(options_.max_tokens) + ")");
@@ -57,7 +62,14 @@ Generation::Generation(const Tokenizer& tokenizer, const ModelConfig& config,
     options_.lookup = false;
     constraint_ = std::make_shared<Constraint>(tokenizer, options_.grammar);
   }
-  if (options_.reasoning.enabled) {
+  if (options_.reasoning.enabled && options_.reasoning.harmony) {
+    // A harmony reply starts in its free part (a header, or the analysis body the prompt opened).
+    close_marker_ = kHarmonyFinal;
+    phase_ = Phase::thinking;
+    in_body_ = options_.reasoning.started;
+    if (options_.reasoning.budget == 0) force_close();
+  } else if (options_.reasoning.enabled) {
+    close_marker_ = kThinkClose;
     open_token_ = tokenizer.token_to_id(kThinkOpen);
     close_tokens_ = tokenizer.encode(kThinkClose);
     // Under a grammar a reply can only open the block with kThinkOpen's own token.
@@ -69,6 +81,11 @@ Generation::Generation(const Tokenizer& tokenizer, const ModelConfig& config,
 }
 
 void Generation::force_close() {
+  if (options_.reasoning.harmony) {
+    // Inside a body: end it and open the final one; before any text: the final header.
+    if (!in_body_ && !(thought_tokens_ == 0 && thought_.empty())) return;  // in a header: later
+    close_tokens_ = tokenizer_->encode(in_body_ ? kHarmonyCloseAnalysis : kHarmonyFinal);
+  }
   forced_.assign(close_tokens_.begin(), close_tokens_.end());
   closing_ = true;
 }
@@ -128,15 +145,16 @@ std::string Generation::track_reasoning(const std::string& piece) {
   } else {
     ++thought_tokens_;
   }
-  if (const size_t close = thought_.find(kThinkClose); close != std::string::npos) {
+  if (options_.reasoning.harmony) in_body_ = harmony_body_after(piece).value_or(in_body_);
+  if (const size_t close = thought_.find(close_marker_); close != std::string::npos) {
     phase_ = Phase::answer;
     forced_.clear();
     // What the close's token carried past it (whitespace aside) starts the answer.
-    std::string_view rest = std::string_view(thought_).substr(close + kThinkClose.size());
+    std::string_view rest = std::string_view(thought_).substr(close + close_marker_.size());
     rest.remove_prefix(std::min(rest.size(), rest.find_first_not_of(" \t\r\n")));
     return std::string(rest);
   }
-  thought_.erase(0, thought_.size() - std::min(thought_.size(), kThinkClose.size() - 1));
+  thought_.erase(0, thought_.size() - std::min(thought_.size(), close_marker_.size() - 1));
   if (!closing_ && options_.reasoning.budget >= 0 && thought_tokens_ >= options_.reasoning.budget)
     force_close();
   return {};

@@ -47,6 +47,32 @@ std::vector<std::string_view> words(std::string_view s) {
 }
 }  // namespace
 
+bool harmony_analysis_open(std::string_view prompt_text) {
+  constexpr std::string_view kAnalysisOpen = "<|start|>assistant<|channel|>analysis<|message|>";
+  const size_t start = prompt_text.rfind(kStart);
+  if (start == std::string_view::npos) return false;
+  const std::string_view tail = prompt_text.substr(start);
+  return tail.starts_with(kAnalysisOpen) &&
+         std::none_of(std::begin(kBodyEnds), std::end(kBodyEnds),
+                      [&](std::string_view e) { return tail.find(e) != std::string_view::npos; });
+}
+
+std::optional<bool> harmony_body_after(std::string_view text) {
+  std::optional<bool> in_body;
+  size_t last = 0;
+  const auto mark = [&](std::string_view marker, bool opens) {
+    const size_t at = text.rfind(marker);
+    if (at != std::string_view::npos && (!in_body || at >= last)) {
+      last = at;
+      in_body = opens;
+    }
+  };
+  mark(kMessage, true);
+  for (std::string_view m : kBodyEnds) mark(m, false);
+  for (std::string_view m : {kStart, kChannel, kConstrain}) mark(m, false);
+  return in_body;
+}
+
 ReasoningSplitter::Piece HarmonySplitter::feed(std::string_view text, bool last) {
   held_ += text;
   ReasoningSplitter::Piece out;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "edgellm/harmony.h"
+
 namespace edgellm {
 
 namespace {
@@ -28,8 +30,13 @@ bool reasoning_started(std::string_view prompt_text) {
 GenerateOptions::Reasoning chat_reasoning(const Tokenizer& tokenizer, const ChatTemplate& chat,
                                           std::span<const int32_t> prompt, bool forced_call,
                                           int budget) {
-  if (!chat.thinks() || forced_call) return {};
-  const std::string tail = tokenizer.decode(prompt.last(std::min<size_t>(prompt.size(), 16)));
+  if (!(chat.thinks() || chat.harmony()) || forced_call) return {};
+  // Special tokens kept: harmony's markers are special tokens. 64 tokens hold
+  // the last header even where "assistant" or "analysis" take several.
+  const std::string tail = tokenizer.decode(prompt.last(std::min<size_t>(prompt.size(), 64)));
+  if (chat.harmony())
+    return {
+        .enabled = true, .started = harmony_analysis_open(tail), .budget = budget, .harmony = true};
   return {.enabled = true, .started = reasoning_started(tail), .budget = budget};
 }
 

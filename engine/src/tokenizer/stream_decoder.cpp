@@ -21,34 +21,37 @@ std::string tail_after(const std::string& text, const std::string& prefix) {
 
 }  // namespace
 
-StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
-    : tokenizer_(&tokenizer), skip_special_(skip_special_tokens) {}
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens,
+                             std::vector<std::string> kept_special)
+    : tokenizer_(&tokenizer),
+      skip_special_(skip_special_tokens),
+      kept_special_(std::move(kept_special)) {}
 
 std::string StreamDecoder::push(int32_t id) {
   const Tokenizer::Impl& impl = *tokenizer_->impl_;
   if (prefix_.empty() && !ids_.empty()) {
-    std::string p = impl.decode_raw(ids_, skip_special_);
+    std::string p = impl.decode_raw(ids_, skip_special_, false, kept_special_);
     if (!p.ends_with(tok::kReplacementChar)) {
       prefix_ = std::move(p);
       prefix_index_ = ids_.size();
     }
   }
   ids_.push_back(id);
-  std::string text = impl.decode_raw(ids_, skip_special_);
+  std::string text = impl.decode_raw(ids_, skip_special_, false, kept_special_);
   // A trailing U+FFFD is usually a character whose remaining bytes are still
   // to come: wait for them.
   if (text.size() <= prefix_.size() || text.ends_with(tok::kReplacementChar)) return {};
   std::string fresh = tail_after(text, prefix_);
   const size_t new_prefix_index = ids_.size() - prefix_index_;
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
-  prefix_ = impl.decode_raw(ids_, skip_special_);
+  prefix_ = impl.decode_raw(ids_, skip_special_, false, kept_special_);
   prefix_index_ = new_prefix_index;
   return fresh;
 }
 
 std::string StreamDecoder::flush() {
   const Tokenizer::Impl& impl = *tokenizer_->impl_;
-  std::string text = impl.decode_raw(ids_, skip_special_);
+  std::string text = impl.decode_raw(ids_, skip_special_, false, kept_special_);
   std::string rest = tail_after(text, prefix_);
   ids_.clear();
   prefix_.clear();

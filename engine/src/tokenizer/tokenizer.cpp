@@ -1,5 +1,6 @@
 // Loading tokenizer.json / tokenizer_config.json and the encode / decode entry
 // points of edgellm::Tokenizer.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -198,13 +199,15 @@ const std::string* Tokenizer::Impl::id_to_token(int32_t id) const {
 }
 
 std::string Tokenizer::Impl::decode_raw(std::span<const int32_t> ids, bool skip_special,
-                                        bool keep_bytes) const {
+                                        bool keep_bytes, std::span<const std::string> kept) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
     const std::string* t = id_to_token(id);
     if (t == nullptr) continue;  // HF drops ids it does not know
-    if (skip_special && added.is_special_content(*t)) continue;
+    if (skip_special && added.is_special_content(*t) &&
+        std::find(kept.begin(), kept.end(), *t) == kept.end())
+      continue;
     tokens.push_back(*t);
   }
   if (!decoder) {

@@ -42,9 +42,10 @@ struct Tokenizer::Impl {
                                         std::span<const TextSpan> plain) const;
   // The token string HF's decoder sees for `id`, or nullptr for unknown ids.
   const std::string* id_to_token(int32_t id) const;
-  // tokenizers' Tokenizer::decode, without transformers' clean-up.
-  std::string decode_raw(std::span<const int32_t> ids, bool skip_special,
-                         bool keep_bytes = false) const;
+  // tokenizers' Tokenizer::decode, without transformers' clean-up. `kept`:
+  // special tokens decoded even when skip_special skips the others.
+  std::string decode_raw(std::span<const int32_t> ids, bool skip_special, bool keep_bytes = false,
+                         std::span<const std::string> kept = {}) const;
 };
 
 }  // namespace edgellm

@@ -384,8 +384,10 @@ std::string StreamEvents::end(const ToolReply* held, const Outcome& o) {
   if (!held && !had_text_) out += open(Block::text);
   out += close();
   if (held) {
-    const ojson blocks = content_blocks(held->content, held->calls);
-    for (const ojson& block : blocks) out += block_events(index_++, block);
+    // Where the text streamed already (harmony holds only its calls), no empty text block.
+    for (const ojson& block : content_blocks(held->content, held->calls))
+      if (!(had_text_ && block["type"] == "text" && block["text"] == ""))
+        out += block_events(index_++, block);
   }
   const bool tool_use = held && !held->calls.empty();
   const ojson delta = {{"stop_reason", stop_reason(o.finish, o.stop_string, tool_use)},

@@ -105,11 +105,11 @@ std::string error_event(int status, const std::string& message);
 // deltas as they come (with tools, held to the end). An engine failure or the
 // shutdown is an error reply (an error event once streaming). `id`, `model`:
 // the message's. A failed write cancels the request.
-// `reasoning`: the reply is split into thinking and text (edgellm/reasoning.h;
-// `started`: the prompt opened the block).
+// `reasoning`: the request's reasoning rules, which choose how the reply is
+// split into thinking, text and calls (edgellm/reply_splitter.h).
 void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
                  const std::string& id, const std::string& model,
-                 std::shared_ptr<const Tools> tools, bool streamed, bool reasoning = false,
-                 bool started = false);
+                 std::shared_ptr<const Tools> tools, bool streamed,
+                 const GenerateOptions::Reasoning& reasoning = {});
 
 }  // namespace edgellm::anthropic

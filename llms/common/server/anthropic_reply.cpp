@@ -6,7 +6,7 @@
 #include <httplib.h>
 
 #include "anthropic_messages.h"
-#include "edgellm/reasoning.h"
+#include "edgellm/reply_splitter.h"
 #include "request_wait.h"
 
 namespace edgellm::anthropic {
@@ -18,11 +18,6 @@ constexpr const char* kShutdownMessage =
 
 Outcome outcome(const RequestStream& s) {
   return {s.finish, s.stop_string, s.prompt_tokens, s.cached_tokens, s.completion_tokens};
-}
-
-// The text and calls a finished reply holds (calls only when tools are active).
-ToolReply read_reply(const std::string& text, const Tools& tools) {
-  return tools.active() ? parse_tool_output(text, tools) : ToolReply{text, {}};
 }
 
 // A request the engine failed or the shutdown cancelled: its status and message.
@@ -37,7 +32,9 @@ bool failed(const RequestStream& s, int& status, std::string& message) {
 
 void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
                  const std::string& id, const std::string& model,
-                 std::shared_ptr<const Tools> tools, bool streamed, bool reasoning, bool started) {
+                 std::shared_ptr<const Tools> tools, bool streamed,
+                 const GenerateOptions::Reasoning& reasoning) {
+  auto split = std::make_shared<ReplySplitter>(reasoning);
   if (!streamed) {
     std::string text;
     while (!wait_watching_client(*stream, text, std::chrono::milliseconds(1000))) {
@@ -49,19 +46,18 @@ void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
       res.set_content(error_body(status, error), "application/json");
       return;
     }
-    ReasoningSplitter::Piece parts{"", std::move(text)};
-    if (reasoning) parts = split_reasoning(parts.content, started);
-    const ojson m = message(message_head(id, model), read_reply(parts.content, *tools),
-                            outcome(*stream), parts.reasoning);
+    ReasoningSplitter::Piece parts = split->feed(text, /*last=*/true);
+    const ToolReply reply =
+        split->end(parts.content, *tools).value_or(ToolReply{std::move(parts.content), {}});
+    const ojson m = message(message_head(id, model), reply, outcome(*stream), parts.reasoning);
     res.set_content(m.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
     return;
   }
   res.set_header("Cache-Control", "no-cache");
   auto started_stream = std::make_shared<bool>(false);
   auto held = std::make_shared<std::string>();  // with tools: the whole reply
-  const bool hold = tools->active();
+  const bool hold = split->holds_content(*tools);
   auto events = std::make_shared<StreamEvents>(message_head(id, model));
-  auto split = reasoning ? std::make_shared<ReasoningSplitter>(started) : nullptr;
   res.set_chunked_content_provider(
       "text/event-stream",
       [stream, started_stream, held, hold, events, split, tools](size_t, httplib::DataSink& sink) {
@@ -76,10 +72,7 @@ void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
         }
         std::string text;
         const bool done = wait_watching_client(*stream, text, std::chrono::milliseconds(500));
-        ReasoningSplitter::Piece p{"", std::move(text)};
-        if (split) {
-          p = split->feed(p.content, done);
-        }
+        ReasoningSplitter::Piece p = split->feed(text, done);
         if (hold) {
           *held += p.content;
           p.content.clear();
@@ -96,8 +89,8 @@ void write_reply(httplib::Response& res, std::shared_ptr<RequestStream> stream,
         if (failed(*stream, status, error)) {
           if (!send(error_event(status, error))) return false;
         } else {
-          const ToolReply reply = read_reply(*held, *tools);
-          if (!send(events->end(hold ? &reply : nullptr, outcome(*stream)))) return false;
+          const std::optional<ToolReply> reply = split->end(*held, *tools);
+          if (!send(events->end(reply ? &*reply : nullptr, outcome(*stream)))) return false;
         }
         sink.done();
         return true;

@@ -21,7 +21,7 @@
 #include "edgellm/json_file.h"
 #include "edgellm/json_grammar.h"
 #include "edgellm/metrics.h"
-#include "edgellm/reasoning.h"
+#include "edgellm/reply_splitter.h"
 #include "edgellm/tool_calls.h"
 #include "embeddings_route.h"
 #include "request_wait.h"
@@ -477,14 +477,11 @@ struct Api {
                        {"created", static_cast<int64_t>(std::time(nullptr))},
                        {"model", options.model_name}};
     auto held_tools = std::make_shared<const Tools>(std::move(r.tools));
+    auto split = std::make_shared<ReplySplitter>(r.options.reasoning);
     if (r.stream)
-      stream_response(res, stream, head, chat, r.include_usage, r.logprobs, held_tools,
-                      r.options.reasoning.enabled
-                          ? std::make_shared<ReasoningSplitter>(r.options.reasoning.started)
-                          : nullptr);
+      stream_response(res, stream, head, chat, r.include_usage, r.logprobs, held_tools, split);
     else
-      complete_response(res, stream, head, chat, r.logprobs, *held_tools,
-                        r.options.reasoning.enabled, r.options.reasoning.started);
+      complete_response(res, stream, head, chat, r.logprobs, *held_tools, *split);
   }
 
   // Anthropic's Messages API: the chat request it means, served as chat is.
@@ -507,11 +504,11 @@ struct Api {
     std::shared_ptr<RequestStream> stream = submit(r);
     anthropic::write_reply(res, stream, "msg_" + std::to_string(next_id++), options.model_name,
                            std::make_shared<const Tools>(std::move(r.tools)), r.stream,
-                           r.options.reasoning.enabled, r.options.reasoning.started);
+                           r.options.reasoning);
   }
 
-  // A reasoning template (ChatTemplate::thinks): the reply's block is split off
-  // and free of the grammar, and ends within the budget.
+  // A reasoning template (ChatTemplate::thinks, or harmony's analysis): the
+  // reply's block is split off and free of the grammar, and ends within the budget.
   void think(const json& body, GenerationRequest& r) const {
     int budget = options.reasoning_budget;
     if (const json* v = optional_field(body, "reasoning_budget")) {
@@ -606,33 +603,29 @@ struct Api {
   }
 
   void complete_response(httplib::Response& res, const std::shared_ptr<RequestStream>& stream,
-                         json out, bool chat, bool logprobs, const Tools& tools, bool reasoning,
-                         bool started) const {
+                         json out, bool chat, bool logprobs, const Tools& tools,
+                         ReplySplitter& split) const {
     std::string text;
     std::vector<TokenLogprobs> lp;
     while (!wait_watching_client(*stream, text, std::chrono::milliseconds(1000), &lp)) {
     }
     if (!stream->error.empty()) throw ApiError{500, stream->error, "", ""};
     if (stream->finish == FinishReason::cancelled) throw kShutdown;
-    std::string thought;
-    if (reasoning) {
-      ReasoningSplitter::Piece parts = split_reasoning(text, started);
-      thought = std::move(parts.reasoning);
-      text = std::move(parts.content);
-    }
+    ReasoningSplitter::Piece parts = split.feed(text, /*last=*/true);
+    const std::string& thought = parts.reasoning;
     json choice = {{"index", 0}, {"finish_reason", finish_reason(*stream)}};
-    if (chat && tools.active()) {
-      const ToolReply reply = parse_tool_output(text, tools);
-      choice["message"] = {{"role", "assistant"}, {"content", reply.content}};
-      if (!reply.calls.empty()) {
-        if (reply.content.empty()) choice["message"]["content"] = nullptr;
-        choice["message"]["tool_calls"] = tool_calls_json(reply.calls, false);
+    const std::optional<ToolReply> reply = chat ? split.end(parts.content, tools) : std::nullopt;
+    if (reply) {
+      choice["message"] = {{"role", "assistant"}, {"content", reply->content}};
+      if (!reply->calls.empty()) {
+        if (reply->content.empty()) choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = tool_calls_json(reply->calls, false);
         choice["finish_reason"] = "tool_calls";
       }
     } else if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", text}};
+      choice["message"] = {{"role", "assistant"}, {"content", parts.content}};
     } else
-      choice["text"] = text;
+      choice["text"] = parts.content;
     if (!thought.empty()) choice["message"]["reasoning_content"] = thought;
     size_t offset = 0;
     choice["logprobs"] =
@@ -646,14 +639,14 @@ struct Api {
   // Server-sent events: one chunk per piece of text, a last chunk with the
   // finish_reason and usage (or an error event), then [DONE]. A failed write
   // means the client is gone: the request is cancelled and its context freed.
-  // With tools the reply is held until it ends, then sent as tool_calls deltas
-  // (a call is only known to be one once it parses) or as one content delta.
-  // `split`: a reasoning reply's splitter (null otherwise): the block streams
-  // as reasoning_content deltas.
+  // With tools the reply is held until it ends (harmony: only its calls), then
+  // sent as tool_calls deltas (a call is only known to be one once it parses)
+  // or as one content delta. `split`: the reply's reader: a reasoning block
+  // streams as reasoning_content deltas.
   void stream_response(httplib::Response& res, std::shared_ptr<RequestStream> stream, json head,
                        bool chat, bool include_usage, bool logprobs,
                        std::shared_ptr<const Tools> tools,
-                       std::shared_ptr<ReasoningSplitter> split) const {
+                       std::shared_ptr<ReplySplitter> split) const {
     const Tokenizer* tokenizer = &model.tokenizer();
     auto offset = std::make_shared<size_t>(0);  // legacy text_offset so far
     // `lp`: the logprobs of the tokens behind `text` (when asked for), moved out when sent.
@@ -684,7 +677,7 @@ struct Api {
     // Logprobs whose text is still held back (a possible stop string) wait for it.
     auto pending = std::make_shared<std::vector<TokenLogprobs>>();
     auto held = std::make_shared<std::string>();  // the whole reply, with tools
-    const bool hold = chat && tools->active();
+    const bool hold = chat && split->holds_content(*tools);
     res.set_chunked_content_provider(
         "text/event-stream",
         [stream, started, pending, chunk, head, chat, include_usage, hold, held, tools, split](
@@ -702,12 +695,9 @@ struct Api {
           const bool done =
               wait_watching_client(*stream, text, std::chrono::milliseconds(500), pending.get());
           const bool got = !text.empty();
-          std::string thought;
-          if (split) {
-            ReasoningSplitter::Piece p = split->feed(text, done);
-            thought = std::move(p.reasoning);
-            text = std::move(p.content);
-          }
+          ReasoningSplitter::Piece p = split->feed(text, done);
+          std::string thought = std::move(p.reasoning);
+          text = std::move(p.content);
           if (hold) {
             *held += text;
             text.clear();
@@ -728,8 +718,9 @@ struct Api {
             if (!send("data: " + error + "\n\n")) return false;
           } else {
             json finish = finish_reason(*stream);
-            if (hold) {
-              const ToolReply reply = parse_tool_output(*held, *tools);
+            if (const std::optional<ToolReply> end =
+                    chat ? split->end(*held, *tools) : std::nullopt) {
+              const ToolReply& reply = *end;
               if (reply.calls.empty()) {
                 if (!reply.content.empty() && !send(chunk(reply.content, nullptr, pending.get())))
                   return false;
