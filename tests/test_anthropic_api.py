@@ -12,8 +12,6 @@ through the edgellm_anthropic module), and every test runs against each.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -57,20 +55,6 @@ def chat(server: Server, messages: list[dict[str, Any]], **kw: Any) -> Any:
 
 def text_of(reply: Any) -> str:
     return "".join(b.text for b in reply.content if b.type == "text")
-
-
-def post(server: Server, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(
-        server.url + "/v1/messages",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_greedy_message_equals_the_chat_route(server: Server) -> None:
@@ -205,7 +189,7 @@ def test_unsupported_requests_get_anthropic_errors(
     server: Server, change: dict[str, Any], param: str
 ) -> None:
     body = {"model": NAME, "max_tokens": 4, "messages": ASK, **change}
-    code, reply = post(server, {k: v for k, v in body.items() if v is not None})
+    code, reply = server.post_json("/v1/messages", {k: v for k, v in body.items() if v is not None})
     assert code == 400, reply
     assert reply["type"] == "error" and reply["error"]["type"] == "invalid_request_error"
     assert param in reply["error"]["message"], reply
@@ -216,6 +200,6 @@ def test_client_sees_the_error_classes(server: Server) -> None:
         server.anthropic.messages.create(model="nope", max_tokens=4, messages=ASK)
     with pytest.raises(anthropic.BadRequestError):
         message(server, ASK, max_tokens=10_000)  # past the context
-    code, reply = post(server, {"model": NAME, "max_tokens": 4, "messages": []})
+    code, reply = server.post_json("/v1/messages", {"model": NAME, "max_tokens": 4, "messages": []})
     assert code == 400 and reply["error"]["type"] == "invalid_request_error"
     assert server.get("/health")[0] == 200

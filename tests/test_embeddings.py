@@ -12,8 +12,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -230,20 +228,6 @@ def served(qwen3: Path) -> Any:
     assert s.stop() == 0
 
 
-def post(server: Server, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(
-        server.url + path,
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def model_name(server: Server) -> str:
     return json.loads(server.get("/v1/models")[1])["data"][0]["id"]
 
@@ -269,15 +253,15 @@ def test_openai_client_embeddings(served: Server, qwen3: Path, engine_binding: A
 def test_embeddings_float_and_base64(served: Server) -> None:
     name = model_name(served)
     body = {"model": name, "input": [[5, 6, 7], "hi"], "user": "u1"}
-    status, floats = post(served, "/v1/embeddings", {**body, "encoding_format": "float"})
+    status, floats = served.post_json("/v1/embeddings", {**body, "encoding_format": "float"})
     assert status == 200, floats
     assert floats["object"] == "list" and floats["data"][1]["object"] == "embedding"
-    status, b64 = post(served, "/v1/embeddings", {**body, "encoding_format": "base64"})
+    status, b64 = served.post_json("/v1/embeddings", {**body, "encoding_format": "base64"})
     assert status == 200, b64
     for f, b in zip(floats["data"], b64["data"], strict=True):
         decoded = np.frombuffer(base64.b64decode(b["embedding"]), dtype="<f4")
         assert decoded.tolist() == pytest.approx(f["embedding"], abs=0)
-    status, one = post(served, "/v1/embeddings", {"model": name, "input": [5, 6, 7]})
+    status, one = served.post_json("/v1/embeddings", {"model": name, "input": [5, 6, 7]})
     assert status == 200 and one["data"][0]["embedding"] == floats["data"][0]["embedding"]
 
 
@@ -303,7 +287,7 @@ def test_embeddings_float_and_base64(served: Server) -> None:
 def test_embeddings_refusals(
     served: Server, body: dict[str, Any], param: Any, message: str
 ) -> None:
-    status, reply = post(served, "/v1/embeddings", {"model": model_name(served), **body})
+    status, reply = served.post_json("/v1/embeddings", {"model": model_name(served), **body})
     assert status == 400, reply
     assert message in reply["error"]["message"]
     assert reply["error"]["param"] == param
@@ -313,7 +297,7 @@ def test_rerank_route(served: Server, qwen3: Path, engine_binding: Any) -> None:
     ctx = context(engine_binding, qwen3, 512)
     ranked, tokens = engine_binding.rerank(ctx, QUERY, DOCUMENTS)
     body = {"model": model_name(served), "query": QUERY, "documents": DOCUMENTS}
-    status, reply = post(served, "/v1/rerank", body)
+    status, reply = served.post_json("/v1/rerank", body)
     assert status == 200, reply
     scores = reply["results"]
     assert scores == ranked  # float32 printed and read back exactly
@@ -321,7 +305,7 @@ def test_rerank_route(served: Server, qwen3: Path, engine_binding: Any) -> None:
         (r["relevance_score"] for r in scores), reverse=True
     )
     assert reply["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
-    status, top = post(served, "/v1/rerank", {**body, "top_n": 1})
+    status, top = served.post_json("/v1/rerank", {**body, "top_n": 1})
     assert status == 200 and top["results"] == reply["results"][:1]
 
 
@@ -340,7 +324,7 @@ def test_rerank_route(served: Server, qwen3: Path, engine_binding: Any) -> None:
 )
 def test_rerank_refusals(served: Server, body: dict[str, Any], param: Any, message: str) -> None:
     full = {"model": model_name(served), "query": QUERY, "documents": DOCUMENTS, **body}
-    status, reply = post(served, "/v1/rerank", {k: v for k, v in full.items() if v is not None})
+    status, reply = served.post_json("/v1/rerank", {k: v for k, v in full.items() if v is not None})
     assert status == 400, reply
     assert message in reply["error"]["message"]
     assert reply["error"]["param"] == param

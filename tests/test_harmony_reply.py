@@ -24,6 +24,7 @@ from typing import Any
 import anthropic
 import jsonschema
 import pytest
+from test_reasoning import streamed_parts
 from test_server import KINDS, NAME, Server
 
 MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|return|>"]
@@ -132,19 +133,9 @@ def test_analysis_is_reasoning_content_and_final_is_content(harmony: Server) -> 
     assert reply.choices[0].finish_reason in ("stop", "length")
 
     # Streamed: reasoning_content deltas, then content deltas, the same text.
-    parts = {"reasoning_content": "", "content": ""}
-    order = []
-    for chunk in chat(harmony, stream=True, extra_body={"reasoning_budget": budget}):
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        for key, piece in (
-            ("reasoning_content", (delta.model_extra or {}).get("reasoning_content")),
-            ("content", delta.content),
-        ):
-            if piece:
-                parts[key] += piece
-                order.append(key)
+    parts, order = streamed_parts(
+        chat(harmony, stream=True, extra_body={"reasoning_budget": budget})
+    )
     assert parts == {"reasoning_content": thought, "content": message.content}
     assert order == sorted(order, key=lambda k: k == "content")  # analysis streams first
 
@@ -176,12 +167,7 @@ def test_with_tools_a_reply_without_calls_is_its_channels(harmony: Server) -> No
     assert whole.message.content and no_markers(whole.message.content), whole.message
     thought = whole.message.model_extra["reasoning_content"]
     assert thought == completion(harmony, 4, tools=TOOLS)
-    parts = {"reasoning_content": "", "content": ""}
-    for chunk in chat(harmony, stream=True, **kw):
-        if chunk.choices:
-            delta = chunk.choices[0].delta
-            parts["reasoning_content"] += (delta.model_extra or {}).get("reasoning_content") or ""
-            parts["content"] += delta.content or ""
+    parts, _ = streamed_parts(chat(harmony, stream=True, **kw))
     assert parts == {"reasoning_content": thought, "content": whole.message.content}
 
 
@@ -220,11 +206,7 @@ def test_the_python_api_reads_harmony_alike(edgellm_package: Any, harmony_checkp
     assert message["reasoning_content"] == alone
     assert message["content"] and no_markers(message["reasoning_content"], message["content"])
     assert reply["choices"][0]["finish_reason"] == "stop"
-    parts = {"reasoning_content": "", "content": ""}
-    for chunk in llm.chat(ASK, max_tokens=30, reasoning_budget=6, stream=True):
-        delta = chunk["choices"][0]["delta"]
-        parts["reasoning_content"] += delta.get("reasoning_content") or ""
-        parts["content"] += delta.get("content") or ""
+    parts, _ = streamed_parts(llm.chat(ASK, max_tokens=30, reasoning_budget=6, stream=True))
     assert parts == {"reasoning_content": alone, "content": message["content"]}
 
 

@@ -13,6 +13,7 @@ import pytest
 from conftest import STORE
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from test_reasoning import streamed_parts
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -266,10 +267,6 @@ def test_a_reasoning_template_splits_the_reply(
     alone = "".join(edgellm.generate(edgellm.Context(m), prompt, max_tokens=6))
     assert message.model_extra["reasoning_content"] == alone.lstrip()
     assert message.content and "</think>" not in message.content
-    parts = {"reasoning_content": "", "content": ""}
-    for chunk in thinker.chat(ASK, max_tokens=20, reasoning_budget=6, stream=True):
-        delta = ChatCompletionChunk.model_validate(chunk).choices[0].delta
-        parts["reasoning_content"] += (delta.model_extra or {}).get("reasoning_content") or ""
-        parts["content"] += delta.content or ""
+    parts, _ = streamed_parts(thinker.chat(ASK, max_tokens=20, reasoning_budget=6, stream=True))
     assert parts == {"reasoning_content": alone.lstrip(), "content": message.content}
     one_line_error(edgellm, lambda: thinker.chat(ASK, reasoning_budget=-2), "reasoning_budget")

@@ -13,6 +13,7 @@ the close.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import anthropic
 import jsonschema
 import pytest
 from conftest import with_chat_template
+from openai.types.chat import ChatCompletionChunk
 from test_server import KINDS, NAME, Server
 
 THINK_TEMPLATE = (
@@ -48,6 +50,27 @@ def thinker(
     s.anthropic = anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0)
     yield s
     assert s.stop() == 0
+
+
+def streamed_parts(chunks: Iterable[Any]) -> tuple[dict[str, str], list[str]]:
+    """A chat stream's reasoning_content and content deltas, each joined, and which came in
+    what order (chunks from the openai client, or LLM.chat's dicts)."""
+    parts = {"reasoning_content": "", "content": ""}
+    order = []
+    for chunk in chunks:
+        if isinstance(chunk, dict):
+            chunk = ChatCompletionChunk.model_validate(chunk)
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        for key, piece in (
+            ("reasoning_content", (delta.model_extra or {}).get("reasoning_content")),
+            ("content", delta.content),
+        ):
+            if piece:
+                parts[key] += piece
+                order.append(key)
+    return parts, order
 
 
 def chat(s: Server, **kw: Any) -> Any:
@@ -79,19 +102,9 @@ def test_the_block_is_reasoning_content_and_the_budget_closes_it(thinker: Server
     assert reply.usage.completion_tokens > budget + 1  # the close, then the answer
 
     # Streamed: reasoning_content deltas, then content deltas, the same text.
-    parts = {"reasoning_content": "", "content": ""}
-    order = []
-    for chunk in chat(thinker, stream=True, extra_body={"reasoning_budget": budget}):
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        for key, piece in (
-            ("reasoning_content", (delta.model_extra or {}).get("reasoning_content")),
-            ("content", delta.content),
-        ):
-            if piece:
-                parts[key] += piece
-                order.append(key)
+    parts, order = streamed_parts(
+        chat(thinker, stream=True, extra_body={"reasoning_budget": budget})
+    )
     assert parts == {"reasoning_content": thought, "content": message.content}
     assert order == sorted(order, key=lambda k: k == "content")  # the block streams first
 

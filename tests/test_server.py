@@ -103,6 +103,17 @@ class Server:
             schema.ErrorReply.model_validate(reply)
             return e.code, reply, e.headers
 
+    def post_json(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The status and JSON reply of `body`, in whatever shape the route answers errors."""
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), method="POST", headers=JSON
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
     def metric(self, name: str) -> float:
         text = self.get("/metrics")[1]
         m = re.search(rf"^{name} (\S+)$", text, re.M)
