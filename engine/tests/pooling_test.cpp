@@ -25,15 +25,7 @@ constexpr int kContext = 128;
 Model fast_model(const std::string& kv, const std::string& isa) {
   static const TinyModel m =
       write_tiny_session_model(R"(, "head_dim": 32, "max_position_embeddings": 128)");
-  SessionOptions o;
-  o.isa = isa;
-  o.threads = 2;
-  o.max_context = kContext;
-  o.precision = "fast";
-  o.kv_cache = kv;
-  Model model;
-  model.setup(m.dir, o);
-  return model;
+  return testing::fast_model(m, kv, kContext, isa);
 }
 
 std::vector<int32_t> prompt(size_t n, int seed) {

@@ -18,6 +18,7 @@
 namespace edgellm {
 namespace {
 
+using testing::fast_model;
 using testing::TinyModel;
 using testing::write_tiny_session_model;
 
@@ -25,18 +26,6 @@ constexpr int kContext = 128;
 
 // The fast deployed arithmetic with the given KV dtype; head_dim 32 so that
 // q8_0 and the bf16 attention kernels apply.
-Model fast_model(const TinyModel& m, const std::string& kv, const std::string& isa = "") {
-  SessionOptions o;
-  o.isa = isa;  // "": the CPU's best
-  o.threads = 2;
-  o.max_context = kContext;
-  o.precision = "fast";
-  o.kv_cache = kv;
-  Model model;
-  model.setup(m.dir, o);
-  return model;
-}
-
 TinyModel tiny() {
   return write_tiny_session_model(R"(, "head_dim": 32, "max_position_embeddings": 128)");
 }
@@ -72,7 +61,7 @@ INSTANTIATE_TEST_SUITE_P(KvDtypes, KvTransfer,
 // a loaded prefix and the rest, give one prefill's KV and logits bit for bit.
 TEST_P(KvTransfer, LoadedPrefixContinuesBitForBit) {
   const TinyModel m = tiny();
-  const Model model = fast_model(m, std::get<0>(GetParam()), std::get<1>(GetParam()));
+  const Model model = fast_model(m, std::get<0>(GetParam()), kContext, std::get<1>(GetParam()));
   const std::vector<int32_t> p = prompt(50, 1);
   const std::span<const int32_t> all(p);
   Context whole(model);
@@ -96,7 +85,7 @@ TEST_P(KvTransfer, LoadedPrefixContinuesBitForBit) {
 
 TEST_P(KvTransfer, BadSpansAreErrors) {
   const TinyModel m = tiny();
-  const Model model = fast_model(m, std::get<0>(GetParam()), std::get<1>(GetParam()));
+  const Model model = fast_model(m, std::get<0>(GetParam()), kContext, std::get<1>(GetParam()));
   Context c(model);
   std::vector<uint8_t> bytes(c.kv_bytes(4));
   EXPECT_THROW(c.save_kv(-1, 4, bytes), Error);
@@ -133,7 +122,7 @@ TEST(PrefillChunkSize, ChunksAndRestsAreNeverShort) {
 // gets one prefill's logits bit for bit.
 TEST(PrefillChunkSize, ChunkedPrefillIsBitIdentical) {
   const TinyModel m = tiny();
-  const Model model = fast_model(m, "bf16");
+  const Model model = fast_model(m, "bf16", kContext);
   const std::vector<int32_t> p = prompt(70, 4);
   Context whole(model), chunked(model);
   const std::vector<float> expected = copy(whole.prefill(p));
@@ -151,7 +140,7 @@ TEST(PrefillChunkSize, ChunkedPrefillIsBitIdentical) {
 // A cache of `blocks` blocks of 16 tokens.
 struct Fixture {
   TinyModel m = tiny();
-  Model model = fast_model(m, "bf16");
+  Model model = fast_model(m, "bf16", kContext);
   Context scratch{model};
 
   size_t block_bytes() const { return PrefixCache(model, 0).block_bytes(); }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "edgellm/config.h"
+#include "edgellm/session.h"
 #include "test_util.h"
 
 namespace edgellm::testing {
@@ -71,6 +72,21 @@ inline TinyModel write_tiny_session_model(const std::string& extra = "") {
   TinyModel m = write_tiny("LlamaForCausalLM", extra);
   testing::write_text(m.dir / "tokenizer.json", testing::kBpeJson);
   return m;
+}
+
+// `m` set up on the fast path with a `kv` cache of `context` positions, on `isa` ("": the
+// CPU's best).
+inline Model fast_model(const TinyModel& m, const std::string& kv, int context,
+                        const std::string& isa = "") {
+  SessionOptions o;
+  o.isa = isa;
+  o.threads = 2;
+  o.max_context = context;
+  o.precision = "fast";
+  o.kv_cache = kv;
+  Model model;
+  model.setup(m.dir, o);
+  return model;
 }
 
 }  // namespace edgellm::testing
