@@ -239,17 +239,20 @@ def test_the_store_evicts_the_least_recently_used(server: Server) -> None:
         return respond(server, input=text, max_output_tokens=1).id
 
     oldest = stored("Hello 0.")
-    with ThreadPoolExecutor(4) as pool:
-        # The store now holds exactly its bound; the least recently used is `oldest`.
-        others = list(pool.map(stored, [f"Hello {i}." for i in range(1, STORED_RESPONSES)]))
-    # Continuing `oldest` (not stored itself) makes it the most recently used...
+    next_oldest = stored("Hello 1.")
+    with ThreadPoolExecutor(4) as pool:  # in any order among themselves, after those two
+        others = list(pool.map(stored, [f"Hello {i}." for i in range(2, STORED_RESPONSES)]))
+    # The store now holds exactly its bound. Continuing `oldest` (not stored itself) makes it
+    # the most recently used...
     respond(server, input="And?", previous_response_id=oldest, store=False, max_output_tokens=1)
-    stored("One more.")  # ...so this evicts the next least recent, the first of the others.
+    stored("One more.")  # ...so this evicts the next least recent.
     respond(server, input="And?", previous_response_id=oldest, store=False, max_output_tokens=1)
-    code, reply = post(server, {"model": NAME, "input": "And?", "previous_response_id": others[0]})
+    code, reply = post(
+        server, {"model": NAME, "input": "And?", "previous_response_id": next_oldest}
+    )
     assert code == 400 and reply["error"]["param"] == "previous_response_id", reply
-    # The one after it is still kept.
-    respond(server, input="And?", previous_response_id=others[1], store=False, max_output_tokens=1)
+    for kept in others[::8]:  # a sample: every request costs time
+        respond(server, input="And?", previous_response_id=kept, store=False, max_output_tokens=1)
 
 
 @pytest.mark.parametrize(
@@ -259,6 +262,8 @@ def test_the_store_evicts_the_least_recently_used(server: Server) -> None:
         ({"text": {"format": {"type": "json_object"}}}, "text"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"background": True}, "background"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"prompt_cache_key": "k"}, "prompt_cache_key"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tools": [{**TOOL, "defer_loading": True}]}, "tools[0].defer_loading"),
         ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
@@ -288,6 +293,12 @@ def test_unsupported_requests_are_refused_by_name(
     schema.ErrorReply.model_validate(reply)
     assert reply["error"]["type"] == "invalid_request_error"
     assert reply["error"]["param"] == param, reply
+
+
+def test_fields_that_ask_for_nothing_are_accepted(server: Server) -> None:
+    no_op = {"include": [], "truncation": "disabled", "text": {"format": {"type": "text"}}}
+    got = respond(server, input="Hi", extra_body=no_op)
+    assert got.output_text == respond(server, input="Hi").output_text
 
 
 def test_a_reasoning_template_is_refused(

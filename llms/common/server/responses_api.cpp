@@ -161,7 +161,15 @@ Request read_request(const ojson& body) {
     bad("reasoning",
         "unsupported field 'reasoning': the chat route has no reasoning effort to map it onto "
         "(reasoning_budget is a token count)");
-  check_keys(body,
+  // Fields clients (Codex among them) send with a value that asks for nothing
+  // this server does not do: that value passes, any other is refused.
+  const ojson no_op = {{"include", ojson::array()},
+                       {"truncation", "disabled"},
+                       {"text", {{"format", {{"type", "text"}}}}}};
+  ojson rest = body;
+  for (const auto& [key, value] : no_op.items())
+    if (rest.contains(key) && rest[key] == value) rest.erase(key);
+  check_keys(rest,
              {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
               "max_output_tokens", "temperature", "top_p", "stream", "store",
               "previous_response_id", "metadata", "user"},
