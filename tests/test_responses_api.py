@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,44 @@ def test_a_stream_joins_to_the_reply_in_order(server: Server) -> None:
     # A streamed response is stored by the time its end is read.
     follow = respond(server, input="Another, please.", previous_response_id=final.id)
     assert follow.previous_response_id == final.id
+
+
+def test_the_client_stream_helper_accumulates_the_reply(server: Server) -> None:
+    prompt = "What is the capital of France?"
+    whole = respond(server, input=prompt, max_output_tokens=24)
+    assert whole.status == "completed"  # the helper's final needs response.completed
+    with server.client.responses.stream(
+        model=NAME, input=prompt, max_output_tokens=24, temperature=0
+    ) as stream:
+        final = stream.get_final_response()
+    assert final.output_text == whole.output_text
+    assert [i.type for i in final.output] == ["message"]
+
+
+def test_a_shutdown_cut_off_is_a_failure(smollm2_checkpoint: Path) -> None:
+    """Cancelled by the drain: a whole reply gets 503 server_shutdown, a stream ends with
+    response.failed (never response.completed)."""
+    s = Server(smollm2_checkpoint, "--parallel", "2", "--drain", "0.5")
+    try:
+        long = {"input": "Count from 1 to 1000, one number per line."}
+        long |= {"max_output_tokens": 400, "temperature": 0}
+        with ThreadPoolExecutor(1) as pool:
+            whole = pool.submit(post, s, {"model": NAME, **long})
+            with s.client.responses.create(model=NAME, stream=True, **long) as stream:
+                events = iter(stream)
+                next(events)
+                while s.metric("edgellm_active_requests") < 2:
+                    time.sleep(0.05)
+                s.proc.send_signal(signal.SIGTERM)
+                rest = [EVENTS.validate_python(e.model_dump(mode="json")) for e in events]
+            code, reply = whole.result(timeout=60)
+        assert rest[-1].type == "response.failed", [e.type for e in rest]
+        assert (
+            rest[-1].response.status == "failed" and "shut down" in rest[-1].response.error.message
+        )
+        assert code == 503 and reply["error"]["code"] == "server_shutdown", reply
+    finally:
+        assert s.stop() == 0
 
 
 def test_previous_response_id_continues_the_conversation(server: Server) -> None:
