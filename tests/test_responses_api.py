@@ -82,6 +82,8 @@ def test_a_string_input_equals_the_chat_route(server: Server) -> None:
     check_same_reply(got, chat(server, [{"role": "user", "content": prompt}]))
     (item,) = got.output
     assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
+    # Ids name stored conversations: 128 random bits, not a counter another client could guess.
+    assert re.fullmatch(r"resp_[0-9a-f]{32}", got.id), got.id
     assert [c.type for c in item.content] == ["output_text"] and item.content[0].annotations == []
     assert got.metadata == {"ticket": "7"} and got.user == "u1" and got.store is True
     assert got.max_output_tokens == 16 and got.temperature == 0 and got.tools == []

@@ -259,10 +259,12 @@ std::string request_param(const std::string& chat_param) {
 }
 
 std::string new_id(const std::string& prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  // The OS's generator, not a seeded PRNG whose state other ids would reveal.
+  static thread_local std::random_device device;
   static constexpr char kHex[] = "0123456789abcdef";
   std::string id = prefix;
-  for (int i = 0; i < 32; ++i) id += kHex[rng() & 15];
+  for (int word = 0; word < 4; ++word)
+    for (uint32_t bits = device(), i = 0; i < 8; ++i, bits >>= 4) id += kHex[bits & 15];
   return id;
 }
 
