@@ -14,6 +14,8 @@ import json
 import re
 import signal
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,8 +27,9 @@ from common.server import openai_schema as schema
 from conftest import with_chat_template
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
+from test_protocol_types import OPTIONAL, VALUES, refusal_problem, with_value
 from test_reasoning import THINK_TEMPLATE
-from test_server import NAME, Server
+from test_server import JSON, NAME, Server
 from test_tool_calls import WEATHER
 
 TOOL = {"type": "function", **WEATHER["function"]}  # the Responses API's flat shape
@@ -354,3 +357,92 @@ def test_a_reasoning_template_is_refused(
         assert "reasoning" in reply["error"]["message"]
     finally:
         assert s.stop() == 0
+
+
+# Every documented request field with a value of each JSON type (test_protocol_types.py's sweep,
+# for this route): a type it does not take is a 400 naming the field, never a 5xx.
+TYPED = {"model": NAME, "input": "Hi", "max_output_tokens": 2}
+FUNCTION = {"type": "function", "name": "f", "description": "d"}
+FUNCTION["parameters"] = {"type": "object", "properties": {}}
+TYPED_ITEMS = {
+    **TYPED,
+    "tools": [FUNCTION],
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "ok"},
+    ],
+}
+FORCED = {**TYPED_ITEMS, "tool_choice": {"type": "function", "name": "f"}}
+FIELDS = [
+    ("model", ("string",), TYPED),
+    ("input", ("string", "list"), TYPED),
+    ("input[0]", ("object",), TYPED_ITEMS),
+    ("input[0].type", ("string", *OPTIONAL), TYPED_ITEMS),
+    ("input[0].role", ("string",), TYPED_ITEMS),
+    ("input[0].content", ("string", "list"), TYPED_ITEMS),
+    ("input[0].content[0]", ("object",), TYPED_ITEMS),
+    ("input[0].content[0].type", ("string",), TYPED_ITEMS),
+    ("input[0].content[0].text", ("string",), TYPED_ITEMS),
+    ("input[1].call_id", ("string",), TYPED_ITEMS),
+    ("input[1].name", ("string",), TYPED_ITEMS),
+    ("input[1].arguments", ("string",), TYPED_ITEMS),
+    ("input[2].call_id", ("string",), TYPED_ITEMS),
+    ("input[2].output", ("string", "list"), TYPED_ITEMS),
+    ("instructions", ("string", *OPTIONAL), TYPED),
+    ("max_output_tokens", ("number", *OPTIONAL), TYPED),
+    ("temperature", ("number", *OPTIONAL), TYPED),
+    ("top_p", ("number", *OPTIONAL), TYPED),
+    ("stream", ("bool", *OPTIONAL), TYPED),
+    ("store", ("bool", *OPTIONAL), TYPED),
+    ("previous_response_id", ("string", *OPTIONAL), TYPED),
+    ("metadata", ("object", *OPTIONAL), TYPED),
+    ("user", ("string", *OPTIONAL), TYPED),
+    ("parallel_tool_calls", ("bool", *OPTIONAL), TYPED_ITEMS),
+    ("tools", ("list", *OPTIONAL), TYPED_ITEMS),
+    ("tools[0]", ("object",), TYPED_ITEMS),
+    ("tools[0].type", ("string",), TYPED_ITEMS),
+    ("tools[0].name", ("string",), TYPED_ITEMS),
+    ("tools[0].description", ("string", *OPTIONAL), TYPED_ITEMS),
+    ("tools[0].parameters", ("object", *OPTIONAL), TYPED_ITEMS),
+    ("tools[0].strict", ("bool", *OPTIONAL), TYPED_ITEMS),
+    ("tool_choice", ("string", "object", *OPTIONAL), TYPED_ITEMS),
+    ("tool_choice.type", ("string",), FORCED),
+    ("tool_choice.name", ("string",), FORCED),
+]
+
+
+def raw_post(server: Server, body: dict[str, Any]) -> tuple[int, str]:
+    request = urllib.request.Request(
+        server.url + "/v1/responses", json.dumps(body).encode(), headers=JSON
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_typed_bases_are_served(server: Server) -> None:
+    """Every request a field is swept in is served as written: a refusal comes from the field."""
+    for base in (TYPED, TYPED_ITEMS, FORCED):
+        code, text = raw_post(server, base)
+        assert code == 200, text
+        Response.model_validate_json(text)
+
+
+@pytest.mark.parametrize("path, takes, base", FIELDS, ids=[p for p, _, _ in FIELDS])
+def test_a_wrong_type_is_a_400_naming_the_field(
+    server: Server, path: str, takes: tuple[str, ...], base: dict[str, Any]
+) -> None:
+    problems = []
+    for kind, value in VALUES.items():
+        code, text = raw_post(server, with_value(base, path, value))
+        if kind in takes:
+            if code >= 500:  # its value may be refused (400, or 404 for an unknown model)
+                problems.append(f"{kind}: HTTP {code} {text[:300]}")
+        elif code != 400:
+            problems.append(f"{kind}: HTTP {code}, want 400: {text[:300]}")
+        elif problem := refusal_problem("/v1/responses", path, text):
+            problems.append(f"{kind}: {problem}: {text[:300]}")
+    assert not problems, f"{path}:\n" + "\n".join(problems)
