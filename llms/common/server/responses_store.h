@@ -1,12 +1,14 @@
 // The conversations previous_response_id continues: each stored response's
 // items (its input, history included, then its output) in memory, bounded by
-// a count and a byte budget, the least recently used evicted first.
+// a count and a byte budget, the least recently used evicted first. Items are
+// kept as their JSON text, so the budget is the memory they take.
 #pragma once
 
 #include <cstddef>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -23,15 +25,14 @@ class Store {
 
   // Keeps `items` under `id`, evicting the least recently used past the bounds.
   void put(const std::string& id, nlohmann::ordered_json items);
-  // The items stored under `id` (now the most recently used), or null when
+  // The items stored under `id` (now the most recently used), or nullopt when
   // there are none (never stored, or evicted).
-  std::shared_ptr<const nlohmann::ordered_json> get(const std::string& id);
+  std::optional<nlohmann::ordered_json> get(const std::string& id);
 
  private:
   struct Entry {
-    std::shared_ptr<const nlohmann::ordered_json> items;
-    size_t bytes;
-    std::list<std::string>::iterator lru;  // its place in recency_
+    std::shared_ptr<const std::string> text;  // the items' JSON
+    std::list<std::string>::iterator lru;     // its place in recency_
   };
   const size_t max_responses_, max_bytes_;
   std::mutex mutex_;

@@ -17,37 +17,37 @@ nlohmann::ordered_json items_of(size_t bytes) {
 TEST(ResponsesStore, EvictsTheLeastRecentlyUsedPastTheCount) {
   Store store(3, 1 << 20);
   for (const char* id : {"a", "b", "c"}) store.put(id, items_of(10));
-  ASSERT_NE(store.get("a"), nullptr);  // read: now the most recent, "b" the least
+  ASSERT_TRUE(store.get("a"));  // read: now the most recent, "b" the least
   store.put("d", items_of(10));
-  EXPECT_EQ(store.get("b"), nullptr);
-  for (const char* id : {"a", "c", "d"}) EXPECT_NE(store.get(id), nullptr) << id;
+  EXPECT_FALSE(store.get("b"));
+  for (const char* id : {"a", "c", "d"}) EXPECT_TRUE(store.get(id)) << id;
 }
 
 TEST(ResponsesStore, EvictsPastTheByteBudget) {
   Store store(100, 100);
   store.put("a", items_of(40));
   store.put("b", items_of(40));
-  ASSERT_NE(store.get("a"), nullptr);
+  ASSERT_TRUE(store.get("a"));
   store.put("c", items_of(40));  // 120 bytes: the least recent ("b") goes
-  EXPECT_EQ(store.get("b"), nullptr);
-  EXPECT_NE(store.get("a"), nullptr);
-  EXPECT_NE(store.get("c"), nullptr);
+  EXPECT_FALSE(store.get("b"));
+  EXPECT_TRUE(store.get("a"));
+  EXPECT_TRUE(store.get("c"));
   store.put("d", items_of(100));  // exactly the budget: everything else goes
-  EXPECT_EQ(store.get("a"), nullptr);
-  EXPECT_EQ(store.get("c"), nullptr);
-  EXPECT_NE(store.get("d"), nullptr);
+  EXPECT_FALSE(store.get("a"));
+  EXPECT_FALSE(store.get("c"));
+  EXPECT_TRUE(store.get("d"));
 }
 
 TEST(ResponsesStore, KeepsOneEntryLargerThanTheBudgetAlone) {
   Store store(100, 100);
   store.put("a", items_of(40));
   store.put("big", items_of(500));
-  EXPECT_EQ(store.get("a"), nullptr);
-  ASSERT_NE(store.get("big"), nullptr);
+  EXPECT_FALSE(store.get("a"));
+  ASSERT_TRUE(store.get("big"));
   EXPECT_EQ(store.get("big")->at(0).get<std::string>().size(), 496u);
   store.put("b", items_of(40));  // the next put evicts it
-  EXPECT_EQ(store.get("big"), nullptr);
-  EXPECT_NE(store.get("b"), nullptr);
+  EXPECT_FALSE(store.get("big"));
+  EXPECT_TRUE(store.get("b"));
 }
 
 }  // namespace

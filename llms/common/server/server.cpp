@@ -526,7 +526,7 @@ struct Api {
     parse_body(raw);  // JSON within the depth bound, and the model
     const nlohmann::ordered_json body = parse_ordered_json(raw, "the request body");
     responses::Request request;
-    std::shared_ptr<const nlohmann::ordered_json> history;
+    std::optional<nlohmann::ordered_json> history;
     std::string text;
     try {
       request = responses::read_request(body);
@@ -557,7 +557,8 @@ struct Api {
           "this model's chat template opens reasoning blocks, which /v1/responses does not "
           "return (no reasoning items yet): use /v1/chat/completions or /v1/messages");
     std::shared_ptr<RequestStream> stream = submit(r);
-    nlohmann::ordered_json conversation = history ? *history : nlohmann::ordered_json::array();
+    nlohmann::ordered_json conversation =
+        history ? std::move(*history) : nlohmann::ordered_json::array();
     for (const auto& item : request.input) conversation.push_back(item);
     responses::write_reply(
         res, stream,
