@@ -25,6 +25,8 @@
 #include "edgellm/tool_calls.h"
 #include "embeddings_route.h"
 #include "request_wait.h"
+#include "responses_api.h"
+#include "responses_store.h"
 #include "slots.h"
 
 namespace edgellm {
@@ -230,6 +232,8 @@ struct Api {
   Metrics& metrics;
   PoolingRoutes& pooling_routes;
   std::atomic<uint64_t> next_id{1};
+  // The conversations POST /v1/responses continues (previous_response_id).
+  responses::Store response_store{responses::kStoredResponses, responses::kStoredBytes};
 
   // Reads the body (at most --max-body bytes, also when chunked), then checks its type.
   std::string read_body(const httplib::Request& req, httplib::Response& res,
@@ -495,16 +499,72 @@ struct Api {
     } catch (const anthropic::RequestError& e) {
       bad(e.param(), e.what());
     }
+    GenerationRequest r = chat_request(text);
+    std::shared_ptr<RequestStream> stream = submit(r);
+    anthropic::write_reply(res, stream, "msg_" + std::to_string(next_id++), options.model_name,
+                           std::make_shared<const Tools>(std::move(r.tools)), r.stream,
+                           r.options.reasoning);
+  }
+
+  // A chat request another API was translated into (`text`: its JSON), checked
+  // and read as the chat route's own.
+  GenerationRequest chat_request(const std::string& text) const {
     const json body = json::parse(text);
     check_fields(body, kChatFields);
     const Tools tools = request_tools(body, text);
     GenerationRequest r = parse(body, chat_prompt(body, tools), /*chat=*/true, text);
     r.tools = tools;
     think(body, r);
+    return r;
+  }
+
+  // OpenAI's Responses API: the chat request it means, after the stored
+  // conversation previous_response_id names, served as chat is.
+  void responses(const httplib::Request& req, httplib::Response& res,
+                 const httplib::ContentReader& reader) {
+    const std::string raw = read_body(req, res, reader);
+    parse_body(raw);  // JSON within the depth bound, and the model
+    const nlohmann::ordered_json body = parse_ordered_json(raw, "the request body");
+    responses::Request request;
+    std::optional<nlohmann::ordered_json> history;
+    std::string text;
+    try {
+      request = responses::read_request(body);
+      if (!request.previous_response_id.empty() &&
+          !(history = response_store.get(request.previous_response_id)))
+        throw ApiError{400,
+                       "no stored response '" + request.previous_response_id +
+                           "' (never stored, stored with store: false, or evicted: the server "
+                           "keeps the last " +
+                           std::to_string(responses::kStoredResponses) + " responses, " +
+                           std::to_string(responses::kStoredBytes >> 20) + " MiB)",
+                       "previous_response_id", "previous_response_not_found"};
+      text = responses::to_chat_request(body, request,
+                                        history ? *history : nlohmann::ordered_json::array())
+                 .dump();
+    } catch (const responses::RequestError& e) {
+      bad(e.param(), e.what());
+    }
+    GenerationRequest r;
+    try {
+      r = chat_request(text);
+    } catch (ApiError& e) {  // named as the client wrote it
+      e.param = responses::request_param(e.param);
+      throw;
+    }
+    if (r.options.reasoning.enabled)  // a thinking or harmony template, no call forced
+      bad("model",
+          "this model's chat template opens reasoning blocks, which /v1/responses does not "
+          "return (no reasoning items yet): use /v1/chat/completions or /v1/messages");
     std::shared_ptr<RequestStream> stream = submit(r);
-    anthropic::write_reply(res, stream, "msg_" + std::to_string(next_id++), options.model_name,
-                           std::make_shared<const Tools>(std::move(r.tools)), r.stream,
-                           r.options.reasoning);
+    nlohmann::ordered_json conversation =
+        history ? std::move(*history) : nlohmann::ordered_json::array();
+    for (const auto& item : request.input) conversation.push_back(item);
+    responses::write_reply(
+        res, stream,
+        responses::response_head(responses::new_id("resp_"), options.model_name, request.echo),
+        std::make_shared<const Tools>(std::move(r.tools)), r.stream,
+        request.store ? &response_store : nullptr, std::move(conversation));
   }
 
   // A reasoning template (ChatTemplate::thinks, or harmony's analysis): the
@@ -914,6 +974,10 @@ Server::Server(const Model& model, const ServerOptions& options)
   http.Post("/v1/rerank", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
                                            const httplib::ContentReader& reader) {
     s.api.pooling(req, res, reader, /*embeddings=*/false);
+  }));
+  http.Post("/v1/responses", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
+                                              const httplib::ContentReader& reader) {
+    s.api.responses(req, res, reader);
   }));
   http.Post("/tokenize", s.wrap_post([&s](const httplib::Request& req, httplib::Response& res,
                                           const httplib::ContentReader& reader) {

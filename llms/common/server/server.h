@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP server (cpp-httplib): GET /v1/models,
 // POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics,
-// and Anthropic's POST /v1/messages (anthropic_messages.h) over the same chat route,
+// Anthropic's POST /v1/messages (anthropic_messages.h) and OpenAI's POST /v1/responses
+// (responses_api.h) over the same chat route,
 // POST /slots/{id}?action=save|restore|erase (slots.h) with --slot-save-path,
 // POST /v1/embeddings and /v1/rerank (embeddings_route.h).
 // Requests are validated here and answered with OpenAI-style JSON errors;
