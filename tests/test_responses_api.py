@@ -308,7 +308,7 @@ def test_the_store_evicts_the_least_recently_used(server: Server) -> None:
         ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"background": True}, "background"),
         ({"truncation": "auto"}, "truncation"),
-        ({"prompt_cache_key": "k"}, "prompt_cache_key"),
+        ({"prompt_cache_key": 7}, "prompt_cache_key"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tools": [{**TOOL, "defer_loading": True}]}, "tools[0].defer_loading"),
         ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
@@ -341,7 +341,12 @@ def test_unsupported_requests_are_refused_by_name(
 
 
 def test_fields_that_ask_for_nothing_are_accepted(server: Server) -> None:
-    no_op = {"include": [], "truncation": "disabled", "text": {"format": {"type": "text"}}}
+    no_op = {
+        "include": [],
+        "truncation": "disabled",
+        "text": {"format": {"type": "text"}},
+        "prompt_cache_key": "codex-session",
+    }
     got = respond(server, input="Hi", extra_body=no_op)
     assert got.output_text == respond(server, input="Hi").output_text
 

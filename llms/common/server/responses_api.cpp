@@ -172,7 +172,7 @@ Request read_request(const ojson& body) {
   check_keys(rest,
              {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
               "max_output_tokens", "temperature", "top_p", "stream", "store",
-              "previous_response_id", "metadata", "user"},
+              "previous_response_id", "metadata", "user", "prompt_cache_key"},
              "");
   Request r;
   const ojson* input = field(body, "input");
@@ -186,7 +186,8 @@ Request read_request(const ojson& body) {
   for (const char* name : {"stream", "store", "parallel_tool_calls"})
     if (const ojson* v = field(body, name); v && !v->is_boolean())
       bad(name, std::string("'") + name + "' must be a boolean");
-  for (const char* name : {"instructions", "previous_response_id", "user"})
+  // prompt_cache_key (Codex sends it) groups requests for a cache: every prefix is cached here.
+  for (const char* name : {"instructions", "previous_response_id", "user", "prompt_cache_key"})
     if (const ojson* v = field(body, name); v && !v->is_string())
       bad(name, std::string("'") + name + "' must be a string");
   r.stream = body.value("stream", ojson(false)) == true;
