@@ -10,25 +10,16 @@ namespace edgellm::anthropic {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& message) {
-  throw RequestError(param, message);
-}
+using protocol::bad;
+using protocol::field;
 
-const ojson* field(const ojson& object, const char* name) {
-  auto it = object.find(name);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
-}
-
-// Refuses a key of `object` outside `known`: an ignored key could change what
-// the client expects back. `cache_control` marks a prefix for caching; this
-// server caches every prefix anyway, so the mark (an object) asks for nothing more.
+// check_keys, and `cache_control` marks a prefix for caching: this server caches every
+// prefix anyway, so the mark (an object) asks for nothing more.
 void check_keys(const ojson& object, const std::set<std::string>& known, const std::string& where) {
-  for (const auto& [key, value] : object.items()) {
-    if (value.is_null()) continue;
-    const std::string at = where.empty() ? key : where + "." + key;
-    if (!known.contains(key))
-      bad(at, "unsupported field '" + at + "': this server does not implement it");
-    if (key == "cache_control" && !value.is_object()) bad(at, at + " must be an object");
+  protocol::check_keys(object, known, where);
+  if (const ojson* mark = field(object, "cache_control"); mark && !mark->is_object()) {
+    const std::string at = where.empty() ? "cache_control" : where + ".cache_control";
+    bad(at, at + " must be an object");
   }
 }
 

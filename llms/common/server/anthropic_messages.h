@@ -14,6 +14,7 @@
 #include "edgellm/generate.h"
 #include "edgellm/scheduler.h"
 #include "edgellm/tool_calls.h"
+#include "request_fields.h"
 
 namespace httplib {
 struct Response;
@@ -21,18 +22,9 @@ struct Response;
 
 namespace edgellm::anthropic {
 
-using ojson = nlohmann::ordered_json;
+using protocol::ojson;
 
-// A request the translation refuses: `param` names the field (as the client wrote it).
-class RequestError : public Error {
- public:
-  RequestError(std::string param, const std::string& message)
-      : Error(message), param_(std::move(param)) {}
-  const std::string& param() const { return param_; }
-
- private:
-  std::string param_;
-};
+using protocol::RequestError;
 
 // The OpenAI chat request `body` (a Messages request) means: system and
 // messages (text, tool_use and tool_result blocks) become chat messages,

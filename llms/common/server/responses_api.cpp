@@ -11,24 +11,9 @@ namespace edgellm::responses {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& message) {
-  throw RequestError(param, message);
-}
-
-const ojson* field(const ojson& object, const char* name) {
-  auto it = object.find(name);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
-}
-
-// Refuses a key of `object` outside `known`: an ignored key could change what
-// the client expects back.
-void check_keys(const ojson& object, const std::set<std::string>& known, const std::string& where) {
-  for (const auto& [key, value] : object.items()) {
-    if (value.is_null() || known.contains(key)) continue;
-    const std::string at = where.empty() ? key : where + "." + key;
-    bad(at, "unsupported field '" + at + "': this server does not implement it");
-  }
-}
+using protocol::bad;
+using protocol::check_keys;
+using protocol::field;
 
 std::string string_field(const ojson& object, const char* name, const std::string& where) {
   const ojson* v = field(object, name);

@@ -14,6 +14,7 @@
 #include "edgellm/error.h"
 #include "edgellm/scheduler.h"
 #include "edgellm/tool_calls.h"
+#include "request_fields.h"
 
 namespace httplib {
 struct Response;
@@ -21,20 +22,11 @@ struct Response;
 
 namespace edgellm::responses {
 
-using ojson = nlohmann::ordered_json;
+using protocol::ojson;
 
 class Store;
 
-// A request the translation refuses: `param` names the field (as the client wrote it).
-class RequestError : public Error {
- public:
-  RequestError(std::string param, const std::string& message)
-      : Error(message), param_(std::move(param)) {}
-  const std::string& param() const { return param_; }
-
- private:
-  std::string param_;
-};
+using protocol::RequestError;
 
 // A Responses request, checked. `input`: the new input as items (a string
 // input becomes one user message item); `echo`: the request's settings as the
