@@ -777,7 +777,8 @@ def test_rope_freqs_that_are_not_llama3_are_refused(tmp_path: Path, engine_bindi
         (
             "gpt2",
             "falcon",
-            r"'tokenizer\.ggml\.pre' is 'falcon'.*\(supported: gpt-2, llama-bpe, qwen2, smollm\)",
+            r"'tokenizer\.ggml\.pre' is 'falcon'.*"
+            r"\(supported: gpt-2, gpt-4o, llama-bpe, qwen2, smollm\)",
         ),
     ],
 )
