@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import jsonschema
 import pytest
-from test_reasoning import streamed_parts
+from test_reasoning import assert_the_schema_binds_after_the_reasoning, streamed_parts
 from test_server import KINDS, NAME, Server
 
 MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|return|>"]
@@ -38,11 +37,6 @@ HARMONY_TEMPLATE = (
     "{% endif %}"
 )
 ASK = [{"role": "user", "content": "Tell me about Paris."}]
-SCHEMA = {
-    "type": "object",
-    "properties": {"answer": {"type": "integer"}},
-    "required": ["answer"],
-}
 TOOLS = [
     {
         "type": "function",
@@ -145,16 +139,7 @@ def test_analysis_is_reasoning_content_and_final_is_content(harmony: Server) -> 
 
 
 def test_a_json_schema_binds_only_to_the_final_body(harmony: Server) -> None:
-    budget = 10
-    free = chat(harmony, extra_body={"reasoning_budget": budget}).choices[0].message
-    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
-    bound = chat(
-        harmony, max_tokens=80, response_format=fmt, extra_body={"reasoning_budget": budget}
-    ).choices[0]
-    # The analysis is free text, token for token the unconstrained one; the final is the schema's.
-    assert bound.message.model_extra["reasoning_content"] == free.model_extra["reasoning_content"]
-    jsonschema.validate(json.loads(bound.message.content), SCHEMA)
-    assert bound.finish_reason == "stop"
+    assert_the_schema_binds_after_the_reasoning(harmony, max_tokens=80)
 
 
 def test_with_tools_a_reply_without_calls_is_its_channels(harmony: Server) -> None:

@@ -113,17 +113,22 @@ def test_the_block_is_reasoning_content_and_the_budget_closes_it(thinker: Server
     assert default == completion(thinker, 6).lstrip()
 
 
-def test_a_json_schema_binds_only_after_the_block(thinker: Server) -> None:
+def assert_the_schema_binds_after_the_reasoning(s: Server, max_tokens: int) -> None:
+    """The reasoning is free text, token for token the unconstrained one; the content is the
+    schema's."""
     budget = 10
-    free = chat(thinker, extra_body={"reasoning_budget": budget}).choices[0].message
+    free = chat(s, extra_body={"reasoning_budget": budget}).choices[0].message
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
     bound = chat(
-        thinker, max_tokens=60, response_format=fmt, extra_body={"reasoning_budget": budget}
+        s, max_tokens=max_tokens, response_format=fmt, extra_body={"reasoning_budget": budget}
     ).choices[0]
-    # The block is free text, token for token the unconstrained one; the content is the schema's.
     assert bound.message.model_extra["reasoning_content"] == free.model_extra["reasoning_content"]
     jsonschema.validate(json.loads(bound.message.content), SCHEMA)
     assert bound.finish_reason == "stop"
+
+
+def test_a_json_schema_binds_only_after_the_block(thinker: Server) -> None:
+    assert_the_schema_binds_after_the_reasoning(thinker, max_tokens=60)
 
 
 def test_anthropic_thinking_blocks(thinker: Server) -> None:
